@@ -1,0 +1,12 @@
+// The subcommands of `pipeline`. Each takes its own arguments (argv[0] is the subcommand
+// name) and returns the process exit code; usage errors print a message and return 2.
+#pragma once
+
+namespace pipeline {
+
+int run_command(int argc, char** argv);         // pipeline run CONFIG [...]: serve over HTTP
+int generate_command(int argc, char** argv);    // pipeline generate --model DIR --prompt TEXT
+int graph_command(int argc, char** argv);       // pipeline graph CONFIG [--dot]
+int make_model_command(int argc, char** argv);  // pipeline make-model --shape NAME --out DIR
+
+}  // namespace pipeline

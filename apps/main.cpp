@@ -1,0 +1,54 @@
+// `pipeline`: one command, one subcommand per use.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string_view>
+
+#include "apps/commands.h"
+#include "apps/options.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  int (*run)(int, char**);
+  const char* summary;
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"run", pipeline::run_command, "serve a model over an OpenAI-compatible HTTP API"},
+    {"generate", pipeline::generate_command, "complete one prompt and print the text"},
+    {"graph", pipeline::graph_command, "print a config's flow graph (text or --dot)"},
+    {"make-model", pipeline::make_model_command,
+     "write a random-weight checkpoint of a known shape"},
+};
+
+void print_usage() {
+  std::fprintf(stderr, "usage: pipeline <command> [options]\n\ncommands:\n");
+  for (const auto& sub : kSubcommands) std::fprintf(stderr, "  %-11s %s\n", sub.name, sub.summary);
+  std::fprintf(stderr, "\n'pipeline <command> --help' describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h") {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& sub : kSubcommands) {
+    if (std::strcmp(argv[1], sub.name) != 0) continue;
+    try {
+      return sub.run(argc - 1, argv + 1);
+    } catch (const pipeline::UsageError& e) {
+      std::fprintf(stderr, "pipeline %s: %s\n", sub.name, e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pipeline %s: %s\n", sub.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "pipeline: unknown command '%s'\n\n", argv[1]);
+  print_usage();
+  return 2;
+}

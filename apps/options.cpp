@@ -1,0 +1,108 @@
+#include "apps/options.h"
+
+#include <cstdio>
+
+namespace pipeline {
+
+Options::Options(int argc, char** argv, std::string usage, std::initializer_list<const char*> flags)
+    : usage_(std::move(usage)) {
+  std::set<std::string> flag_names(flags.begin(), flags.end());
+  flag_names.insert("--help");
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg == "--") {
+      positional_.push_back(arg);
+      continue;
+    }
+    const auto eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    if (flag_names.count(name)) {
+      if (eq != std::string::npos) throw UsageError(name + " takes no value");
+      flags_given_.insert(name);
+    } else if (eq != std::string::npos) {
+      values_.emplace(name, arg.substr(eq + 1));
+    } else if (i + 1 < argc) {
+      values_.emplace(name, argv[++i]);
+    } else {
+      throw UsageError(name + " needs a value");
+    }
+  }
+}
+
+bool Options::help() const {
+  if (!flags_given_.count("--help")) return false;
+  std::printf("%s\n", usage_.c_str());
+  return true;
+}
+
+bool Options::flag(const std::string& name) {
+  read_.insert(name);
+  return flags_given_.count(name) > 0;
+}
+
+std::optional<std::string> Options::find(const std::string& name) {
+  read_.insert(name);
+  const auto count = values_.count(name);
+  if (count == 0) return std::nullopt;
+  if (count > 1) throw UsageError(name + " given more than once");
+  return values_.find(name)->second;
+}
+
+std::string Options::get(const std::string& name, const std::string& fallback) {
+  return find(name).value_or(fallback);
+}
+
+std::string Options::required(const std::string& name) {
+  if (auto value = find(name)) return *value;
+  throw UsageError(name + " is required\n" + usage_);
+}
+
+int64_t Options::integer(const std::string& name, int64_t fallback) {
+  const auto value = find(name);
+  if (!value) return fallback;
+  size_t used = 0;
+  try {
+    const int64_t n = std::stoll(*value, &used);
+    if (used == value->size()) return n;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name + ": expected an integer, got '" + *value + "'");
+}
+
+double Options::number(const std::string& name, double fallback) {
+  const auto value = find(name);
+  if (!value) return fallback;
+  size_t used = 0;
+  try {
+    const double x = std::stod(*value, &used);
+    if (used == value->size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name + ": expected a number, got '" + *value + "'");
+}
+
+std::vector<std::string> Options::all(const std::string& name) {
+  read_.insert(name);
+  std::vector<std::string> result;
+  for (auto [it, end] = values_.equal_range(name); it != end; ++it) result.push_back(it->second);
+  return result;
+}
+
+std::vector<std::string> Options::positional(size_t min_count, size_t max_count) {
+  if (positional_.size() < min_count || positional_.size() > max_count)
+    throw UsageError("expected " +
+                     (min_count == max_count
+                          ? std::to_string(min_count)
+                          : std::to_string(min_count) + " to " + std::to_string(max_count)) +
+                     " arguments, got " + std::to_string(positional_.size()) + "\n" + usage_);
+  return positional_;
+}
+
+void Options::finish() const {
+  for (const auto& name : flags_given_)
+    if (!read_.count(name) && name != "--help") throw UsageError("unknown option " + name);
+  for (const auto& [name, value] : values_)
+    if (!read_.count(name)) throw UsageError("unknown option " + name);
+}
+
+}  // namespace pipeline

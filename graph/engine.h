@@ -1,0 +1,45 @@
+// The engine: the model, its runner, and the flow graph of stages built from a ServeConfig.
+// Front ends (the HTTP server, the offline batch runner) submit Requests and read results
+// from each request's sink.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "graph/metrics.h"
+#include "graph/request.h"
+#include "graph/serve_config.h"
+#include "io/model_config.h"
+
+namespace pipeline {
+
+enum class SubmitStatus { Accepted, QueueFull, ShuttingDown };
+
+class Engine {
+ public:
+  explicit Engine(const ServeConfig& config);
+  ~Engine();  // shuts down with the configured grace
+
+  // Never blocks. QueueFull: the waiting queue holds server.max_queue requests (answer 503).
+  SubmitStatus submit(std::shared_ptr<Request> request);
+
+  // Stops accepting, lets in-flight requests finish for up to `grace`, then fails the rest
+  // through their sinks. Idempotent.
+  void shutdown(std::chrono::milliseconds grace);
+
+  // Prometheus text exposition of every metric.
+  std::string metrics_text() const;
+  // The same metrics as values (tests, the offline batch runner).
+  const Metrics& metrics() const;
+
+  const LlamaConfig& model_config() const;
+  const std::string& model_name() const;
+  const ServeConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipeline

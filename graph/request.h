@@ -1,0 +1,73 @@
+// A generation request as it travels through the pipeline, and the sink its results go to.
+// The HTTP server and the offline batch runner make Requests; the `emit` stage feeds sinks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/chat_template.h"
+#include "model/finish_reason.h"
+#include "model/sampling.h"
+
+namespace pipeline {
+
+// One generated token, for logprobs.
+struct TokenOutput {
+  int32_t token = 0;
+  std::string text;  // the token's own text (its bytes may be part of a wider character)
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+};
+
+// New text since the last delta, and the tokens that produced it.
+struct Delta {
+  std::string text;
+  std::vector<TokenOutput> tokens;
+};
+
+struct Completion {
+  FinishReason reason = FinishReason::Stop;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.
+struct RequestError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+
+// Receives a request's results in order: any number of deltas, then exactly one of
+// on_finish or on_error. Calls come from pipeline threads and must not block for long.
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  virtual void on_delta(Delta delta) = 0;
+  virtual void on_finish(const Completion& completion) = 0;
+  virtual void on_error(const RequestError& error) = 0;
+};
+
+struct Request {
+  std::string id;  // chatcmpl-… or cmpl-…
+  bool chat = true;
+  std::vector<ChatMessage> messages;  // chat requests
+  std::string prompt;                 // text completions
+  SamplingParams sampling;
+  int max_tokens = 0;  // 0: up to the end of the context
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  bool logprobs = false;
+  std::shared_ptr<RequestSink> sink;
+  // Set by the client side (a disconnect); the scheduler drops the sequence at its next step.
+  std::atomic<bool> cancelled{false};
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+};
+
+}  // namespace pipeline

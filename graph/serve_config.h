@@ -1,0 +1,84 @@
+// Everything a serving or batch run is configured with: one YAML file (see configs/), every
+// field defaulted, plus command-line overrides of the form section.key=value.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "model/sampling.h"
+
+namespace pipeline {
+
+struct ModelSection {
+  std::filesystem::path path;        // Hugging Face model folder
+  std::string dtype = "bf16";        // weights on the device: bf16 | f16 | f32
+  std::string chat_template = "llama2";  // llama2 | raw
+  std::string name;                  // served model id; defaults to the folder name
+};
+
+struct ServerSection {
+  std::string host = "127.0.0.1";
+  int port = 2000;
+  std::string api_key;  // empty: no authentication
+  int max_queue = 256;  // waiting requests beyond this get 503
+  int shutdown_grace_s = 30;
+};
+
+struct SchedulerSection {
+  int window_ms = 200;  // batch window for new requests; 0 = no wait
+  int max_batch = 16;   // most prompts prefilled together
+  int max_num_seqs = 64;
+  int kv_block_size = 16;
+  double kv_cache_fraction = 0.9;  // of free device memory (CUDA)
+  int kv_cache_blocks = 0;         // explicit pool size; 0 = derive (CPU: max_num_seqs full contexts)
+};
+
+struct SamplingDefaults {
+  SamplingParams params;
+  int max_tokens = 1024;
+};
+
+struct GraphNodeSpec {
+  std::string name;
+  std::string stage;
+  int concurrency = 1;  // 0 = unlimited
+  YAML::Node params;    // the whole node, for the stage's own parameters
+  int line = 0;         // 1-based line in the config file, for errors
+};
+
+struct GraphEdgeSpec {
+  std::string from;
+  std::string to;
+  int line = 0;
+};
+
+struct GraphSpec {
+  std::vector<GraphNodeSpec> nodes;
+  std::vector<GraphEdgeSpec> edges;
+};
+
+struct ServeConfig {
+  std::filesystem::path file;  // where it was read from, for messages
+  ModelSection model;
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // CPU kernels' threads; 0 = all cores
+  ServerSection server;
+  SchedulerSection scheduler;
+  SamplingDefaults sampling;
+  GraphSpec graph;
+};
+
+// Reads a config file and applies "section.key=value" overrides (value parsed as YAML).
+// Throws ConfigError naming the file, line and field.
+ServeConfig load_serve_config(const std::filesystem::path& file,
+                              const std::vector<std::string>& overrides = {});
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,152 @@
+#include "io/chat_template.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pipeline {
+namespace {
+
+// Meta's llama/generation.py markers.
+constexpr std::string_view kBeginInst = "[INST]";
+constexpr std::string_view kEndInst = "[/INST]";
+constexpr std::string_view kBeginSys = "<<SYS>>\n";
+constexpr std::string_view kEndSys = "\n<</SYS>>\n\n";
+
+// Python's str.isspace() code points, so that strip() below trims what Meta's .strip() trims.
+bool is_python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
+}
+
+bool is_continuation_byte(char c) {
+  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
+}
+
+// The length of the UTF-8 character a lead byte starts (1 for a byte that starts none).
+size_t utf8_length(char lead) {
+  const auto b = static_cast<unsigned char>(lead);
+  return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+// The code point of `bytes` when they are exactly one well-formed UTF-8 character, else
+// U+FFFD (which is not whitespace, so malformed bytes are never stripped).
+char32_t code_point(std::string_view bytes) {
+  constexpr char32_t kInvalid = 0xFFFD;
+  constexpr char32_t kLeadMask[] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+  constexpr char32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+  const size_t length = bytes.size();
+  if (length == 0 || length > 4 || utf8_length(bytes[0]) != length) return kInvalid;
+  if (length == 1) return static_cast<unsigned char>(bytes[0]) < 0x80 ? bytes[0] : kInvalid;
+  char32_t c = static_cast<unsigned char>(bytes[0]) & kLeadMask[length];
+  for (size_t i = 1; i < length; ++i) {
+    if (!is_continuation_byte(bytes[i])) return kInvalid;
+    c = c << 6 | (static_cast<unsigned char>(bytes[i]) & 0x3F);
+  }
+  return c < kSmallest[length] ? kInvalid : c;
+}
+
+// Python's str.strip(): leading and trailing Unicode whitespace removed.
+std::string_view strip(std::string_view text) {
+  while (!text.empty()) {
+    const size_t length = std::min(utf8_length(text.front()), text.size());
+    if (!is_python_space(code_point(text.substr(0, length)))) break;
+    text.remove_prefix(length);
+  }
+  while (!text.empty()) {
+    size_t start = text.size() - 1;
+    while (start > 0 && text.size() - start < 4 && is_continuation_byte(text[start])) --start;
+    if (!is_python_space(code_point(text.substr(start)))) break;
+    text.remove_suffix(text.size() - start);
+  }
+  return text;
+}
+
+void check_roles(const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) throw std::invalid_argument("messages must not be empty");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant")
+      throw std::invalid_argument("messages[" + std::to_string(i) + "]: unknown role '" + role +
+                                  "' (expected system, user or assistant)");
+  }
+}
+
+void append(std::vector<int32_t>& ids, const std::vector<int32_t>& more) {
+  ids.insert(ids.end(), more.begin(), more.end());
+}
+
+// Meta's chat_completion(): an optional system message folded into the first user turn,
+// then user/assistant pairs, each "<s>[INST] {user} [/INST] {assistant} </s>", then the last
+// user turn "<s>[INST] {user} [/INST]".
+std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
+                                  const std::vector<ChatMessage>& messages) {
+  size_t first = 0;
+  std::string system_prefix;
+  if (messages.front().role == "system") {
+    system_prefix = std::string(kBeginSys) + messages.front().content + std::string(kEndSys);
+    first = 1;
+  }
+  if (first == messages.size())
+    throw std::invalid_argument("messages: a system message must be followed by a user message");
+  for (size_t i = first; i < messages.size(); ++i) {
+    const char* expected = (i - first) % 2 == 0 ? "user" : "assistant";
+    if (messages[i].role != expected)
+      throw std::invalid_argument("messages[" + std::to_string(i) + "] has role '" +
+                                  messages[i].role + "' where '" + expected +
+                                  "' was expected: after an optional system message, roles "
+                                  "must alternate user/assistant");
+  }
+  if (messages.back().role != "user")
+    throw std::invalid_argument("messages: the last message must have role 'user'");
+
+  const auto user_content = [&](size_t i) {
+    return i == first ? system_prefix + messages[i].content : messages[i].content;
+  };
+  const auto inst = [&](size_t i) {
+    return std::string(kBeginInst) + " " + std::string(strip(user_content(i))) + " " +
+           std::string(kEndInst);
+  };
+  if (tokenizer.eos_id() < 0)
+    throw std::runtime_error("the llama2 chat template needs a tokenizer with an EOS piece");
+  std::vector<int32_t> ids;
+  for (size_t i = first; i + 1 < messages.size(); i += 2) {
+    const std::string turn = inst(i) + " " + std::string(strip(messages[i + 1].content)) + " ";
+    append(ids, tokenizer.encode(turn, /*add_bos=*/true));
+    ids.push_back(tokenizer.eos_id());
+  }
+  append(ids, tokenizer.encode(inst(messages.size() - 1), /*add_bos=*/true));
+  return ids;
+}
+
+std::vector<int32_t> apply_raw(const Tokenizer& tokenizer,
+                               const std::vector<ChatMessage>& messages) {
+  std::string text;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i > 0) text += '\n';
+    text += messages[i].content;
+  }
+  return tokenizer.encode(text, /*add_bos=*/true);
+}
+
+}  // namespace
+
+std::optional<ChatTemplate> parse_chat_template(std::string_view name) {
+  if (name == "llama2") return ChatTemplate::Llama2;
+  if (name == "raw") return ChatTemplate::Raw;
+  return std::nullopt;
+}
+
+std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
+                                         const std::vector<ChatMessage>& messages) {
+  check_roles(messages);
+  switch (chat_template) {
+    case ChatTemplate::Llama2:
+      return apply_llama2(tokenizer, messages);
+    case ChatTemplate::Raw:
+      return apply_raw(tokenizer, messages);
+  }
+  throw std::invalid_argument("unknown chat template");
+}
+
+}  // namespace pipeline

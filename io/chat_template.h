@@ -1,0 +1,32 @@
+// Chat templates: a list of messages to the prompt's token ids. BOS and EOS enter as ids,
+// never as text, so a user cannot forge them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/tokenizer.h"
+
+namespace pipeline {
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+enum class ChatTemplate {
+  Llama2,  // Meta's: <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>...
+  Raw,     // contents joined by newlines after BOS, for models without a chat format
+};
+
+std::optional<ChatTemplate> parse_chat_template(std::string_view name);
+
+// Throws std::invalid_argument with a message fit for a 400 answer on a dialog the template
+// cannot express (unknown role, no user message last, roles out of order).
+std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
+                                         const std::vector<ChatMessage>& messages);
+
+}  // namespace pipeline

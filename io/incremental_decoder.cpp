@@ -1,0 +1,121 @@
+#include "io/incremental_decoder.h"
+
+namespace pipeline {
+namespace {
+
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";           // "▁"
+constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD
+
+enum class Utf8Status { Complete, Incomplete, Invalid };
+
+// Whether `bytes` start with a well-formed UTF-8 character (Unicode table 3-7: no overlong
+// forms, no surrogates, nothing above U+10FFFF), with its length when Complete. These are the
+// characters sentencepiece's decoder accepts; any other byte becomes one U+FFFD.
+Utf8Status leading_character(std::string_view bytes, size_t& length) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const unsigned char lead = byte(0);
+  // The range of the second byte depends on the lead; later bytes are 0x80..0xBF.
+  unsigned char second_low = 0x80, second_high = 0xBF;
+  if (lead < 0x80) {
+    length = 1;
+    return Utf8Status::Complete;
+  } else if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) second_low = 0xA0;
+    if (lead == 0xED) second_high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) second_low = 0x90;
+    if (lead == 0xF4) second_high = 0x8F;
+  } else {
+    return Utf8Status::Invalid;
+  }
+  for (size_t i = 1; i < length && i < bytes.size(); ++i) {
+    const unsigned char low = i == 1 ? second_low : 0x80;
+    const unsigned char high = i == 1 ? second_high : 0xBF;
+    if (byte(i) < low || byte(i) > high) return Utf8Status::Invalid;
+  }
+  return bytes.size() < length ? Utf8Status::Incomplete : Utf8Status::Complete;
+}
+
+// A piece's text away from the start: every "▁" a space.
+std::string spaced(const std::string& piece) {
+  std::string text;
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.compare(i, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
+      text += ' ';
+      i += kSpaceSymbol.size();
+    } else {
+      text += piece[i++];
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+
+std::string IncrementalDecoder::push(int32_t token) {
+  // Checkpoints may pad their embedding beyond the tokenizer's pieces; padding ids, which a
+  // sampler can still draw, carry no text.
+  if (token >= tokenizer_.vocab_size()) return "";
+  std::string text;
+  if (const int byte = tokenizer_.byte_value(token); byte >= 0) {
+    pending_bytes_ += static_cast<char>(byte);
+    take_characters(text, /*run_ended=*/false);
+  } else {
+    // Like sentencepiece, a run of byte pieces ends at the next other piece.
+    take_characters(text, /*run_ended=*/true);
+    text_started_ = text_started_ || !text.empty();
+    text += piece_text(token);
+  }
+  text_started_ = text_started_ || !text.empty();
+  return text;
+}
+
+std::string IncrementalDecoder::flush() {
+  std::string text;
+  take_characters(text, /*run_ended=*/true);
+  text_started_ = text_started_ || !text.empty();
+  return text;
+}
+
+std::string IncrementalDecoder::piece_text(int32_t token) {
+  if (!text_started_) {
+    // Which leading "▁" sentencepiece drops depends on the model's normalizer settings, so
+    // sentencepiece decodes the start itself. Until text appears, leading_ids_ holds only
+    // textless ids (controls and stripped "▁"), so this is the text the token adds.
+    leading_ids_.push_back(token);
+    std::string text = tokenizer_.decode(leading_ids_);
+    if (!text.empty()) leading_ids_.clear();
+    return text;
+  }
+  if (tokenizer_.is_control(token)) return "";
+  // Sentencepiece spells an unknown token with its unk surface (" ⁇ " by default).
+  if (tokenizer_.is_unknown(token)) return tokenizer_.decode(std::span(&token, 1));
+  return spaced(tokenizer_.piece(token));
+}
+
+void IncrementalDecoder::take_characters(std::string& out, bool run_ended) {
+  std::string_view bytes = pending_bytes_;
+  while (!bytes.empty()) {
+    size_t length = 0;
+    const Utf8Status status = leading_character(bytes, length);
+    if (status == Utf8Status::Complete) {
+      out += bytes.substr(0, length);
+      bytes.remove_prefix(length);
+    } else if (status == Utf8Status::Invalid || run_ended) {
+      // Sentencepiece replaces the first byte and resumes at the next one.
+      out += kReplacementCharacter;
+      bytes.remove_prefix(1);
+    } else {
+      break;  // an unfinished character: wait for more bytes
+    }
+  }
+  pending_bytes_ = std::string(bytes);
+}
+
+}  // namespace pipeline

@@ -1,0 +1,40 @@
+// Token ids to text one token at a time, as sentencepiece would decode the whole sequence:
+// "▁" becomes a space (none before the first piece), byte-fallback pieces <0xNN> are joined
+// into whole UTF-8 characters, and no partial character is ever returned. The concatenation
+// of every push() and the final flush() equals Tokenizer::decode of all the ids.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+
+namespace pipeline {
+
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const Tokenizer& tokenizer);
+
+  // Appends a token; returns the text it completes (possibly empty). Ids beyond the
+  // tokenizer's vocabulary (embedding padding) add nothing; a negative id throws std::out_of_range.
+  std::string push(int32_t token);
+  // At the end of the stream: bytes of an unfinished character, as U+FFFD.
+  std::string flush();
+
+ private:
+  // The text of a piece that is not a byte piece.
+  std::string piece_text(int32_t token);
+  // Moves every decided character at the front of pending_bytes_ to `out`; with
+  // `run_ended`, an unfinished character is decided too (as U+FFFD per byte).
+  void take_characters(std::string& out, bool run_ended);
+
+  const Tokenizer& tokenizer_;
+  std::string pending_bytes_;  // byte-piece values not yet forming a whole character
+  // Until the first text appears, sentencepiece strips the "▁" of leading pieces; these are
+  // the (textless) ids seen so far, decoded together with the next one by sentencepiece itself.
+  std::vector<int32_t> leading_ids_;
+  bool text_started_ = false;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,68 @@
+#include "io/stop_strings.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pipeline {
+namespace {
+
+bool is_continuation_byte(char c) {
+  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
+}
+
+// Moves a cut position back to the start of the UTF-8 character it falls in, so a cut never
+// splits a character even for a stop string that begins mid-character.
+size_t character_boundary(std::string_view text, size_t cut) {
+  while (cut > 0 && cut < text.size() && is_continuation_byte(text[cut])) --cut;
+  return cut;
+}
+
+}  // namespace
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (size_t i = 0; i < stops_.size(); ++i)
+    if (stops_[i].empty())
+      throw std::invalid_argument("stop[" + std::to_string(i) + "] is an empty string");
+}
+
+StopStringMatcher::Result StopStringMatcher::push(std::string_view text) {
+  if (stopped_) return {"", true};
+  held_ += text;
+
+  // The earliest occurrence of any stop string ends the text.
+  size_t stop_at = std::string::npos;
+  for (const std::string& stop : stops_) stop_at = std::min(stop_at, held_.find(stop));
+  if (stop_at != std::string::npos) {
+    stopped_ = true;
+    Result result{held_.substr(0, character_boundary(held_, stop_at)), true};
+    held_.clear();
+    return result;
+  }
+
+  const size_t send = character_boundary(held_, held_.size() - partial_stop_length(held_));
+  Result result{held_.substr(0, send), false};
+  held_.erase(0, send);
+  return result;
+}
+
+std::string StopStringMatcher::flush() {
+  std::string text = std::move(held_);
+  held_.clear();  // empty after a stop: the text beyond a stop string is dropped
+  return text;
+}
+
+size_t StopStringMatcher::partial_stop_length(std::string_view text) const {
+  size_t longest = 0;
+  for (const std::string& stop : stops_) {
+    // A whole stop would have matched already, so only proper prefixes are candidates.
+    for (size_t length = std::min(stop.size() - 1, text.size()); length > longest; --length) {
+      if (text.ends_with(std::string_view(stop).substr(0, length))) {
+        longest = length;
+        break;
+      }
+    }
+  }
+  return longest;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,35 @@
+// Stop strings matched across token boundaries. Text that could still turn into a stop
+// string is held back, so a stop string is never sent, not even in part.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pipeline {
+
+class StopStringMatcher {
+ public:
+  // Throws std::invalid_argument on an empty stop string. No stops: text passes straight on.
+  explicit StopStringMatcher(std::vector<std::string> stops);
+
+  struct Result {
+    std::string text;      // safe to send now
+    bool stopped = false;  // a stop string matched; `text` ends just before it
+  };
+
+  // After a stop has matched, every push returns no text and stopped = true.
+  Result push(std::string_view text);
+  // At the end of generation (no stop matched): the held-back text.
+  std::string flush();
+
+ private:
+  // The length of the longest suffix of `text` that begins some stop string.
+  size_t partial_stop_length(std::string_view text) const;
+
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,33 @@
+// Causal grouped-query attention that reads keys and values straight from the paged KV pool
+// through each sequence's block table. The same kernel serves prefill (many queries per
+// sequence, each seeing the positions up to its own) and decode (one query per sequence).
+// Softmax is online (running max and sum, rescaled once per chunk of keys), all float32.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/cpu/paged_kv.h"
+
+namespace pipeline::cpu {
+
+// The longest head this kernel accepts (its per-query accumulator lives on the stack).
+constexpr int kMaxAttentionHeadDim = 512;
+
+// One sequence's queries: rows [first_row, first_row + num_queries) of q and out, at positions
+// start_pos, start_pos + 1, ...; query i attends to positions [0, start_pos + i], whose K/V
+// must already be in the pool.
+struct AttentionSequence {
+  int first_row = 0;
+  int num_queries = 0;
+  int32_t start_pos = 0;
+  std::span<const int32_t> block_table;
+};
+
+// q, out: [rows, num_heads · head_dim]. Query head h reads KV head h / (num_heads / num_kv_heads).
+// Scores are scaled by 1/sqrt(head_dim). Parallel over (sequence, head) and, for long prompts,
+// over chunks of queries.
+void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
+                     const float* q, float* out);
+
+}  // namespace pipeline::cpu

@@ -1,0 +1,40 @@
+#include "kernels/cpu/cpu_features.h"
+
+namespace pipeline::cpu {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Portable:
+      return "portable";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  switch (isa) {
+    case Isa::Portable:
+      return true;
+    case Isa::Avx2:
+      return avx2;
+    case Isa::Avx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+}
+
+Isa best_isa() {
+  static const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512
+                          : isa_supported(Isa::Avx2) ? Isa::Avx2
+                                                     : Isa::Portable;
+  return best;
+}
+
+}  // namespace pipeline::cpu

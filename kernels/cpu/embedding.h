@@ -1,0 +1,14 @@
+// Token embedding lookup: one row of the [vocab, hidden] table per token, widened to float32.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/cpu/matmul.h"
+
+namespace pipeline::cpu {
+
+// out: [tokens.size(), table.cols]. Token ids must already be checked against table.rows.
+void embedding_lookup(const WeightMatrix& table, std::span<const int32_t> tokens, float* out);
+
+}  // namespace pipeline::cpu

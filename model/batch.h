@@ -1,0 +1,38 @@
+// What one forward pass runs: for each sequence, its new tokens at their positions and the
+// block table that holds (and will hold) its keys and values. Prefill batches carry whole
+// prompts (ragged: each its own length); decode batches carry one token per sequence.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pipeline {
+
+struct SequenceChunk {
+  std::vector<int32_t> tokens;       // new tokens, at positions start_pos, start_pos+1, ...
+  int32_t start_pos = 0;             // tokens before it are already in the KV cache
+  std::vector<int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
+  bool all_logits = false;           // logits for every new token, not just the last
+};
+
+struct Batch {
+  std::vector<SequenceChunk> seqs;
+
+  int total_tokens() const;
+  // Logit rows the forward pass returns: one per sequence, or one per token when all_logits.
+  int logit_rows() const;
+  bool is_decode() const;  // every sequence brings exactly one token
+};
+
+// Rows of logits in batch order (sequence by sequence; within one, position by position).
+struct Logits {
+  int vocab = 0;
+  std::vector<float> data;
+
+  int rows() const { return vocab ? int(data.size() / vocab) : 0; }
+  std::span<const float> row(int i) const { return {data.data() + size_t(i) * vocab, size_t(vocab)}; }
+  std::span<float> row(int i) { return {data.data() + size_t(i) * vocab, size_t(vocab)}; }
+};
+
+}  // namespace pipeline

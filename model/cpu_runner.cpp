@@ -1,0 +1,312 @@
+#include "model/cpu_runner.h"
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_kv.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/silu_mul.h"
+
+namespace pipeline {
+namespace {
+
+using cpu::MatmulMode;
+using cpu::WeightMatrix;
+
+WeightMatrix as_matrix(const TensorView& t, int64_t rows, int64_t cols) {
+  if (t.data == nullptr || t.shape != std::vector<int64_t>{rows, cols}) {
+    throw std::invalid_argument("make_cpu_runner: tensor '" + t.name + "' has shape " +
+                                t.shape_string() + ", expected [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  }
+  return WeightMatrix{t.data, t.dtype, int(rows), int(cols)};
+}
+
+// Norm weights are tiny and read for every token: widen them to float32 once.
+std::vector<float> as_float_vector(const TensorView& t, int64_t size) {
+  if (t.data == nullptr || t.shape != std::vector<int64_t>{size}) {
+    throw std::invalid_argument("make_cpu_runner: tensor '" + t.name + "' has shape " +
+                                t.shape_string() + ", expected [" + std::to_string(size) + "]");
+  }
+  std::vector<float> v(static_cast<size_t>(size));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_f32(t.data, t.dtype, i);
+  return v;
+}
+
+// The weights, after checking that their config describes a model this runner can run.
+std::shared_ptr<const LlamaWeights> checked(std::shared_ptr<const LlamaWeights> weights) {
+  if (!weights) throw std::invalid_argument("make_cpu_runner: no weights");
+  const LlamaConfig& c = weights->config;
+  if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
+      c.num_kv_heads <= 0 || c.vocab_size <= 0 || c.max_position_embeddings <= 0) {
+    throw std::invalid_argument("make_cpu_runner: config has a non-positive dimension");
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    throw std::invalid_argument("make_cpu_runner: num_heads " + std::to_string(c.num_heads) +
+                                " is not a multiple of num_kv_heads " +
+                                std::to_string(c.num_kv_heads));
+  }
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > cpu::kMaxAttentionHeadDim) {
+    throw std::invalid_argument("make_cpu_runner: head_dim " + std::to_string(c.head_dim) +
+                                " must be even and at most " +
+                                std::to_string(cpu::kMaxAttentionHeadDim));
+  }
+  return weights;
+}
+
+KvCacheShape derive_kv_shape(const LlamaConfig& c, const RunnerOptions& options) {
+  if (options.kv_block_size <= 0) {
+    throw std::invalid_argument("RunnerOptions: kv_block_size must be positive, got " +
+                                std::to_string(options.kv_block_size));
+  }
+  if (options.kv_cache_blocks < 0) {
+    throw std::invalid_argument("RunnerOptions: kv_cache_blocks must be >= 0, got " +
+                                std::to_string(options.kv_cache_blocks));
+  }
+  if (options.threads < 0) {
+    throw std::invalid_argument("RunnerOptions: threads must be >= 0, got " +
+                                std::to_string(options.threads));
+  }
+  KvCacheShape shape;
+  shape.num_layers = c.num_layers;
+  shape.num_kv_heads = c.num_kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.block_size = options.kv_block_size;
+  if (options.kv_cache_blocks > 0) {
+    shape.num_blocks = options.kv_cache_blocks;
+    return shape;
+  }
+  if (options.max_num_seqs <= 0) {
+    throw std::invalid_argument("RunnerOptions: max_num_seqs must be positive to size the KV pool");
+  }
+  const int64_t block_bytes =
+      2 * int64_t(c.num_layers) * shape.block_elems() * int64_t(sizeof(float));
+  const int64_t wanted =
+      int64_t(options.max_num_seqs) * shape.blocks_for(c.max_position_embeddings);
+  const int64_t cap = kCpuKvPoolMaxBytes / block_bytes;
+  shape.num_blocks = int(std::max<int64_t>(1, std::min(wanted, cap)));
+  return shape;
+}
+
+class CpuRunner final : public ModelRunner {
+ public:
+  CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options);
+
+  const LlamaConfig& config() const override { return config_; }
+  const KvCacheShape& kv_shape() const override { return shape_; }
+  std::string device_name() const override { return "cpu"; }
+  void forward(const Batch& batch, Logits& logits) override;
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm, mlp_norm;
+    WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+
+  void check_batch(const Batch& batch) const;
+  void pack(const Batch& batch);
+  void run_layer(int layer);
+  void compute_logits(Logits& logits);
+  cpu::PagedKvLayer kv_layer(int layer);
+
+  std::shared_ptr<const LlamaWeights> weights_;
+  const LlamaConfig& config_;
+  KvCacheShape shape_;
+  cpu::RopeTable rope_;
+  std::optional<tbb::task_arena> arena_;
+  WeightMatrix embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<float[]> k_pool_, v_pool_;  // [layer][block][slot][kv_head][head_dim]
+
+  // Per-forward scratch; grows to the largest batch seen and is reused.
+  std::vector<int32_t> tokens_, positions_;
+  std::vector<cpu::AttentionSequence> seqs_;
+  std::vector<int> logit_rows_;  // which packed rows produce logits
+  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, final_;
+};
+
+CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
+    : weights_(checked(std::move(weights))),
+      config_(weights_->config),
+      shape_(derive_kv_shape(config_, options)),
+      rope_(config_.head_dim, config_.max_position_embeddings, config_.rope_theta) {
+  if (options.threads > 0) arena_.emplace(options.threads);
+  const LlamaConfig& c = config_;
+  const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
+  embed_ = as_matrix(weights_->embed, c.vocab_size, hidden);
+  lm_head_ = as_matrix(weights_->lm_head, c.vocab_size, hidden);
+  final_norm_ = as_float_vector(weights_->final_norm, hidden);
+  if (int(weights_->layers.size()) != c.num_layers) {
+    throw std::invalid_argument("make_cpu_runner: " + std::to_string(weights_->layers.size()) +
+                                " layers of weights for num_hidden_layers " +
+                                std::to_string(c.num_layers));
+  }
+  for (const LayerWeights& w : weights_->layers) {
+    Layer& layer = layers_.emplace_back();
+    layer.attn_norm = as_float_vector(w.attn_norm, hidden);
+    layer.mlp_norm = as_float_vector(w.mlp_norm, hidden);
+    layer.wq = as_matrix(w.wq, c.q_dim(), hidden);
+    layer.wk = as_matrix(w.wk, c.kv_dim(), hidden);
+    layer.wv = as_matrix(w.wv, c.kv_dim(), hidden);
+    layer.wo = as_matrix(w.wo, hidden, c.q_dim());
+    layer.w_gate = as_matrix(w.w_gate, ffn, hidden);
+    layer.w_up = as_matrix(w.w_up, ffn, hidden);
+    layer.w_down = as_matrix(w.w_down, hidden, ffn);
+  }
+  const size_t pool =
+      size_t(c.num_layers) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
+  k_pool_.reset(new float[pool]);  // uninitialised on purpose: attention reads only written slots
+  v_pool_.reset(new float[pool]);
+}
+
+cpu::PagedKvLayer CpuRunner::kv_layer(int layer) {
+  const size_t offset = size_t(layer) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
+  return cpu::PagedKvLayer{k_pool_.get() + offset, v_pool_.get() + offset, shape_.block_size,
+                           shape_.num_kv_heads, shape_.head_dim};
+}
+
+void CpuRunner::check_batch(const Batch& batch) const {
+  // Messages are built only on failure: checking a decode step must not allocate.
+  const auto fail = [](size_t seq, const std::string& what) {
+    throw std::invalid_argument("CpuRunner::forward: sequence " + std::to_string(seq) + ": " +
+                                what);
+  };
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const SequenceChunk& seq = batch.seqs[s];
+    if (seq.tokens.empty()) fail(s, "no tokens");
+    if (seq.start_pos < 0) fail(s, "negative start_pos " + std::to_string(seq.start_pos));
+    const int64_t end = int64_t(seq.start_pos) + int64_t(seq.tokens.size());
+    if (end > config_.max_position_embeddings) {
+      fail(s, "positions up to " + std::to_string(end - 1) + " exceed max_position_embeddings " +
+                  std::to_string(config_.max_position_embeddings));
+    }
+    const int needed = shape_.blocks_for(int(end));
+    if (int(seq.block_table.size()) < needed) {
+      fail(s, "block table has " + std::to_string(seq.block_table.size()) + " blocks, " +
+                  std::to_string(end) + " positions need " + std::to_string(needed));
+    }
+    for (int b = 0; b < needed; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= shape_.num_blocks) {
+        fail(s, "block id " + std::to_string(seq.block_table[b]) + " outside the pool of " +
+                    std::to_string(shape_.num_blocks));
+      }
+    }
+    for (int32_t token : seq.tokens) {
+      if (token < 0 || token >= config_.vocab_size) {
+        fail(s, "token id " + std::to_string(token) + " outside the vocabulary [0, " +
+                    std::to_string(config_.vocab_size) + ")");
+      }
+    }
+  }
+}
+
+// Lays every sequence's new tokens end to end (ragged) and grows the scratch buffers to fit.
+void CpuRunner::pack(const Batch& batch) {
+  tokens_.clear();
+  positions_.clear();
+  seqs_.clear();
+  logit_rows_.clear();
+  for (const SequenceChunk& seq : batch.seqs) {
+    const int first_row = int(tokens_.size());
+    const int n = int(seq.tokens.size());
+    tokens_.insert(tokens_.end(), seq.tokens.begin(), seq.tokens.end());
+    for (int i = 0; i < n; ++i) positions_.push_back(seq.start_pos + i);
+    seqs_.push_back({first_row, n, seq.start_pos, seq.block_table});
+    if (seq.all_logits) {
+      for (int i = 0; i < n; ++i) logit_rows_.push_back(first_row + i);
+    } else {
+      logit_rows_.push_back(first_row + n - 1);
+    }
+  }
+  const size_t rows = tokens_.size();
+  const LlamaConfig& c = config_;
+  const auto grow = [](std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  grow(x_, rows * c.hidden_size);
+  grow(xn_, rows * c.hidden_size);
+  grow(q_, rows * c.q_dim());
+  grow(k_, rows * c.kv_dim());
+  grow(v_, rows * c.kv_dim());
+  grow(att_, rows * c.q_dim());
+  grow(gate_, rows * c.intermediate_size);
+  grow(up_, rows * c.intermediate_size);
+  grow(final_, logit_rows_.size() * c.hidden_size);
+}
+
+void CpuRunner::run_layer(int layer) {
+  const LlamaConfig& c = config_;
+  const Layer& w = layers_[layer];
+  const int rows = int(tokens_.size());
+
+  // Attention block: x += o_proj(attention(rope(q), rope(k), v)) over rmsnorm(x).
+  cpu::rmsnorm(x_.data(), w.attn_norm.data(), rows, c.hidden_size, c.rms_norm_eps, xn_.data());
+  cpu::matmul(xn_.data(), rows, w.wq, q_.data());
+  cpu::matmul(xn_.data(), rows, w.wk, k_.data());
+  cpu::matmul(xn_.data(), rows, w.wv, v_.data());
+  cpu::apply_rope(rope_, positions_, c.num_heads, q_.data(), size_t(c.q_dim()));
+  cpu::apply_rope(rope_, positions_, c.num_kv_heads, k_.data(), size_t(c.kv_dim()));
+  const cpu::PagedKvLayer kv = kv_layer(layer);
+  for (const cpu::AttentionSequence& s : seqs_) {
+    const size_t at = size_t(s.first_row) * c.kv_dim();
+    cpu::store_kv(kv, s.block_table, s.start_pos, s.num_queries, k_.data() + at, v_.data() + at);
+  }
+  cpu::paged_attention(kv, seqs_, c.num_heads, q_.data(), att_.data());
+  cpu::matmul(att_.data(), rows, w.wo, x_.data(), MatmulMode::Accumulate);
+
+  // MLP block: x += down(silu(gate(h)) · up(h)), h = rmsnorm(x).
+  cpu::rmsnorm(x_.data(), w.mlp_norm.data(), rows, c.hidden_size, c.rms_norm_eps, xn_.data());
+  cpu::matmul(xn_.data(), rows, w.w_gate, gate_.data());
+  cpu::matmul(xn_.data(), rows, w.w_up, up_.data());
+  cpu::silu_mul(gate_.data(), up_.data(), size_t(rows) * c.intermediate_size);
+  cpu::matmul(gate_.data(), rows, w.w_down, x_.data(), MatmulMode::Accumulate);
+}
+
+// Final norm and lm_head, only on the rows the batch asked logits for.
+void CpuRunner::compute_logits(Logits& logits) {
+  const int hidden = config_.hidden_size;
+  const int rows = int(logit_rows_.size());
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(x_.data() + size_t(logit_rows_[r]) * hidden, hidden,
+                final_.data() + size_t(r) * hidden);
+  }
+  cpu::rmsnorm(final_.data(), final_norm_.data(), rows, hidden, config_.rms_norm_eps,
+               final_.data());
+  logits.vocab = config_.vocab_size;
+  logits.data.resize(size_t(rows) * config_.vocab_size);
+  cpu::matmul(final_.data(), rows, lm_head_, logits.data.data());
+}
+
+void CpuRunner::forward(const Batch& batch, Logits& logits) {
+  check_batch(batch);
+  pack(batch);
+  const auto run = [&] {
+    cpu::embedding_lookup(embed_, tokens_, x_.data());
+    for (int layer = 0; layer < config_.num_layers; ++layer) run_layer(layer);
+    compute_logits(logits);
+  };
+  if (arena_) {
+    arena_->execute(run);
+  } else {
+    run();
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> make_cpu_runner(std::shared_ptr<const LlamaWeights> weights,
+                                             const RunnerOptions& options) {
+  return std::make_unique<CpuRunner>(std::move(weights), options);
+}
+
+}  // namespace pipeline

@@ -1,0 +1,38 @@
+// The boundary between scheduling and compute: a ModelRunner runs the LLaMA forward pass of a
+// Batch on one device, reading and writing KV blocks that the caller's BlockManager allocated.
+#pragma once
+
+#include <string>
+
+#include "io/model_config.h"
+#include "model/batch.h"
+#include "model/kv_cache.h"
+
+namespace pipeline {
+
+// How a runner sizes itself.
+struct RunnerOptions {
+  int kv_block_size = 16;
+  int kv_cache_blocks = 0;          // explicit KV pool size; 0: derive it
+  double kv_cache_fraction = 0.9;   // CUDA: share of free device memory after the weights
+  int max_num_seqs = 64;            // CPU: derive the pool from this many full contexts (capped)
+  int threads = 0;                  // CPU kernels' threads; 0: all cores
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const LlamaConfig& config() const = 0;
+  // The KV pool this runner allocated; size a BlockManager with its num_blocks.
+  virtual const KvCacheShape& kv_shape() const = 0;
+  // "cpu" or "cuda", for logs and metrics.
+  virtual std::string device_name() const = 0;
+
+  // Runs every sequence's new tokens, writes their K and V into the block tables' slots and
+  // fills `logits` (resized here) with Batch::logit_rows() rows. Decode batches (one token
+  // per sequence) are the hot path.
+  virtual void forward(const Batch& batch, Logits& logits) = 0;
+};
+
+}  // namespace pipeline

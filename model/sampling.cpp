@@ -1,0 +1,211 @@
+#include "model/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+namespace pipeline {
+
+namespace {
+
+std::string out_of_range(const char* name, const char* range, double value) {
+  std::ostringstream message;
+  message << name << " must be " << range << ", got " << value;
+  return message.str();
+}
+
+// A uniform double in [0, 1) from the top 53 bits of one raw 64-bit draw: the same on every
+// standard library, unlike std::uniform_real_distribution.
+double uniform_unit(std::mt19937_64& rng) {
+  return double(rng() >> 11) * 0x1.0p-53;
+}
+
+}  // namespace
+
+std::string validate(const SamplingParams& p) {
+  // Written as !(inside) so that NaN is rejected too.
+  if (!(p.temperature >= 0.0f && p.temperature <= 2.0f))
+    return out_of_range("temperature", "between 0 and 2", p.temperature);
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
+    return out_of_range("top_p", "greater than 0 and at most 1", p.top_p);
+  if (p.top_k < 0) return out_of_range("top_k", "at least 0 (0 = off)", p.top_k);
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
+    return out_of_range("min_p", "between 0 and 1", p.min_p);
+  if (!(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty)))
+    return out_of_range("repetition_penalty", "greater than 0", p.repetition_penalty);
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
+    return out_of_range("presence_penalty", "between -2 and 2", p.presence_penalty);
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
+    return out_of_range("frequency_penalty", "between -2 and 2", p.frequency_penalty);
+  if (p.top_logprobs < 0 || p.top_logprobs > 20)
+    return out_of_range("top_logprobs", "between 0 and 20", p.top_logprobs);
+  if (p.repeat_last_n < -1)
+    return out_of_range("repeat_last_n", "-1 (whole history), 0 (off) or a window length",
+                        p.repeat_last_n);
+  return {};
+}
+
+Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
+    : params_(params), rng_(params.seed.value_or(fallback_seed)) {
+  if (std::string error = validate(params); !error.empty()) throw std::invalid_argument(error);
+}
+
+SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (logits.empty()) throw std::invalid_argument("Sampler::sample: empty logits");
+  SampledToken out;
+  const double log_z = log_normaliser(logits);
+  report_alternatives(logits, log_z, out);
+
+  scratch_.assign(logits.begin(), logits.end());
+  apply_penalties(history);
+  out.token = params_.temperature == 0.0f ? argmax() : draw();
+  out.logprob = float(double(logits[out.token]) - log_z);
+  return out;
+}
+
+// log(sum(exp(logits))) of the raw logits: the model's own distribution, which logprobs report.
+double Sampler::log_normaliser(std::span<const float> logits) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  if (!std::isfinite(max_logit))
+    throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
+  double sum = 0.0;  // float exp (fast, and exact to an ulp), summed in double
+  for (float logit : logits) sum += std::exp(logit - max_logit);
+  return max_logit + std::log(sum);
+}
+
+// The top_logprobs most likely tokens of the raw logits, ties broken by the lower id so that
+// the report is the same everywhere.
+void Sampler::report_alternatives(std::span<const float> logits, double log_z, SampledToken& out) {
+  const size_t count = std::min(size_t(params_.top_logprobs), logits.size());
+  if (count == 0) return;
+  order_.resize(logits.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  std::partial_sort(order_.begin(), order_.begin() + count, order_.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                    });
+  out.top.resize(count);
+  for (size_t i = 0; i < count; ++i)
+    out.top[i] = {order_[i], float(double(logits[order_[i]]) - log_z)};
+}
+
+// CTRL-style repetition penalty, then OpenAI's presence and frequency penalties, once per
+// distinct token of the last repeat_last_n tokens.
+void Sampler::apply_penalties(std::span<const int32_t> history) {
+  const SamplingParams& p = params_;
+  const bool neutral =
+      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+  if (neutral || p.repeat_last_n == 0) return;
+
+  const size_t vocab = scratch_.size();
+  const size_t window =
+      p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
+  const std::span<const int32_t> recent = history.last(window);
+  for (int32_t token : recent)
+    if (token < 0 || size_t(token) >= vocab)
+      throw std::invalid_argument("Sampler::sample: history token " + std::to_string(token) +
+                                  " is outside the vocabulary of " + std::to_string(vocab));
+
+  if (window_counts_.size() != vocab) window_counts_.assign(vocab, 0);
+  window_tokens_.reserve(vocab);
+  window_tokens_.clear();
+  for (int32_t token : recent)
+    if (window_counts_[token]++ == 0) window_tokens_.push_back(token);
+
+  for (int32_t token : window_tokens_) {
+    float& logit = scratch_[token];
+    if (p.repetition_penalty != 1.0f)
+      logit = logit > 0.0f ? logit / p.repetition_penalty : logit * p.repetition_penalty;
+    logit -= float(window_counts_[token]) * p.frequency_penalty + p.presence_penalty;
+    window_counts_[token] = 0;  // ready for the next call
+  }
+}
+
+int32_t Sampler::argmax() const {
+  int32_t best = 0;
+  for (size_t i = 1; i < scratch_.size(); ++i)
+    if (scratch_[i] > scratch_[best]) best = int32_t(i);  // strict: ties keep the lowest id
+  return best;
+}
+
+// Top-k, softmax at the temperature, top-p, min-p, then one draw. Candidates are ordered by a
+// strict total order (more likely first, then lower id), so every standard library keeps the
+// same set in the same order and the same seed picks the same token.
+int32_t Sampler::draw() {
+  const size_t vocab = scratch_.size();
+  order_.resize(vocab);
+  std::iota(order_.begin(), order_.end(), 0);
+  const auto more_likely = [this](int32_t a, int32_t b) {
+    return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
+  };
+  const auto begin = order_.begin();
+
+  size_t n = vocab;   // candidates are order_[0, n)
+  size_t sorted = 0;  // order_[0, sorted) is sorted by more_likely
+  if (params_.top_k > 0 && size_t(params_.top_k) < vocab) {
+    n = size_t(params_.top_k);
+    std::partial_sort(begin, begin + n, order_.end(), more_likely);
+    sorted = n;
+  }
+
+  // Softmax weights at the temperature, left unnormalised: the most likely candidate gets
+  // exp(0) = 1 and the others less.
+  float max_logit = scratch_[order_[0]];
+  if (sorted == 0)
+    for (size_t i = 1; i < n; ++i) max_logit = std::max(max_logit, scratch_[order_[i]]);
+  // Dividing (not multiplying by 1/T, which overflows for a tiny T) keeps exp(0 / T) = 1.
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    float& weight = scratch_[order_[i]];
+    weight = std::exp((weight - max_logit) / params_.temperature);
+    total += weight;
+  }
+
+  if (params_.top_p < 1.0f) {
+    // The smallest most-likely-first prefix holding top_p of the mass. Sorting goes chunk by
+    // chunk (each chunk holds the next most likely) and stops once the prefix is found.
+    const double target = double(params_.top_p) * total;
+    double kept_mass = 0.0;
+    size_t kept = 0;
+    while (kept < n) {
+      if (kept == sorted) {
+        const size_t next = std::min(n, std::max<size_t>(2 * sorted, 64));
+        std::partial_sort(begin + sorted, begin + next, begin + n, more_likely);
+        sorted = next;
+      }
+      kept_mass += scratch_[order_[kept++]];
+      if (kept_mass >= target) break;
+    }
+    n = kept;
+    total = kept_mass;
+  }
+
+  if (params_.min_p > 0.0f) {
+    // The most likely candidate weighs 1, so min_p itself is the threshold. Compacting in
+    // place keeps the candidates' order.
+    size_t kept = 0;
+    total = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t token = order_[i];
+      if (scratch_[token] < params_.min_p) continue;
+      order_[kept++] = token;
+      total += scratch_[token];
+    }
+    n = kept;
+  }
+
+  const double target = uniform_unit(rng_) * total;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    cumulative += scratch_[order_[i]];
+    if (target < cumulative) return order_[i];
+  }
+  // Rounding left target at the total: the last candidate with any weight.
+  for (size_t i = n; i-- > 0;)
+    if (scratch_[order_[i]] > 0.0f) return order_[i];
+  return order_[0];
+}
+
+}  // namespace pipeline

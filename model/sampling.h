@@ -1,0 +1,75 @@
+// Per-request token sampling: penalties, temperature, top-k, top-p, min-p, a seeded RNG, and
+// the chosen token's logprob with the top alternatives.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0 = greedy
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off; over the last repeat_last_n tokens
+  int repeat_last_n = 64;           // 0 = off, -1 = whole history
+  float presence_penalty = 0.0f;    // over the same window as repetition_penalty
+  float frequency_penalty = 0.0f;   // over the same window as repetition_penalty
+  std::optional<uint64_t> seed;     // same seed, same logits: same tokens
+  int top_logprobs = 0;             // alternatives to report beside the chosen token
+};
+
+// An error message naming the first parameter outside its (OpenAI) range, or empty when all
+// are valid: temperature [0, 2], top_p (0, 1], top_k >= 0, min_p [0, 1],
+// repetition_penalty > 0, presence/frequency_penalty [-2, 2], top_logprobs [0, 20],
+// repeat_last_n >= -1.
+std::string validate(const SamplingParams& params);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0.0f;           // log-softmax of the model's raw logits at `token`
+  std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, most likely first
+};
+
+// Draws tokens for one sequence: penalties over the history window (as llama.cpp applies them),
+// then greedy argmax (temperature 0) or top-k, softmax at the temperature, top-p, min-p and
+// a draw from what is left. Scratch buffers are sized at the first call and reused after.
+class Sampler {
+ public:
+  // `fallback_seed` seeds the RNG when params.seed is unset. Throws std::invalid_argument
+  // with validate()'s message on out-of-range parameters.
+  Sampler(const SamplingParams& params, uint64_t fallback_seed);
+
+  // `history` is the sequence so far (prompt and generated tokens) for the penalties.
+  // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
+  // history token outside the vocabulary.
+  SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  static double log_normaliser(std::span<const float> logits);
+  void report_alternatives(std::span<const float> logits, double log_z, SampledToken& out);
+  void apply_penalties(std::span<const int32_t> history);
+  int32_t argmax() const;
+  int32_t draw();
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<float> scratch_;          // per token id: penalised logit, then probability
+  std::vector<int32_t> order_;          // candidate token ids
+  std::vector<int32_t> window_counts_;  // per token id: occurrences in the penalty window
+  std::vector<int32_t> window_tokens_;  // the window's distinct tokens
+};
+
+}  // namespace pipeline

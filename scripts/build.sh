@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds llm-pipeline into build/ (Release; the CUDA backend when nvcc exists).
+# Extra arguments go to CMake's configure step, e.g. -DPIPELINE_CUDA=OFF.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build build -j"$(nproc)"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The CUDA backend's check on a GPU machine, from a fresh checkout, in under 10 minutes on one
+# H200 with 16 cores: build (Release, sm_90 only, just the targets needed), run the CUDA tests,
+# run part of them again under compute-sanitizer memcheck, write a random llama2-7b checkpoint,
+# run the decode benchmark on it, and print a short table last. Logs go to $OUT (or
+# /tmp/gpu_check) when set.
+#
+#   scripts/gpu_check.sh               run the check
+#   scripts/gpu_check.sh --fetch-deps  (on a machine with network) download the Debian packages
+#                                      the build needs into build-gpu-deps/, for a GPU machine
+#                                      that has no network: carry build-gpu-deps there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+DEPS_DIR=build-gpu-deps
+DEPS_PREFIX=/opt/pipeline-deps
+DEPS_PACKAGES=(
+  libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libhwloc15 libconcurrentqueue-dev
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev zlib1g-dev
+  libyaml-cpp-dev libyaml-cpp0.7 libsentencepiece-dev libsentencepiece0 nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian pkgconf pkgconf-bin libpkgconf3
+)
+if [[ ${1:-} == --fetch-deps ]]; then
+  mkdir -p "$DEPS_DIR" && cd "$DEPS_DIR" && apt-get download "${DEPS_PACKAGES[@]}"
+  exit $?
+fi
+
+OUT=${OUT:-/tmp/gpu_check}
+BUILD=build-gpu
+MODEL_DIR=${MODEL_DIR:-/tmp/llama2-7b-bf16}
+mkdir -p "$OUT"
+declare -a SUMMARY=()
+note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); echo "== $1: $2"; }
+seconds_since() { echo $(($(date +%s) - $1)); }
+START=$(date +%s)
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+# ---- Dependencies: installed, or carried as .deb files and unpacked into a private prefix.
+if ! dpkg -s libtbb-dev libyaml-cpp-dev libsentencepiece-dev libcpp-httplib-dev libgtest-dev \
+       libbenchmark-dev nlohmann-json3-dev libconcurrentqueue-dev >/dev/null 2>&1; then
+  if compgen -G "$DEPS_DIR/*.deb" >/dev/null; then
+    for deb in "$DEPS_DIR"/*.deb; do dpkg -x "$deb" "$DEPS_PREFIX"; done
+    lib="$DEPS_PREFIX/usr/lib/x86_64-linux-gnu"
+    export CMAKE_PREFIX_PATH="$DEPS_PREFIX/usr"
+    export PKG_CONFIG="$DEPS_PREFIX/usr/bin/pkgconf"
+    export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$DEPS_PREFIX/usr/share/pkgconfig"
+    export PKG_CONFIG_SYSROOT_DIR="$DEPS_PREFIX"
+    export CPATH="$DEPS_PREFIX/usr/include:$DEPS_PREFIX/usr/include/x86_64-linux-gnu"
+    export LIBRARY_PATH="$lib"
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PATH="$DEPS_PREFIX/usr/bin:$PATH"
+    note deps "unpacked $(ls "$DEPS_DIR"/*.deb | wc -l) carried packages into $DEPS_PREFIX"
+  else
+    scripts/install_deps.sh > "$OUT/install_deps.log" 2>&1 \
+      && note deps "installed with scripts/install_deps.sh" \
+      || { note deps "MISSING (no network? run scripts/gpu_check.sh --fetch-deps elsewhere and carry $DEPS_DIR)"; exit 1; }
+  fi
+else
+  note deps "already installed"
+fi
+
+# ---- Build: one CUDA architecture (the device's), only the targets this check runs.
+t=$(date +%s)
+generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DPIPELINE_CUDA=ON \
+  -DPIPELINE_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  > "$OUT/configure.log" 2>&1 \
+  || { note configure "FAILED (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1; }
+t_cuda=$(date +%s)
+cmake --build "$BUILD" --target pipeline_cuda -j16 > "$OUT/build.log" 2>&1 \
+  || { note build "pipeline_cuda FAILED"; grep -m20 -E "error" "$OUT/build.log"; exit 1; }
+note "build pipeline_cuda" "$(seconds_since "$t_cuda") s (-j16, sm_90)"
+cmake --build "$BUILD" --target test_cuda_runner bench_cuda_decode pipeline -j16 >> "$OUT/build.log" 2>&1 \
+  || { note build "FAILED"; grep -m20 -E "error" "$OUT/build.log"; exit 1; }
+note "build total" "$(seconds_since "$t") s"
+
+# ---- Tests, then a memcheck pass over the prefill/decode/graph paths.
+t=$(date +%s)
+timeout 180 "$BUILD/test_cuda_runner" > "$OUT/test.log" 2>&1
+status=$?
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |relative L2|^\[  FAILED" "$OUT/test.log"
+note test_cuda_runner "exit $status, $(grep -c '^\[       OK' "$OUT/test.log") passed, $(grep -c '^\[  FAILED  \] CudaRunner' "$OUT/test.log") failed, $(seconds_since "$t") s"
+[[ $status -ne 0 ]] && tail -60 "$OUT/test.log"
+
+sanitizer=/usr/local/cuda/bin/compute-sanitizer
+[[ -x $sanitizer ]] || sanitizer=$(command -v compute-sanitizer || true)
+if [[ -n $sanitizer ]]; then
+  t=$(date +%s)
+  timeout 240 "$sanitizer" --tool memcheck --error-exitcode 99 "$BUILD/test_cuda_runner" \
+    --gtest_filter='CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden' \
+    > "$OUT/memcheck.log" 2>&1
+  status=$?
+  note memcheck "exit $status, $(grep -m1 -E 'ERROR SUMMARY' "$OUT/memcheck.log" || echo 'no summary'), $(seconds_since "$t") s"
+  [[ $status -ne 0 ]] && grep -m40 -E "Invalid|ERROR|at 0x|by thread|FAILED" "$OUT/memcheck.log"
+else
+  note memcheck "compute-sanitizer not found"
+fi
+
+# ---- A random llama2-7b checkpoint in bf16, then the decode benchmark on it.
+t=$(date +%s)
+if [[ ! -f $MODEL_DIR/config.json ]]; then
+  timeout 300 "$BUILD/pipeline" make-model --shape llama2-7b --dtype bf16 --out "$MODEL_DIR" \
+    > "$OUT/make_model.log" 2>&1 || { note make-model "FAILED"; tail -20 "$OUT/make_model.log"; }
+fi
+note make-model "$(du -sh "$MODEL_DIR" 2>/dev/null | cut -f1) in $(seconds_since "$t") s"
+
+t=$(date +%s)
+PIPELINE_BENCH_MODEL=$MODEL_DIR timeout 300 "$BUILD/bench_cuda_decode" \
+  --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.log" 2>&1
+note bench_cuda_decode "exit $?, $(seconds_since "$t") s (model load and 64 x 1024-token prefill included)"
+cat "$OUT/bench.log"
+
+echo
+echo "==== gpu_check summary ($(seconds_since "$START") s; logs in $OUT)"
+printf '%s\n' "${SUMMARY[@]}"
+if [[ -f $OUT/bench.json ]]; then
+  python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+runs = json.load(open(sys.argv[1]))["benchmarks"]
+print(f"{'decode llama2-7b bf16':24} {'ms/step':>9} {'tok/s':>9} {'floor':>7}  (ctx 1024; floor = bandwidth-bound time / measured)")
+for r in runs:
+    if r.get("error_occurred"):
+        print(f"{r['name']:24} skipped: {r.get('error_message')}")
+        continue
+    print(f"{r['name']:24} {r['real_time']:9.2f} {r['tok/s']:9.0f} {r['floor']:7.2f}")
+PY
+fi

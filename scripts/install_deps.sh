@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the build and test dependencies from Debian's packages.
+# The CUDA toolkit is optional and expected under /usr/local/cuda when present.
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config
+  libtbb-dev libconcurrentqueue-dev libcpp-httplib-dev libyaml-cpp-dev
+  libsentencepiece-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
+  curl
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds the pipeline and server tests with a sanitizer and runs them:
+#   scripts/sanitize.sh address   (AddressSanitizer + UndefinedBehaviorSanitizer's defaults)
+#   scripts/sanitize.sh thread    (ThreadSanitizer)
+# The CPU backend only: CUDA code is not instrumented.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:?usage: scripts/sanitize.sh address|thread}
+tests=(test_graph_builder test_scheduler_policy test_engine test_openai_protocol test_server_e2e)
+dir=build-$kind
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPELINE_CUDA=OFF -DPIPELINE_BENCH=OFF \
+  -DPIPELINE_SANITIZE="$kind"
+cmake --build "$dir" -j"$(nproc)" --target pipeline "${tests[@]}"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+for t in "${tests[@]}"; do
+  echo "== $kind: $t"
+  "$dir/$t" --gtest_brief=1 || { echo "$kind sanitizer: $t failed"; exit 1; }
+done
+echo "$kind sanitizer: ${tests[*]} clean"

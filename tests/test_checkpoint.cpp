@@ -1,0 +1,266 @@
+// Loading Hugging Face checkpoints: config, single and sharded safetensors, and the clear error
+// each kind of broken checkpoint gets.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/llama_weights.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::make_temp_dir;
+using testing::shared_path;
+
+// A writable copy of stories260K whose tensors a test can alter before writing them back.
+class BrokenCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    source_ = shared_path("models/stories260K");
+    dir_ = make_temp_dir("checkpoint-test");
+    for (const char* f : {"config.json", "generation_config.json", "tokenizer.model"})
+      fs::copy_file(source_ / f, dir_ / f);
+    const Checkpoint ckpt(source_);
+    for (const auto& name : tensor_names(source_)) {
+      const TensorView& v = ckpt.get(name);
+      TensorData t{name, v.dtype, v.shape, {}};
+      t.bytes.assign(v.data, v.data + v.nbytes());
+      tensors_.push_back(std::move(t));
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static std::vector<std::string> tensor_names(const fs::path& dir) {
+    std::vector<std::string> names;
+    const SafetensorsFile file(dir / "model.safetensors");
+    for (const auto& [name, view] : file.tensors()) names.push_back(name);
+    return names;
+  }
+
+  TensorData& tensor(const std::string& name) {
+    for (auto& t : tensors_)
+      if (t.name == name) return t;
+    throw std::runtime_error("no tensor " + name);
+  }
+
+  void write() { write_safetensors(dir_ / "model.safetensors", tensors_); }
+
+  // Loads the checkpoint and returns the error message (empty when it loads).
+  std::string load_error() {
+    try {
+      LlamaWeights::load(dir_);
+    } catch (const CheckpointError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path source_, dir_;
+  std::vector<TensorData> tensors_;
+};
+
+TEST(Checkpoint, LoadsStoriesConfigAndWeights) {
+  const auto w = LlamaWeights::load(shared_path("models/stories260K"));
+  const LlamaConfig& c = w.config;
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 172);
+  EXPECT_EQ(c.num_layers, 5);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 1}));  // from generation_config.json
+  EXPECT_TRUE(c.is_eos(1));
+  EXPECT_FALSE(c.is_eos(3));
+  ASSERT_EQ(w.layers.size(), 5u);
+  EXPECT_EQ(w.lm_head.data, w.embed.data);  // tied
+  EXPECT_EQ(w.layers[4].wk.shape, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(w.embed.dtype, DType::F32);
+}
+
+TEST(Checkpoint, KeepsBf16WeightsInTheirFileDtype) {
+  const auto w = LlamaWeights::load(shared_path("models/stories260K-bf16"));
+  EXPECT_EQ(w.embed.dtype, DType::BF16);
+  const auto f = LlamaWeights::load(shared_path("models/stories260K"));
+  // bf16 is f32 rounded to nearest even.
+  const float* ref = reinterpret_cast<const float*>(f.layers[0].wq.data);
+  const uint16_t* half = reinterpret_cast<const uint16_t*>(w.layers[0].wq.data);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(half[i], f32_to_bf16(ref[i]));
+}
+
+TEST(Checkpoint, UntiedLmHeadAndHeadDim128) {
+  const auto w = LlamaWeights::load(shared_path("models/random-h128-bf16"));
+  EXPECT_EQ(w.config.head_dim, 128);
+  EXPECT_FALSE(w.config.tie_word_embeddings);
+  EXPECT_NE(w.lm_head.data, w.embed.data);
+  EXPECT_FLOAT_EQ(w.config.rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(w.config.rms_norm_eps, 1e-6f);
+}
+
+TEST_F(BrokenCheckpointTest, RewrittenCopyLoads) {
+  write();
+  EXPECT_EQ(load_error(), "");
+}
+
+TEST_F(BrokenCheckpointTest, ShardedCheckpointLoadsEveryTensor) {
+  std::vector<TensorData> first(tensors_.begin(), tensors_.begin() + 10);
+  std::vector<TensorData> second(tensors_.begin() + 10, tensors_.end());
+  write_safetensors(dir_ / "model-00001-of-00002.safetensors", first);
+  write_safetensors(dir_ / "model-00002-of-00002.safetensors", second);
+  nlohmann::json index;
+  for (const auto& t : first) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (const auto& t : second) index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+  std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
+
+  const auto sharded = LlamaWeights::load(dir_);
+  const auto single = LlamaWeights::load(source_);
+  ASSERT_EQ(sharded.layers.size(), single.layers.size());
+  for (size_t l = 0; l < single.layers.size(); ++l)
+    EXPECT_EQ(std::memcmp(sharded.layers[l].w_down.data, single.layers[l].w_down.data,
+                          single.layers[l].w_down.nbytes()),
+              0);
+  EXPECT_EQ(sharded.checkpoint->file_of("model.norm.weight").filename(),
+            "model-00002-of-00002.safetensors");
+}
+
+TEST_F(BrokenCheckpointTest, MissingShardNamesTheFile) {
+  nlohmann::json index;
+  index["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors";
+  std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
+  const auto error = load_error();
+  EXPECT_NE(error.find("model-00009-of-00009.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("no such file"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, MissingFolderAndMissingFile) {
+  EXPECT_THROW(
+      {
+        try {
+          LlamaWeights::load(dir_ / "nowhere");
+        } catch (const CheckpointError& e) {
+          EXPECT_NE(std::string(e.what()).find("nowhere"), std::string::npos);
+          throw;
+        }
+      },
+      CheckpointError);
+  const auto error = load_error();  // nothing written yet
+  EXPECT_NE(error.find("no model.safetensors"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, TruncatedFile) {
+  write();
+  const auto path = dir_ / "model.safetensors";
+  fs::resize_file(path, fs::file_size(path) - 1000);
+  const auto error = load_error();
+  EXPECT_NE(error.find("model.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("outside the file"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, TruncatedHeader) {
+  write();
+  fs::resize_file(dir_ / "model.safetensors", 100);
+  const auto error = load_error();
+  EXPECT_NE(error.find("exceeds the file size"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, BadHeaderJson) {
+  const std::string header = "{\"a\": [1, 2";
+  const uint64_t n = header.size();
+  std::ofstream out(dir_ / "model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header;
+  out.close();
+  const auto error = load_error();
+  EXPECT_NE(error.find("bad header JSON"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, OffsetsOutsideTheFile) {
+  write();
+  // Rewrite the header so one tensor's end offset points past the data.
+  auto path = dir_ / "model.safetensors";
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  const uint64_t data_bytes = bytes.size() - 8 - n;
+  header["model.norm.weight"]["data_offsets"] = {data_bytes - 4, data_bytes + 252};
+  std::string text = header.dump();
+  const uint64_t m = text.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&m), 8);
+  out << text << bytes.substr(8 + n);
+  out.close();
+  const auto error = load_error();
+  EXPECT_NE(error.find("'model.norm.weight'"), std::string::npos) << error;
+  EXPECT_NE(error.find("outside the file"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, UnknownDtype) {
+  auto& t = tensor("model.norm.weight");
+  write();
+  auto path = dir_ / "model.safetensors";
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const auto pos = bytes.find("\"F32\"", bytes.find("\"" + t.name + "\""));
+  bytes.replace(pos, 5, "\"I32\"");  // same length: offsets stay valid
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  const auto error = load_error();
+  EXPECT_NE(error.find("'model.norm.weight'"), std::string::npos) << error;
+  EXPECT_NE(error.find("unsupported dtype 'I32'"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, MissingTensor) {
+  std::erase_if(tensors_,
+                [](const TensorData& t) { return t.name == "model.layers.3.mlp.up_proj.weight"; });
+  write();
+  const auto error = load_error();
+  EXPECT_NE(error.find("missing tensor 'model.layers.3.mlp.up_proj.weight'"), std::string::npos)
+      << error;
+}
+
+TEST_F(BrokenCheckpointTest, WrongShapeForTheConfig) {
+  auto& t = tensor("model.layers.2.self_attn.k_proj.weight");
+  t.shape = {64, 32};  // same bytes, transposed shape
+  write();
+  const auto error = load_error();
+  EXPECT_NE(error.find("'model.layers.2.self_attn.k_proj.weight' has shape [64, 32]"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("implies [32, 64]"), std::string::npos) << error;
+}
+
+TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
+  write();
+  auto config = nlohmann::json::parse(std::ifstream(dir_ / "config.json"));
+  config["num_key_value_heads"] = 3;
+  std::ofstream(dir_ / "config.json") << config.dump();
+  auto error = load_error();
+  EXPECT_NE(error.find("config.json: field 'num_key_value_heads'"), std::string::npos) << error;
+
+  config.erase("num_key_value_heads");
+  config.erase("hidden_size");
+  std::ofstream(dir_ / "config.json") << config.dump();
+  error = load_error();
+  EXPECT_NE(error.find("field 'hidden_size' is missing"), std::string::npos) << error;
+
+  std::ofstream(dir_ / "config.json") << "{ not json";
+  error = load_error();
+  EXPECT_NE(error.find("config.json: bad JSON"), std::string::npos) << error;
+
+  fs::remove(dir_ / "config.json");
+  error = load_error();
+  EXPECT_NE(error.find("config.json: no such file"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace pipeline

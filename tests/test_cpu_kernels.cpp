@@ -1,0 +1,316 @@
+// Each CPU kernel against a plain double-precision reference on random data: odd sizes that are
+// not multiples of any vector width, batch 1 and larger, every weight dtype, and every
+// instruction-set path this machine supports, each forced in turn.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "io/dtype.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_kv.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/silu_mul.h"
+
+namespace pipeline::cpu {
+namespace {
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A weight matrix stored in `dtype`, plus the float values it really holds after rounding.
+struct TestWeights {
+  std::vector<std::byte> bytes;
+  std::vector<float> values;
+  WeightMatrix view;
+};
+
+TestWeights make_weights(int rows, int cols, DType dtype, std::mt19937& rng) {
+  TestWeights t;
+  const std::vector<float> f = random_floats(size_t(rows) * cols, rng);
+  t.bytes.resize(f.size() * dtype_size(dtype));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (dtype == DType::F32) {
+      std::memcpy(t.bytes.data() + 4 * i, &f[i], 4);
+    } else {
+      const uint16_t h = dtype == DType::BF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
+      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  t.values.resize(f.size());
+  for (size_t i = 0; i < f.size(); ++i) t.values[i] = load_as_f32(t.bytes.data(), dtype, i);
+  t.view = WeightMatrix{t.bytes.data(), dtype, rows, cols};
+  return t;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
+    if (isa_supported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+TEST(CpuFeatures, BestIsaIsSupported) {
+  EXPECT_TRUE(isa_supported(best_isa()));
+  EXPECT_TRUE(isa_supported(Isa::Portable));
+}
+
+struct MatmulShape {
+  int batch, in, out;
+};
+
+TEST(Matmul, MatchesReferenceOnEveryIsaAndDtype) {
+  std::mt19937 rng(1);
+  const MatmulShape shapes[] = {{1, 37, 13},  {1, 64, 8}, {5, 67, 9},  {7, 16, 4},
+                                {3, 300, 21}, {9, 5, 3},  {2, 129, 33}};
+  for (Isa isa : supported_isas()) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (const MatmulShape& s : shapes) {
+        for (MatmulMode mode : {MatmulMode::Overwrite, MatmulMode::Accumulate}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " " + dtype_name(dtype) + " batch " +
+                       std::to_string(s.batch) + " in " + std::to_string(s.in) + " out " +
+                       std::to_string(s.out) + (mode == MatmulMode::Accumulate ? " +=" : " ="));
+          const TestWeights w = make_weights(s.out, s.in, dtype, rng);
+          const std::vector<float> x = random_floats(size_t(s.batch) * s.in, rng);
+          const std::vector<float> y0 = random_floats(size_t(s.batch) * s.out, rng);
+          std::vector<float> y = y0;
+          matmul(isa, x.data(), s.batch, w.view, y.data(), mode);
+          for (int b = 0; b < s.batch; ++b) {
+            for (int o = 0; o < s.out; ++o) {
+              double ref = mode == MatmulMode::Accumulate ? y0[size_t(b) * s.out + o] : 0.0;
+              double magnitude = std::abs(ref);
+              for (int i = 0; i < s.in; ++i) {
+                const double p = double(w.values[size_t(o) * s.in + i]) * x[size_t(b) * s.in + i];
+                ref += p;
+                magnitude += std::abs(p);
+              }
+              ASSERT_NEAR(y[size_t(b) * s.out + o], ref, 1e-5 * magnitude + 1e-6)
+                  << "row " << b << " col " << o;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, DefaultPathEqualsForcedBestIsa) {
+  std::mt19937 rng(2);
+  const TestWeights w = make_weights(11, 45, DType::BF16, rng);
+  const std::vector<float> x = random_floats(3 * 45, rng);
+  std::vector<float> a(3 * 11), b(3 * 11);
+  matmul(x.data(), 3, w.view, a.data());
+  matmul(best_isa(), x.data(), 3, w.view, b.data());
+  EXPECT_EQ(a, b);
+}
+
+TEST(RmsNorm, MatchesReference) {
+  std::mt19937 rng(3);
+  for (int dim : {1, 7, 64, 131}) {
+    const int rows = 5;
+    const std::vector<float> x = random_floats(size_t(rows) * dim, rng, 3.0f);
+    const std::vector<float> weight = random_floats(dim, rng);
+    std::vector<float> y(x.size());
+    rmsnorm(x.data(), weight.data(), rows, dim, 1e-5f, y.data());
+    for (int r = 0; r < rows; ++r) {
+      double sq = 0.0;
+      for (int i = 0; i < dim; ++i) sq += double(x[size_t(r) * dim + i]) * x[size_t(r) * dim + i];
+      const double inv_rms = 1.0 / std::sqrt(sq / dim + 1e-5);
+      for (int i = 0; i < dim; ++i) {
+        const size_t at = size_t(r) * dim + i;
+        EXPECT_NEAR(y[at], x[at] * inv_rms * weight[i], 1e-5) << "dim " << dim;
+      }
+    }
+    std::vector<float> in_place = x;  // y may alias x
+    rmsnorm(in_place.data(), weight.data(), rows, dim, 1e-5f, in_place.data());
+    EXPECT_EQ(in_place, y);
+  }
+}
+
+TEST(Rope, RotatesHalvesAsHuggingFaceDoes) {
+  std::mt19937 rng(4);
+  const int head_dim = 10, num_heads = 3, max_pos = 600;
+  const double theta = 500000.0;
+  const RopeTable table(head_dim, max_pos, theta);
+  const std::vector<int32_t> positions = {0, 1, 17, 599};
+  const size_t stride = num_heads * head_dim + 4;  // rows may be wider than the heads
+  const std::vector<float> x = random_floats(positions.size() * stride, rng);
+  std::vector<float> y = x;
+  apply_rope(table, positions, num_heads, y.data(), stride);
+  const int half = head_dim / 2;
+  for (size_t t = 0; t < positions.size(); ++t) {
+    for (int h = 0; h < num_heads; ++h) {
+      const float* in = x.data() + t * stride + size_t(h) * head_dim;
+      const float* out = y.data() + t * stride + size_t(h) * head_dim;
+      for (int d = 0; d < head_dim; ++d) {
+        // q·cos + rotate_half(q)·sin, rotate_half(q) = cat(-q[half:], q[:half]).
+        const int i = d % half;
+        const double angle = positions[t] * std::pow(theta, -2.0 * i / head_dim);
+        const double rotated = d < half ? -double(in[d + half]) : double(in[d - half]);
+        EXPECT_NEAR(out[d], in[d] * std::cos(angle) + rotated * std::sin(angle), 1e-5);
+      }
+    }
+    for (size_t d = num_heads * head_dim; d < stride; ++d)
+      EXPECT_EQ(y[t * stride + d], x[t * stride + d]);
+  }
+}
+
+TEST(Rope, RejectsOddHeadDim) {
+  EXPECT_THROW(RopeTable(7, 16, 10000.0), std::invalid_argument);
+}
+
+TEST(SiluMul, MatchesReference) {
+  std::mt19937 rng(5);
+  for (size_t n : {size_t(1), size_t(13), size_t(40000)}) {
+    std::vector<float> gate = random_floats(n, rng, 20.0f);
+    const std::vector<float> up = random_floats(n, rng);
+    const std::vector<float> g0 = gate;
+    silu_mul(gate.data(), up.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const double g = g0[i];
+      EXPECT_NEAR(gate[i], g / (1.0 + std::exp(-g)) * up[i], 1e-5 * (1 + std::abs(g)));
+    }
+  }
+}
+
+TEST(Embedding, GathersRowsInEveryDtype) {
+  std::mt19937 rng(6);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    const TestWeights table = make_weights(10, 7, dtype, rng);
+    const std::vector<int32_t> tokens = {3, 0, 9, 3};
+    std::vector<float> out(tokens.size() * 7);
+    embedding_lookup(table.view, tokens, out.data());
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      for (int i = 0; i < 7; ++i) {
+        EXPECT_EQ(out[t * 7 + i], table.values[size_t(tokens[t]) * 7 + i]) << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+// Dense causal GQA attention in double over one sequence's full K and V ([positions, kv_dim]).
+std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int start_pos, int num_queries,
+                                        int num_heads, int num_kv_heads, int head_dim) {
+  const int group = num_heads / num_kv_heads;
+  const int q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
+  std::vector<double> out(size_t(num_queries) * q_dim);
+  for (int i = 0; i < num_queries; ++i) {
+    const int keys = start_pos + i + 1;
+    for (int h = 0; h < num_heads; ++h) {
+      const int kvh = h / group;
+      std::vector<double> scores(keys);
+      for (int p = 0; p < keys; ++p) {
+        double s = 0.0;
+        for (int d = 0; d < head_dim; ++d) {
+          s += double(q[size_t(i) * q_dim + h * head_dim + d]) *
+               k[size_t(p) * kv_dim + kvh * head_dim + d];
+        }
+        scores[p] = s / std::sqrt(double(head_dim));
+      }
+      const double m = *std::max_element(scores.begin(), scores.end());
+      double sum = 0.0;
+      for (double& s : scores) sum += (s = std::exp(s - m));
+      for (int d = 0; d < head_dim; ++d) {
+        double acc = 0.0;
+        for (int p = 0; p < keys; ++p)
+          acc += scores[p] * v[size_t(p) * kv_dim + kvh * head_dim + d];
+        out[size_t(i) * q_dim + h * head_dim + d] = acc / sum;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
+  std::mt19937 rng(7);
+  const int num_heads = 6, num_kv_heads = 2, head_dim = 12, block_size = 5, num_blocks = 64;
+  const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
+  std::vector<float> k_pool(size_t(num_blocks) * block_size * kv_dim, std::nanf(""));
+  std::vector<float> v_pool(k_pool.size(), std::nanf(""));  // unwritten slots must never be read
+  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim};
+
+  // (start_pos, new tokens): a decode, a fresh long prompt (past the query and key chunks), a
+  // continued prefill and a one-token prompt, in one batch.
+  struct Case {
+    int start_pos, num_queries;
+  };
+  const std::vector<Case> cases = {{40, 1}, {0, 70}, {23, 9}, {0, 1}};
+  // Hand shuffled block ids out round-robin across sequences, so every table is non-contiguous.
+  std::vector<int32_t> free_blocks(num_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  std::vector<std::vector<int32_t>> tables(cases.size());
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t s = 0; s < cases.size(); ++s) {
+      const int need = (cases[s].start_pos + cases[s].num_queries + block_size - 1) / block_size;
+      if (int(tables[s].size()) < need) {
+        tables[s].push_back(free_blocks.back());
+        free_blocks.pop_back();
+        more = true;
+      }
+    }
+  }
+
+  std::vector<std::vector<float>> ks, vs, qs;
+  std::vector<AttentionSequence> seqs;
+  int rows = 0;
+  for (size_t s = 0; s < cases.size(); ++s) {
+    const int positions = cases[s].start_pos + cases[s].num_queries;
+    ks.push_back(random_floats(size_t(positions) * kv_dim, rng, 2.0f));
+    vs.push_back(random_floats(size_t(positions) * kv_dim, rng));
+    qs.push_back(random_floats(size_t(cases[s].num_queries) * q_dim, rng, 2.0f));
+    store_kv(kv, tables[s], 0, positions, ks[s].data(), vs[s].data());
+    seqs.push_back({rows, cases[s].num_queries, cases[s].start_pos, tables[s]});
+    rows += cases[s].num_queries;
+  }
+  std::vector<float> q(size_t(rows) * q_dim), out(q.size());
+  for (size_t s = 0; s < cases.size(); ++s) {
+    std::copy(qs[s].begin(), qs[s].end(), q.begin() + size_t(seqs[s].first_row) * q_dim);
+  }
+  paged_attention(kv, seqs, num_heads, q.data(), out.data());
+
+  for (size_t s = 0; s < cases.size(); ++s) {
+    const std::vector<double> ref =
+        reference_attention(qs[s], ks[s], vs[s], cases[s].start_pos, cases[s].num_queries,
+                            num_heads, num_kv_heads, head_dim);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(out[size_t(seqs[s].first_row) * q_dim + i], ref[i], 1e-5)
+          << "sequence " << s << " element " << i;
+    }
+  }
+}
+
+TEST(PagedKv, StoresEachPositionInItsBlockSlot) {
+  const PagedKvLayer shape{nullptr, nullptr, 4, 2, 3};
+  std::vector<float> k(size_t(8) * 4 * 6, 0.0f), v(k.size(), 0.0f);
+  const PagedKvLayer kv{k.data(), v.data(), 4, 2, 3};
+  const std::vector<int32_t> table = {6, 1, 3};
+  std::vector<float> rows(3 * 6), vrows(3 * 6);
+  std::iota(rows.begin(), rows.end(), 1.0f);
+  std::iota(vrows.begin(), vrows.end(), 100.0f);
+  store_kv(kv, table, 3, 3, rows.data(), vrows.data());  // positions 3, 4, 5
+  EXPECT_EQ(k[shape.slot_offset(6, 3)], 1.0f);
+  EXPECT_EQ(k[shape.slot_offset(1, 0)], 7.0f);
+  EXPECT_EQ(k[shape.slot_offset(1, 1) + 5], 18.0f);
+  EXPECT_EQ(v[shape.slot_offset(1, 1) + 5], 117.0f);
+  EXPECT_EQ(std::count(k.begin(), k.end(), 0.0f), ptrdiff_t(k.size() - 18));
+}
+
+}  // namespace
+}  // namespace pipeline::cpu

@@ -1,0 +1,419 @@
+// Sampler and validate() on small hand-made logits: every filter keeps exactly the tokens it
+// should, draws follow the filtered softmax, penalties move the right logits by the right
+// amount, and logprobs are the raw distribution's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "model/sampling.h"
+
+// Counts heap allocations, to show that sample() allocates nothing after its first call.
+namespace {
+size_t g_allocations = 0;
+}
+
+// Out of line, so that the compiler does not pair the malloc and free through inlining.
+[[gnu::noinline]] void* operator new(size_t size) {
+  ++g_allocations;
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept {
+  std::free(p);
+}
+[[gnu::noinline]] void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+
+namespace pipeline {
+namespace {
+
+std::vector<double> softmax(const std::vector<float>& logits, double temperature = 1.0) {
+  const double max = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    sum += p[i] = std::exp((logits[i] - max) / temperature);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+std::vector<float> logits_of(const std::vector<double>& probabilities) {
+  std::vector<float> logits;
+  for (double p : probabilities) logits.push_back(float(std::log(p)));
+  return logits;
+}
+
+// Relative frequency of every token over `draws` samples with no history.
+std::map<int32_t, double> frequencies(const SamplingParams& params,
+                                      const std::vector<float>& logits, int draws) {
+  Sampler sampler(params, 0);
+  std::map<int32_t, double> counts;
+  for (int i = 0; i < draws; ++i) counts[sampler.sample(logits, {}).token] += 1.0 / draws;
+  return counts;
+}
+
+std::set<int32_t> drawn_tokens(const SamplingParams& params, const std::vector<float>& logits,
+                               int draws) {
+  std::set<int32_t> tokens;
+  for (const auto& [token, frequency] : frequencies(params, logits, draws)) tokens.insert(token);
+  return tokens;
+}
+
+SamplingParams seeded(uint64_t seed) {
+  SamplingParams params;
+  params.seed = seed;
+  return params;
+}
+
+TEST(Sampling, GreedyPicksTheArgmaxAndTheLowestIdOnTies) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  Sampler sampler(params, 0);
+  EXPECT_EQ(sampler.sample(std::vector<float>{0.5f, 2.0f, -1.0f, 1.0f}, {}).token, 1);
+  EXPECT_EQ(sampler.sample(std::vector<float>{1.0f, 3.0f, 2.0f, 3.0f}, {}).token, 1);
+  EXPECT_EQ(sampler.sample(std::vector<float>{-4.0f}, {}).token, 0);
+}
+
+TEST(Sampling, TinyTemperatureActsAsGreedy) {
+  SamplingParams params = seeded(12);
+  params.temperature = 1e-40f;  // 1 / T overflows a float
+  Sampler sampler(params, 0);
+  for (int i = 0; i < 100; ++i)
+    ASSERT_EQ(sampler.sample(std::vector<float>{0.5f, 2.0f, 1.999f, -1.0f}, {}).token, 1);
+}
+
+TEST(Sampling, SameSeedSameTokensDifferentSeedsDiffer) {
+  const std::vector<float> logits{0.1f, 0.2f, 0.0f, 0.3f, 0.1f, 0.2f, 0.0f, 0.1f};
+  Sampler a(seeded(42), 0), b(seeded(42), 0), c(seeded(43), 0);
+  std::vector<int32_t> from_a, from_b, from_c;
+  for (int i = 0; i < 200; ++i) {
+    from_a.push_back(a.sample(logits, {}).token);
+    from_b.push_back(b.sample(logits, {}).token);
+    from_c.push_back(c.sample(logits, {}).token);
+  }
+  EXPECT_EQ(from_a, from_b);
+  EXPECT_NE(from_a, from_c);
+  // Without a seed in the params the fallback seed is used.
+  Sampler fallback(SamplingParams{}, 42);
+  std::vector<int32_t> from_fallback;
+  for (int i = 0; i < 200; ++i) from_fallback.push_back(fallback.sample(logits, {}).token);
+  EXPECT_EQ(from_fallback, from_a);
+}
+
+// The draw is defined on the raw 64-bit output of std::mt19937_64 (fixed by the C++ standard):
+// u = top 53 bits / 2^53, and the token is where u falls in the cumulative distribution in
+// token order. Re-deriving it here pins the tokens on every platform.
+TEST(Sampling, DrawIsTheInverseCdfOfTheRawGeneratorOutput) {
+  const std::vector<float> logits{0.3f, -0.2f, 1.1f, 0.0f, 0.7f};
+  const std::vector<double> p = softmax(logits);
+  Sampler sampler(seeded(7), 0);
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 500; ++i) {
+    const double u = double(rng() >> 11) * 0x1.0p-53;
+    int32_t expected = 0;
+    for (double cumulative = p[0]; u >= cumulative && expected + 1 < int32_t(p.size());)
+      cumulative += p[++expected];
+    ASSERT_EQ(sampler.sample(logits, {}).token, expected) << "draw " << i;
+  }
+}
+
+TEST(Sampling, FrequenciesFollowSoftmaxAtTheTemperature) {
+  const std::vector<float> logits{0.0f, 1.0f, 2.0f, 0.5f};
+  const int draws = 40000;  // standard error of a frequency <= 0.0025
+  std::map<float, double> most_likely_share;
+  for (float temperature : {0.5f, 1.0f, 1.5f}) {
+    SamplingParams params = seeded(1);
+    params.temperature = temperature;
+    const std::vector<double> expected = softmax(logits, temperature);
+    std::map<int32_t, double> observed = frequencies(params, logits, draws);
+    for (int32_t token = 0; token < 4; ++token)
+      EXPECT_NEAR(observed[token], expected[token], 0.01)
+          << "token " << token << " at temperature " << temperature;
+    most_likely_share[temperature] = observed[2];
+  }
+  // Low temperature sharpens, high temperature flattens.
+  EXPECT_GT(most_likely_share[0.5f], most_likely_share[1.0f] + 0.1);
+  EXPECT_LT(most_likely_share[1.5f], most_likely_share[1.0f] - 0.05);
+}
+
+TEST(Sampling, TopKKeepsExactlyTheKMostLikely) {
+  const std::vector<float> logits{0.2f, 1.0f, -0.5f, 0.9f, 0.0f, 0.8f, 0.1f, 0.3f};
+  for (int k : {1, 3, 5}) {
+    SamplingParams params = seeded(2);
+    params.top_k = k;
+    std::vector<int32_t> by_logit(logits.size());
+    std::iota(by_logit.begin(), by_logit.end(), 0);
+    std::sort(by_logit.begin(), by_logit.end(),
+              [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    const std::set<int32_t> expected(by_logit.begin(), by_logit.begin() + k);
+    EXPECT_EQ(drawn_tokens(params, logits, 5000), expected) << "top_k " << k;
+  }
+  // The kept tokens are drawn in proportion to their renormalised probabilities.
+  SamplingParams params = seeded(3);
+  params.top_k = 2;
+  std::map<int32_t, double> observed = frequencies(params, logits, 40000);
+  EXPECT_NEAR(observed[1], std::exp(1.0) / (std::exp(1.0) + std::exp(0.9)), 0.01);
+  // top_k at or above the vocabulary keeps everything.
+  params.top_k = 8;
+  EXPECT_EQ(drawn_tokens(params, logits, 5000).size(), 8u);
+}
+
+TEST(Sampling, TopPKeepsTheSmallestNucleus) {
+  const std::vector<float> logits = logits_of({0.05, 0.5, 0.15, 0.3});
+  SamplingParams params = seeded(4);
+  params.top_p = 0.75f;  // 0.5 < 0.75 <= 0.5 + 0.3
+  EXPECT_EQ(drawn_tokens(params, logits, 5000), (std::set<int32_t>{1, 3}));
+  std::map<int32_t, double> observed = frequencies(params, logits, 40000);
+  EXPECT_NEAR(observed[1], 0.5 / 0.8, 0.01);
+  params.top_p = 0.85f;  // 0.8 < 0.85 <= 0.95
+  EXPECT_EQ(drawn_tokens(params, logits, 5000), (std::set<int32_t>{1, 2, 3}));
+  params.top_p = 0.1f;  // the most likely token alone already holds more
+  EXPECT_EQ(drawn_tokens(params, logits, 2000), (std::set<int32_t>{1}));
+}
+
+// A nucleus of 130 tokens out of 200, scattered over the ids, needs several rounds of the
+// chunked partial sort.
+TEST(Sampling, TopPFindsALargeNucleus) {
+  const int vocab = 200, nucleus = 130;
+  std::vector<float> logits(vocab, 0.0f);
+  for (int rank = 0; rank < nucleus; ++rank) logits[(rank * 37) % vocab] = 5.0f - 0.001f * rank;
+  std::vector<double> p = softmax(logits);
+  std::vector<double> sorted = p;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  const double mass_before = std::accumulate(sorted.begin(), sorted.begin() + nucleus - 1, 0.0);
+  const double mass_with = mass_before + sorted[nucleus - 1];
+  SamplingParams params = seeded(5);
+  params.top_p = float((mass_before + mass_with) / 2);
+  std::set<int32_t> expected;
+  for (int rank = 0; rank < nucleus; ++rank) expected.insert((rank * 37) % vocab);
+  EXPECT_EQ(drawn_tokens(params, logits, 30000), expected);
+}
+
+TEST(Sampling, MinPDropsTokensBelowAShareOfTheMostLikely) {
+  const std::vector<float> logits = logits_of({0.05, 0.5, 0.15, 0.3});
+  SamplingParams params = seeded(6);
+  params.min_p = 0.2f;  // threshold 0.1: drops 0.05
+  EXPECT_EQ(drawn_tokens(params, logits, 5000), (std::set<int32_t>{1, 2, 3}));
+  std::map<int32_t, double> observed = frequencies(params, logits, 40000);
+  EXPECT_NEAR(observed[2], 0.15 / 0.95, 0.01);
+  params.min_p = 0.5f;  // threshold 0.25: keeps 0.5 and 0.3
+  EXPECT_EQ(drawn_tokens(params, logits, 5000), (std::set<int32_t>{1, 3}));
+  params.min_p = 1.0f;
+  EXPECT_EQ(drawn_tokens(params, logits, 2000), (std::set<int32_t>{1}));
+}
+
+TEST(Sampling, FiltersCombineInOrder) {
+  // top_k 3 keeps {1, 3, 2}; top_p 0.9 of their renormalised mass (0.526, 0.316, 0.158)
+  // keeps {1, 3, 2}; min_p 0.4 drops 2 (0.158 < 0.4 * 0.526).
+  const std::vector<float> logits = logits_of({0.05, 0.5, 0.15, 0.3});
+  SamplingParams params = seeded(8);
+  params.top_k = 3;
+  params.top_p = 0.9f;
+  params.min_p = 0.4f;
+  EXPECT_EQ(drawn_tokens(params, logits, 5000), (std::set<int32_t>{1, 3}));
+}
+
+// Greedy sampling of [penalised token, rival] tells on which side of `expected` the penalised
+// logit lands; a rival just above and just below pins it to within 0.01.
+void expect_penalised_to(const SamplingParams& penalties, float logit,
+                         const std::vector<int32_t>& history, float expected) {
+  SamplingParams params = penalties;
+  params.temperature = 0.0f;
+  Sampler sampler(params, 0);
+  for (float offset : {-0.01f, 0.01f}) {
+    // Token 0 is penalised (it is in the history), token 1 is the rival; the other tokens
+    // fill the history's ids and sit far below.
+    std::vector<float> logits(8, -100.0f);
+    logits[0] = logit;
+    logits[1] = expected + offset;
+    const int32_t winner = offset < 0 ? 0 : 1;
+    EXPECT_EQ(sampler.sample(logits, history).token, winner)
+        << "logit " << logit << " should become " << expected << " (rival at " << expected + offset
+        << ")";
+  }
+}
+
+TEST(Sampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
+  SamplingParams params;
+  params.repetition_penalty = 1.5f;
+  expect_penalised_to(params, 3.0f, {0}, 2.0f);
+  expect_penalised_to(params, -1.0f, {0}, -1.5f);
+  // Once per distinct token, however often it occurs.
+  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 2.0f);
+}
+
+TEST(Sampling, PresenceAndFrequencyPenaltiesSubtract) {
+  SamplingParams presence;
+  presence.presence_penalty = 0.5f;
+  expect_penalised_to(presence, 3.0f, {0, 0, 0}, 2.5f);
+  SamplingParams frequency;
+  frequency.frequency_penalty = 0.4f;
+  expect_penalised_to(frequency, 3.0f, {0, 0, 0}, 1.8f);
+  // Negative penalties encourage repetition.
+  frequency.frequency_penalty = -0.5f;
+  expect_penalised_to(frequency, 1.0f, {0, 0}, 2.0f);
+}
+
+TEST(Sampling, RepetitionPenaltyComesBeforePresenceAndFrequency) {
+  SamplingParams params;
+  params.repetition_penalty = 1.5f;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  // 3 / 1.5 - 0.5 - 2 * 0.25 = 1 (the other order would give 1.33).
+  expect_penalised_to(params, 3.0f, {0, 6, 0}, 1.0f);
+}
+
+TEST(Sampling, PenaltiesLookOnlyAtTheLastRepeatLastNTokens) {
+  SamplingParams params;
+  params.frequency_penalty = 1.0f;
+  params.repeat_last_n = 2;
+  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 2.0f);  // one 0 among the last two
+  expect_penalised_to(params, 3.0f, {0, 5, 6}, 3.0f);     // none
+  params.repeat_last_n = -1;
+  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 0.0f);  // the whole history
+  params.repeat_last_n = 0;
+  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 3.0f);  // off
+  // A longer window than the history takes the whole history.
+  params.repeat_last_n = 64;
+  expect_penalised_to(params, 3.0f, {0, 0}, 1.0f);
+}
+
+TEST(Sampling, LogprobAndAlternativesComeFromTheRawLogits) {
+  const std::vector<float> logits{1.0f, 2.0f, 3.0f, 0.5f, 3.0f};
+  const std::vector<double> p = softmax(logits);
+  SamplingParams params = seeded(9);
+  params.temperature = 0.3f;
+  params.repetition_penalty = 1.3f;
+  params.presence_penalty = 1.0f;
+  params.top_k = 3;
+  params.top_logprobs = 3;
+  Sampler sampler(params, 0);
+  const std::vector<int32_t> history{2, 2, 4};
+  for (int i = 0; i < 50; ++i) {
+    const SampledToken sampled = sampler.sample(logits, history);
+    EXPECT_NEAR(sampled.logprob, std::log(p[sampled.token]), 1e-6);
+    // Most likely first; the tie between 2 and 4 goes to the lower id.
+    ASSERT_EQ(sampled.top.size(), 3u);
+    const int32_t expected_ids[] = {2, 4, 1};
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(sampled.top[rank].token, expected_ids[rank]);
+      EXPECT_NEAR(sampled.top[rank].logprob, std::log(p[expected_ids[rank]]), 1e-6);
+    }
+  }
+  // Greedy reports the same raw logprob, and no alternatives unless asked.
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const SampledToken sampled = Sampler(greedy, 0).sample(logits, {});
+  EXPECT_EQ(sampled.token, 2);
+  EXPECT_NEAR(sampled.logprob, std::log(p[2]), 1e-6);
+  EXPECT_TRUE(sampled.top.empty());
+  // More alternatives than the vocabulary: all of it.
+  greedy.top_logprobs = 20;
+  EXPECT_EQ(Sampler(greedy, 0).sample(logits, {}).top.size(), logits.size());
+}
+
+TEST(Sampling, SampleAllocatesNothingAfterTheFirstCall) {
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = float((i * 7919) % 1000) / 100.0f;
+  std::vector<int32_t> history;
+  for (int32_t i = 0; i < 300; ++i) history.push_back((i * 13) % 1000);
+  SamplingParams params = seeded(10);
+  params.top_k = 50;
+  params.top_p = 0.9f;
+  params.min_p = 0.05f;
+  params.repetition_penalty = 1.1f;
+  params.frequency_penalty = 0.2f;
+  params.presence_penalty = 0.1f;
+  Sampler sampler(params, 0);
+  SamplingParams nucleus_only = seeded(11);
+  nucleus_only.top_p = 0.5f;
+  Sampler nucleus_sampler(nucleus_only, 0);
+  sampler.sample(logits, history);
+  nucleus_sampler.sample(logits, history);
+  const size_t before = g_allocations;
+  for (int i = 0; i < 100; ++i) {
+    sampler.sample(logits, history);
+    nucleus_sampler.sample(logits, history);
+  }
+  EXPECT_EQ(g_allocations, before);
+  // The counter does count: reporting alternatives allocates the result's list.
+  SamplingParams with_alternatives = params;
+  with_alternatives.top_logprobs = 5;
+  Sampler reporting(with_alternatives, 0);
+  reporting.sample(logits, history);
+  const size_t before_reporting = g_allocations;
+  reporting.sample(logits, history);
+  EXPECT_GT(g_allocations, before_reporting);
+}
+
+TEST(Sampling, BadInputIsRejected) {
+  Sampler sampler(SamplingParams{}, 0);
+  EXPECT_THROW(sampler.sample(std::vector<float>{}, {}), std::invalid_argument);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(sampler.sample(std::vector<float>{-inf, -inf}, {}), std::invalid_argument);
+  SamplingParams penalised;
+  penalised.temperature = 0.0f;
+  penalised.frequency_penalty = 1.0f;
+  Sampler penalising(penalised, 0);
+  const std::vector<float> logits{1.0f, 2.5f};
+  try {
+    penalising.sample(logits, std::vector<int32_t>{1, 7});
+    FAIL() << "a history token outside the vocabulary was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("history token 7"), std::string::npos) << e.what();
+  }
+  // The rejected call counted nothing: token 1 occurs once, 2.5 - 1 > 1.
+  EXPECT_EQ(penalising.sample(logits, std::vector<int32_t>{1}).token, 1);
+}
+
+TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
+  EXPECT_EQ(validate(SamplingParams{}), "");
+  SamplingParams edge;
+  edge.temperature = 2.0f;
+  edge.top_p = 1.0f;
+  edge.min_p = 1.0f;
+  edge.presence_penalty = -2.0f;
+  edge.frequency_penalty = 2.0f;
+  edge.top_logprobs = 20;
+  edge.repeat_last_n = -1;
+  EXPECT_EQ(validate(edge), "");
+
+  const auto expect_rejected = [](auto change, const std::string& message) {
+    SamplingParams params;
+    change(params);
+    EXPECT_EQ(validate(params).rfind(message, 0), 0u) << validate(params);
+    EXPECT_THROW(Sampler(params, 0), std::invalid_argument);
+  };
+  expect_rejected([](SamplingParams& p) { p.temperature = 2.5f; },
+                  "temperature must be between 0 and 2, got 2.5");
+  expect_rejected([](SamplingParams& p) { p.temperature = -0.1f; },
+                  "temperature must be between 0 and 2");
+  expect_rejected([](SamplingParams& p) { p.temperature = std::nanf(""); },
+                  "temperature must be between 0 and 2");
+  expect_rejected([](SamplingParams& p) { p.top_p = 0.0f; },
+                  "top_p must be greater than 0 and at most 1, got 0");
+  expect_rejected([](SamplingParams& p) { p.top_p = 1.5f; }, "top_p must be");
+  expect_rejected([](SamplingParams& p) { p.top_k = -1; }, "top_k must be at least 0");
+  expect_rejected([](SamplingParams& p) { p.min_p = 1.1f; }, "min_p must be between 0 and 1");
+  expect_rejected([](SamplingParams& p) { p.repetition_penalty = 0.0f; },
+                  "repetition_penalty must be greater than 0");
+  expect_rejected([](SamplingParams& p) { p.presence_penalty = 2.1f; },
+                  "presence_penalty must be between -2 and 2");
+  expect_rejected([](SamplingParams& p) { p.frequency_penalty = -3.0f; },
+                  "frequency_penalty must be between -2 and 2");
+  expect_rejected([](SamplingParams& p) { p.top_logprobs = 21; },
+                  "top_logprobs must be between 0 and 20");
+  expect_rejected([](SamplingParams& p) { p.repeat_last_n = -2; },
+                  "repeat_last_n must be -1 (whole history), 0 (off) or a window length");
+}
+
+}  // namespace
+}  // namespace pipeline

@@ -1,0 +1,151 @@
+// Stop strings across pushes: nothing of a stop string is ever sent, text that cannot start
+// one is sent at once, and the result does not depend on how the text was split.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "io/stop_strings.h"
+
+namespace pipeline {
+namespace {
+
+using Result = StopStringMatcher::Result;
+
+struct Sent {
+  std::vector<std::string> chunks;
+  bool stopped = false;
+};
+
+Sent push_all(StopStringMatcher& matcher, const std::vector<std::string>& pieces) {
+  Sent sent;
+  for (const auto& piece : pieces) {
+    const Result result = matcher.push(piece);
+    sent.chunks.push_back(result.text);
+    sent.stopped = result.stopped;
+  }
+  return sent;
+}
+
+TEST(StopStrings, NoStopsPassesTextStraightThrough) {
+  StopStringMatcher matcher({});
+  const Sent sent = push_all(matcher, {"Hello", " wor", "ld"});
+  EXPECT_EQ(sent.chunks, (std::vector<std::string>{"Hello", " wor", "ld"}));
+  EXPECT_FALSE(sent.stopped);
+  EXPECT_EQ(matcher.flush(), "");
+}
+
+TEST(StopStrings, StopInsideOnePush) {
+  StopStringMatcher matcher({"STOP"});
+  const Result result = matcher.push("Hello STOP world");
+  EXPECT_EQ(result.text, "Hello ");
+  EXPECT_TRUE(result.stopped);
+}
+
+TEST(StopStrings, StopSpanningManyPushesIsNeverSentInPart) {
+  StopStringMatcher matcher({"STOP"});
+  const Sent sent = push_all(matcher, {"Hel", "lo S", "T", "O", "P more"});
+  EXPECT_EQ(sent.chunks, (std::vector<std::string>{"Hel", "lo ", "", "", ""}));
+  EXPECT_TRUE(sent.stopped);
+}
+
+TEST(StopStrings, HeldTextIsReleasedWhenItStopsLookingLikeAStop) {
+  StopStringMatcher matcher({"STOP"});
+  const Sent sent = push_all(matcher, {"a S", "T", "AR"});
+  EXPECT_EQ(sent.chunks, (std::vector<std::string>{"a ", "", "STAR"}));
+  EXPECT_FALSE(sent.stopped);
+}
+
+TEST(StopStrings, FlushReturnsTheHeldText) {
+  StopStringMatcher matcher({"</s>"});
+  EXPECT_EQ(matcher.push("the end</").text, "the end");
+  EXPECT_EQ(matcher.flush(), "</");
+  EXPECT_EQ(matcher.flush(), "");
+}
+
+TEST(StopStrings, EarliestOfSeveralStopsWins) {
+  StopStringMatcher matcher({"World", "lo"});
+  const Result result = matcher.push("Hello World");
+  EXPECT_EQ(result.text, "Hel");
+  EXPECT_TRUE(result.stopped);
+}
+
+TEST(StopStrings, OverlappingPrefixes) {
+  // "abc" could still become "abcd", but "bc" inside it is already a stop.
+  StopStringMatcher matcher({"abcd", "bc"});
+  EXPECT_EQ(matcher.push("ab").text, "");
+  const Result result = matcher.push("c");
+  EXPECT_EQ(result.text, "a");
+  EXPECT_TRUE(result.stopped);
+
+  // A stop that overlaps itself: "aaab" holds back only the last "aa".
+  StopStringMatcher repeated({"aab"});
+  const Sent sent = push_all(repeated, {"a", "a", "a", "b"});
+  EXPECT_EQ(sent.chunks, (std::vector<std::string>{"", "", "a", ""}));
+  EXPECT_TRUE(sent.stopped);
+}
+
+TEST(StopStrings, NothingIsSentAfterAStop) {
+  StopStringMatcher matcher({"\n\n"});
+  EXPECT_EQ(matcher.push("Answer.\n\nQuestion").text, "Answer.");
+  const Result later = matcher.push("more text");
+  EXPECT_EQ(later.text, "");
+  EXPECT_TRUE(later.stopped);
+  EXPECT_EQ(matcher.flush(), "");
+}
+
+TEST(StopStrings, MultiByteCharactersAreNeverSplit) {
+  StopStringMatcher matcher({"é!"});
+  EXPECT_EQ(matcher.push("café").text, "caf");  // "é" may begin "é!"
+  EXPECT_EQ(matcher.push("?").text, "é?");
+
+  // A stop string that starts inside a character ("\xA9" is the second byte of "é") cuts
+  // before the whole character.
+  StopStringMatcher odd({"\xA9"});
+  const Result result = odd.push("café au lait");
+  EXPECT_EQ(result.text, "caf");
+  EXPECT_TRUE(result.stopped);
+  StopStringMatcher odd_prefix({"\xA9x"});
+  EXPECT_EQ(odd_prefix.push("café").text, "caf");
+  EXPECT_EQ(odd_prefix.flush(), "é");
+}
+
+TEST(StopStrings, EmptyStopStringIsRejected) {
+  EXPECT_THROW(StopStringMatcher({"ok", ""}), std::invalid_argument);
+}
+
+// However a text is cut into pushes, what is sent is the text up to the first stop (or all
+// of it), and everything sent along the way is a prefix of that.
+TEST(StopStrings, SplitDoesNotChangeTheResult) {
+  const std::vector<std::string> stops = {"User:", "\n\n", "ab"};
+  const std::vector<std::string> texts = {"Sure! Here you go.\n\nUser: next",
+                                          "no stop here at all",
+                                          "Us User U:ser:",
+                                          "a a b ab",
+                                          "日本語\n日本\n\n語",
+                                          "UseUser:"};
+  std::mt19937 rng(7);
+  for (const std::string& text : texts) {
+    size_t first = std::string::npos;
+    for (const auto& stop : stops) first = std::min(first, text.find(stop));
+    const std::string expected = text.substr(0, first);
+    for (int trial = 0; trial < 200; ++trial) {
+      StopStringMatcher matcher(stops);
+      std::string sent;
+      bool stopped = false;
+      for (size_t at = 0; at < text.size() && !stopped;) {
+        const size_t length = std::uniform_int_distribution<size_t>(1, 4)(rng);
+        const Result result = matcher.push(text.substr(at, length));
+        sent += result.text;
+        stopped = result.stopped;
+        at += length;
+        EXPECT_EQ(expected.compare(0, sent.size(), sent), 0) << "sent text that is not a prefix";
+      }
+      if (!stopped) sent += matcher.flush();
+      EXPECT_EQ(sent, expected) << text;
+      EXPECT_EQ(stopped, first != std::string::npos) << text;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipeline
