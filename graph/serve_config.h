@@ -14,7 +14,6 @@ namespace pipeline {
 
 struct ModelSection {
   std::filesystem::path path;        // Hugging Face model folder
-  std::string dtype = "bf16";        // weights on the device: bf16 | f16 | f32
   std::string chat_template = "llama2";  // llama2 | raw
   std::string name;                  // served model id; defaults to the folder name
 };

@@ -5,10 +5,13 @@
 # run the decode benchmark on it, and print a short table last. Logs go to $OUT (or
 # /tmp/gpu_check) when set.
 #
-#   scripts/gpu_check.sh               run the check
-#   scripts/gpu_check.sh --fetch-deps  (on a machine with network) download the Debian packages
-#                                      the build needs into build-gpu-deps/, for a GPU machine
-#                                      that has no network: carry build-gpu-deps there.
+#   scripts/gpu_check.sh            run the check
+#   scripts/gpu_check.sh --prepare  (on a machine with network and ../shared) fill build-gpu-deps/
+#                                   with the Debian packages the build needs and the test data
+#                                   the CUDA tests read, for a GPU machine without network or
+#                                   ../shared.
+# Through the session tools: run(command="scripts/gpu_check.sh", carry=["build-gpu-deps"],
+# timeout_s=600); build-gpu-deps/ is git-ignored (/build*/), so it travels only when carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,8 +23,11 @@ DEPS_PACKAGES=(
   libyaml-cpp-dev libyaml-cpp0.7 libsentencepiece-dev libsentencepiece0 nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian pkgconf pkgconf-bin libpkgconf3
 )
-if [[ ${1:-} == --fetch-deps ]]; then
-  mkdir -p "$DEPS_DIR" && cd "$DEPS_DIR" && apt-get download "${DEPS_PACKAGES[@]}"
+if [[ ${1:-} == --prepare ]]; then
+  mkdir -p "$DEPS_DIR/shared/models" || exit 1
+  (cd "$DEPS_DIR" && apt-get download "${DEPS_PACKAGES[@]}") || exit 1
+  cp -r ../shared/golden "$DEPS_DIR/shared/" || exit 1
+  cp -r ../shared/models/stories260K ../shared/models/random-h128-bf16 "$DEPS_DIR/shared/models/"
   exit $?
 fi
 
@@ -33,8 +39,20 @@ declare -a SUMMARY=()
 note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); echo "== $1: $2"; }
 seconds_since() { echo $(($(date +%s) - $1)); }
 START=$(date +%s)
+BUDGET=${BUDGET_S:-570}  # the whole check, leaving headroom under the 10-minute limit
+# Seconds left for a stage, capped at $1, at least 1 (timeout 0 would mean no limit).
+left() {
+  local l=$((BUDGET - $(seconds_since "$START")))
+  l=$((l < $1 ? l : $1))
+  echo $((l > 0 ? l : 1))
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+# ---- Test data: the tests read ../shared beside the checkout.
+if [[ ! -e ../shared && -d $DEPS_DIR/shared ]]; then
+  ln -s "$PWD/$DEPS_DIR/shared" ../shared && note "test data" "../shared -> $DEPS_DIR/shared"
+fi
 
 # ---- Dependencies: installed, or carried as .deb files and unpacked into a private prefix.
 if ! dpkg -s libtbb-dev libyaml-cpp-dev libsentencepiece-dev libcpp-httplib-dev libgtest-dev \
@@ -54,17 +72,21 @@ if ! dpkg -s libtbb-dev libyaml-cpp-dev libsentencepiece-dev libcpp-httplib-dev 
   else
     scripts/install_deps.sh > "$OUT/install_deps.log" 2>&1 \
       && note deps "installed with scripts/install_deps.sh" \
-      || { note deps "MISSING (no network? run scripts/gpu_check.sh --fetch-deps elsewhere and carry $DEPS_DIR)"; exit 1; }
+      || { note deps "MISSING (no network? run scripts/gpu_check.sh --prepare elsewhere and carry $DEPS_DIR)"; exit 1; }
   fi
 else
   note deps "already installed"
 fi
 
-# ---- Build: one CUDA architecture (the device's), only the targets this check runs.
+# ---- Build: one CUDA architecture (the device's), only the targets this check runs. The
+# CUDA20 options give nvcc's C++20 flag to CMake versions that lack it (3.25 here); newer
+# versions set their own.
 t=$(date +%s)
 generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DPIPELINE_CUDA=ON \
   -DPIPELINE_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+  -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   > "$OUT/configure.log" 2>&1 \
   || { note configure "FAILED (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1; }
 t_cuda=$(date +%s)
@@ -77,17 +99,21 @@ note "build total" "$(seconds_since "$t") s"
 
 # ---- Tests, then a memcheck pass over the prefill/decode/graph paths.
 t=$(date +%s)
-timeout 180 "$BUILD/test_cuda_runner" > "$OUT/test.log" 2>&1
+timeout "$(left 150)" "$BUILD/test_cuda_runner" > "$OUT/test.log" 2>&1
 status=$?
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |relative L2|^\[  FAILED" "$OUT/test.log"
-note test_cuda_runner "exit $status, $(grep -c '^\[       OK' "$OUT/test.log") passed, $(grep -c '^\[  FAILED  \] CudaRunner' "$OUT/test.log") failed, $(seconds_since "$t") s"
+note test_cuda_runner "exit $status, $(grep -c '^\[       OK' "$OUT/test.log") passed, $(grep -c '^\[  FAILED  \] CudaRunner.* ms)$' "$OUT/test.log") failed, $(seconds_since "$t") s"
 [[ $status -ne 0 ]] && tail -60 "$OUT/test.log"
 
 sanitizer=/usr/local/cuda/bin/compute-sanitizer
 [[ -x $sanitizer ]] || sanitizer=$(command -v compute-sanitizer || true)
-if [[ -n $sanitizer ]]; then
+memcheck_s=$(($(left 9999) - 250))  # 250 s stay for make-model and the benchmark
+((memcheck_s > 180)) && memcheck_s=180
+if [[ -n $sanitizer && $memcheck_s -lt 30 ]]; then
+  note memcheck "skipped: the benchmark needs the $(left 9999) s left"
+elif [[ -n $sanitizer ]]; then
   t=$(date +%s)
-  timeout 240 "$sanitizer" --tool memcheck --error-exitcode 99 "$BUILD/test_cuda_runner" \
+  timeout "$memcheck_s" "$sanitizer" --tool memcheck --error-exitcode 99 "$BUILD/test_cuda_runner" \
     --gtest_filter='CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden' \
     > "$OUT/memcheck.log" 2>&1
   status=$?
@@ -100,13 +126,13 @@ fi
 # ---- A random llama2-7b checkpoint in bf16, then the decode benchmark on it.
 t=$(date +%s)
 if [[ ! -f $MODEL_DIR/config.json ]]; then
-  timeout 300 "$BUILD/pipeline" make-model --shape llama2-7b --dtype bf16 --out "$MODEL_DIR" \
+  timeout "$(left 240)" "$BUILD/pipeline" make-model --shape llama2-7b --dtype bf16 --out "$MODEL_DIR" \
     > "$OUT/make_model.log" 2>&1 || { note make-model "FAILED"; tail -20 "$OUT/make_model.log"; }
 fi
 note make-model "$(du -sh "$MODEL_DIR" 2>/dev/null | cut -f1) in $(seconds_since "$t") s"
 
 t=$(date +%s)
-PIPELINE_BENCH_MODEL=$MODEL_DIR timeout 300 "$BUILD/bench_cuda_decode" \
+PIPELINE_BENCH_MODEL=$MODEL_DIR timeout "$(left 300)" "$BUILD/bench_cuda_decode" \
   --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.log" 2>&1
 note bench_cuda_decode "exit $?, $(seconds_since "$t") s (model load and 64 x 1024-token prefill included)"
 cat "$OUT/bench.log"

@@ -1,0 +1,180 @@
+// Decode throughput of the CUDA runner: one step for a batch of 1, 16 or 64 sequences, each with
+// a 1024-token context already in the KV cache (every sequence has its own blocks). The model
+// folder comes from PIPELINE_BENCH_MODEL (e.g. `pipeline make-model --shape llama2-7b`).
+//
+// Counters: tok/s (sequences * steps / second) and floor: the fraction of the bandwidth floor
+// reached, floor = (bf16 weight bytes + KV bytes read per step) / device bandwidth, the
+// bandwidth measured here with a large device-to-device copy (bytes read + bytes written).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/batch.h"
+#include "model/llama_weights.h"
+#include "model/model_runner.h"
+
+#ifdef PIPELINE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_runner.h"
+
+namespace pipeline {
+namespace {
+
+constexpr int kMaxBatch = 64;
+constexpr int kContext = 1024;
+constexpr int kPrefillSeqsPerBatch = 8;
+
+void check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+// Copy bandwidth in bytes/s over a 1 GiB buffer (read + write counted), median of 5 timings.
+double measure_bandwidth() {
+  const size_t bytes = size_t(1) << 30;
+  void *src = nullptr, *dst = nullptr;
+  check(cudaMalloc(&src, bytes), "cudaMalloc");
+  check(cudaMalloc(&dst, bytes), "cudaMalloc");
+  check(cudaMemset(src, 0x5a, bytes), "cudaMemset");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> ms;
+  for (int i = 0; i < 6; ++i) {
+    check(cudaEventRecord(start), "cudaEventRecord");
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    if (i > 0) ms.push_back(t);  // the first is a warm-up
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * double(bytes) / (double(ms[ms.size() / 2]) * 1e-3);
+}
+
+// bf16 bytes of every matrix a decode step streams (all but the embedding, which is gathered).
+double decode_weight_bytes(const LlamaConfig& c) {
+  const double h = c.hidden_size;
+  const double per_layer =
+      (c.q_dim() + 2.0 * c.kv_dim()) * h + h * c.q_dim() + 3.0 * c.intermediate_size * h + 2.0 * h;
+  return 2.0 * (per_layer * c.num_layers + double(c.vocab_size) * h + h);
+}
+
+// The model, its runner and kMaxBatch sequences with their contexts prefilled, made once.
+struct DecodeSetup {
+  std::string skip_reason;  // non-empty: the benchmark cannot run here
+  std::shared_ptr<const LlamaWeights> weights;
+  std::unique_ptr<ModelRunner> runner;
+  std::vector<SequenceChunk> seqs;  // each at start_pos = context, block table covering it
+  int context = 0;
+  double bandwidth = 0.0;
+};
+
+DecodeSetup make_setup() {
+  DecodeSetup s;
+  std::string why;
+  if (!cuda_device_available(&why)) {
+    s.skip_reason = "no CUDA device: " + why;
+    return s;
+  }
+  const char* model = std::getenv("PIPELINE_BENCH_MODEL");
+  if (!model || !*model) {
+    s.skip_reason = "set PIPELINE_BENCH_MODEL to a model folder";
+    return s;
+  }
+  s.bandwidth = measure_bandwidth();
+  s.weights = std::make_shared<const LlamaWeights>(LlamaWeights::load(model));
+  const LlamaConfig& c = s.weights->config;
+  s.context = std::min(kContext, c.max_position_embeddings - 1);
+  RunnerOptions options;
+  options.kv_block_size = 16;
+  options.max_num_seqs = kMaxBatch;
+  const int blocks_per_seq = (s.context + 1 + options.kv_block_size - 1) / options.kv_block_size;
+  options.kv_cache_blocks = kMaxBatch * blocks_per_seq;
+  s.runner = make_cuda_runner(s.weights, options);
+
+  // Distinct random contexts, prefilled a few sequences per forward pass.
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> token(3, c.vocab_size - 1);
+  int32_t next_block = 0;
+  for (int i = 0; i < kMaxBatch; ++i) {
+    SequenceChunk seq;
+    seq.tokens.resize(size_t(s.context));
+    for (int32_t& t : seq.tokens) t = token(rng);
+    for (int b = 0; b < blocks_per_seq; ++b) seq.block_table.push_back(next_block++);
+    s.seqs.push_back(std::move(seq));
+  }
+  Logits logits;
+  for (int first = 0; first < kMaxBatch; first += kPrefillSeqsPerBatch) {
+    Batch batch;
+    batch.seqs.assign(s.seqs.begin() + first, s.seqs.begin() + first + kPrefillSeqsPerBatch);
+    s.runner->forward(batch, logits);
+  }
+  // From now on every step decodes position `context`, so the context never grows.
+  for (SequenceChunk& seq : s.seqs) {
+    seq.tokens = {token(rng)};
+    seq.start_pos = s.context;
+  }
+  return s;
+}
+
+DecodeSetup& setup() {
+  static DecodeSetup s = make_setup();
+  return s;
+}
+
+void BM_CudaDecode(benchmark::State& state) {
+  DecodeSetup& s = setup();
+  if (!s.skip_reason.empty()) {
+    state.SkipWithError(s.skip_reason.c_str());
+    return;
+  }
+  const int batch_size = int(state.range(0));
+  Batch batch;
+  batch.seqs.assign(s.seqs.begin(), s.seqs.begin() + batch_size);
+  Logits logits;
+  for (int i = 0; i < 3; ++i) s.runner->forward(batch, logits);  // eager, capture, replay
+  for (auto _ : state) s.runner->forward(batch, logits);
+
+  const LlamaConfig& c = s.weights->config;
+  const double kv_bytes =
+      double(batch_size) * (s.context + 1) * c.num_layers * c.kv_dim() * 2.0 /*K,V*/ * 2.0;
+  const double floor_seconds = (decode_weight_bytes(c) + kv_bytes) / s.bandwidth;
+  state.counters["tok/s"] =
+      benchmark::Counter(double(batch_size), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["floor"] =
+      benchmark::Counter(floor_seconds, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s_dev"] = s.bandwidth * 1e-9;
+  state.counters["ctx"] = s.context;
+}
+
+BENCHMARK(BM_CudaDecode)->Arg(1)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace pipeline
+
+#else  // built without the CUDA backend
+
+namespace {
+void BM_CudaDecode(benchmark::State& state) {
+  state.SkipWithError("no CUDA device: built without the CUDA backend");
+}
+BENCHMARK(BM_CudaDecode);
+}  // namespace
+
+#endif
+
+BENCHMARK_MAIN();

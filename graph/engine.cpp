@@ -1,0 +1,164 @@
+#include "graph/engine.h"
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+
+#include "graph/engine_context.h"
+#include "graph/graph_builder.h"
+#include "graph/log.h"
+#include "graph/runner_factory.h"
+#include "model/llama_weights.h"
+
+namespace pipeline {
+namespace {
+
+std::string folder_name(const std::filesystem::path& path) {
+  auto p = path;
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  explicit Impl(const ServeConfig& cfg);
+  void on_end(Sequence& seq, const ResponseStream::Payload& ending);
+
+  ServeConfig config;
+  GraphPlan plan;
+  std::string model_name;
+  std::shared_ptr<const LlamaWeights> weights;
+  Tokenizer tokenizer;
+  std::unique_ptr<ModelRunner> runner;
+  Metrics metrics;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<EngineContext> context;
+  std::unique_ptr<FlowGraph> graph;
+
+  // Every accepted request until its sink got its ending.
+  std::mutex live_mutex;
+  std::condition_variable live_changed;
+  std::map<uint64_t, std::weak_ptr<Sequence>> live;
+  bool accepting = true;
+  uint64_t next_number = 0;
+
+  std::mutex shutdown_mutex;
+  bool shut_down = false;
+};
+
+Engine::Impl::Impl(const ServeConfig& cfg)
+    : config(cfg),
+      plan(plan_graph(config)),  // a bad graph fails before the model loads
+      model_name(config.model.name.empty() ? folder_name(config.model.path) : config.model.name),
+      weights(std::make_shared<const LlamaWeights>(LlamaWeights::load(config.model.path))),
+      tokenizer(config.model.path / "tokenizer.model") {
+  RunnerOptions options;
+  options.kv_block_size = config.scheduler.kv_block_size;
+  options.kv_cache_blocks = config.scheduler.kv_cache_blocks;
+  options.kv_cache_fraction = config.scheduler.kv_cache_fraction;
+  options.max_num_seqs = config.scheduler.max_num_seqs;
+  options.threads = config.threads;
+  runner = make_runner(config.device, weights, options);
+  const auto& kv = runner->kv_shape();
+  scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics);
+  context = std::make_unique<EngineContext>(EngineContext{
+      config, runner->config(), tokenizer, *parse_chat_template(config.model.chat_template),
+      *runner, *scheduler, metrics, std::random_device{}()});
+  graph = std::make_unique<FlowGraph>(plan, *context, metrics);
+  log_line("engine: model %s on %s, KV cache %d blocks of %d tokens, %zu graph nodes",
+           model_name.c_str(), runner->device_name().c_str(), kv.num_blocks, kv.block_size,
+           plan.nodes.size());
+}
+
+void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) {
+  if (seq.counted_waiting.exchange(false)) metrics.waiting_sequences.add(-1);
+  const auto& id = seq.request->id;
+  if (const auto* completion = std::get_if<Completion>(&ending)) {
+    metrics.requests_finished.add();
+    log_line("request %s finished (%s): %d tokens in %.3f s", id.c_str(),
+             finish_reason_name(completion->reason), completion->completion_tokens,
+             seconds_since(seq.request->arrival));
+  } else {
+    const auto& error = std::get<RequestError>(ending);
+    metrics.requests_failed.add();
+    log_line("request %s failed (%d): %s", id.c_str(), error.http_status, error.message.c_str());
+  }
+  std::lock_guard lock(live_mutex);
+  live.erase(seq.number);
+  live_changed.notify_all();
+}
+
+Engine::Engine(const ServeConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+
+Engine::~Engine() {
+  shutdown(std::chrono::seconds(impl_->config.server.shutdown_grace_s));
+}
+
+SubmitStatus Engine::submit(std::shared_ptr<Request> request) {
+  if (!request || !request->sink)
+    throw std::invalid_argument("Engine::submit: a request needs a sink");
+  auto& m = *impl_;
+  SequencePtr seq;
+  {
+    std::lock_guard lock(m.live_mutex);
+    if (!m.accepting) return SubmitStatus::ShuttingDown;
+    if (m.metrics.waiting_sequences.add(1) > m.config.server.max_queue) {
+      m.metrics.waiting_sequences.add(-1);
+      return SubmitStatus::QueueFull;
+    }
+    Impl* impl = &m;
+    seq = std::make_shared<Sequence>(
+        std::move(request), m.next_number++,
+        [impl](Sequence& s, const ResponseStream::Payload& ending) { impl->on_end(s, ending); });
+    m.live.emplace(seq->number, seq);
+  }
+  m.metrics.requests_added.add();
+  m.graph->put(Submitted{std::move(seq)});
+  return SubmitStatus::Accepted;
+}
+
+void Engine::shutdown(std::chrono::milliseconds grace) {
+  auto& m = *impl_;
+  std::lock_guard once(m.shutdown_mutex);
+  if (m.shut_down) return;
+  std::vector<SequencePtr> remaining;
+  {
+    std::unique_lock lock(m.live_mutex);
+    m.accepting = false;
+    if (!m.live.empty()) log_line("shutting down: %zu requests in flight", m.live.size());
+    m.live_changed.wait_for(lock, grace, [&] { return m.live.empty(); });
+    for (auto& [number, weak] : m.live)
+      if (auto seq = weak.lock()) remaining.push_back(std::move(seq));
+  }
+  // The scheduler frees their blocks at its next step; late events for them are dropped.
+  for (const auto& seq : remaining)
+    seq->stream.fail({503, "server shutting down", "server_error", "", ""});
+  m.scheduler->stop();
+  m.graph->wait();
+  m.shut_down = true;
+}
+
+std::string Engine::metrics_text() const {
+  return impl_->metrics.prometheus_text();
+}
+const Metrics& Engine::metrics() const {
+  return impl_->metrics;
+}
+const LlamaConfig& Engine::model_config() const {
+  return impl_->runner->config();
+}
+const std::string& Engine::model_name() const {
+  return impl_->model_name;
+}
+const ServeConfig& Engine::config() const {
+  return impl_->config;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,116 @@
+#include "graph/metrics.h"
+
+#include <cstdio>
+
+namespace pipeline {
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void write_help(std::string& out, const char* name, const char* type, const char* help) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void write_value(std::string& out, const char* name, const char* type, const char* help,
+                 double value) {
+  write_help(out, name, type, help);
+  out += std::string(name) + " " + number(value) + "\n";
+}
+
+// From 100 µs (a tiny model's decode step on a CPU) to 30 s (a long prompt queued behind others).
+const std::vector<double> kLatencyBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                            0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                            1.0,    2.5,     5.0,    10.0,  30.0};
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), buckets_(bounds_.size() + 1) {}
+
+void Histogram::observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(value, std::memory_order_relaxed);
+}
+
+void Histogram::write(std::string& out, const std::string& name, const std::string& labels) const {
+  const std::string sep = labels.empty() ? "" : labels + ",";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += buckets_[i].load(std::memory_order_relaxed);
+    const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
+    out += name + "_bucket{" + sep + "le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  const std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  out += name + "_sum" + braces + " " + number(sum()) + "\n";
+  out += name + "_count" + braces + " " + std::to_string(count()) + "\n";
+}
+
+StageMetrics::StageMetrics(std::string node) : node(std::move(node)), seconds(kLatencyBounds) {}
+
+Metrics::Metrics()
+    : prefill_batch_size({1, 2, 4, 8, 16, 32, 64, 128, 256}),
+      time_to_first_token(kLatencyBounds),
+      inter_token_latency(kLatencyBounds) {}
+
+StageMetrics& Metrics::add_stage(const std::string& node) {
+  return stages_.emplace_back(node);
+}
+
+std::string Metrics::prometheus_text() const {
+  std::string out;
+  write_help(out, "pipeline_stage_calls_total", "counter", "Node body calls.");
+  for (const auto& s : stages_)
+    out += "pipeline_stage_calls_total{stage=\"" + s.node + "\"} " +
+           std::to_string(s.calls.value()) + "\n";
+  write_help(out, "pipeline_stage_seconds", "histogram", "Node body latency.");
+  for (const auto& s : stages_)
+    s.seconds.write(out, "pipeline_stage_seconds", "stage=\"" + s.node + "\"");
+  write_help(out, "pipeline_stage_queue_depth", "gauge", "Messages waiting for a node.");
+  for (const auto& s : stages_)
+    out += "pipeline_stage_queue_depth{stage=\"" + s.node + "\"} " +
+           std::to_string(s.queue_depth.value()) + "\n";
+
+  write_value(out, "pipeline_requests_added_total", "counter", "Requests accepted.",
+              double(requests_added.value()));
+  write_value(out, "pipeline_requests_finished_total", "counter", "Requests that completed.",
+              double(requests_finished.value()));
+  write_value(out, "pipeline_requests_failed_total", "counter", "Requests that ended in an error.",
+              double(requests_failed.value()));
+  write_value(out, "pipeline_prompt_tokens_total", "counter", "Prompt tokens tokenized.",
+              double(prompt_tokens.value()));
+  write_value(out, "pipeline_generation_tokens_total", "counter", "Tokens generated.",
+              double(generated_tokens.value()));
+  write_value(out, "pipeline_prefill_batches_total", "counter", "Prefill forward passes.",
+              double(prefill_batches.value()));
+  write_help(out, "pipeline_prefill_batch_size", "histogram", "Sequences per prefill batch.");
+  prefill_batch_size.write(out, "pipeline_prefill_batch_size", "");
+  write_value(out, "pipeline_decode_steps_total", "counter", "Decode forward passes.",
+              double(decode_steps.value()));
+  write_value(out, "pipeline_preemptions_total", "counter",
+              "Sequences preempted for lack of KV blocks (recomputed later).",
+              double(preemptions.value()));
+  write_value(out, "pipeline_running_sequences", "gauge", "Sequences being decoded.",
+              double(running_sequences.value()));
+  write_value(out, "pipeline_waiting_sequences", "gauge", "Requests waiting for their prefill.",
+              double(waiting_sequences.value()));
+  write_value(out, "pipeline_kv_blocks_used", "gauge", "KV cache blocks in use.",
+              double(kv_blocks_used.value()));
+  write_value(out, "pipeline_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
+              double(kv_blocks_total.value()));
+  write_help(out, "pipeline_time_to_first_token_seconds", "histogram",
+             "Seconds from a request's arrival to its first token.");
+  time_to_first_token.write(out, "pipeline_time_to_first_token_seconds", "");
+  write_help(out, "pipeline_inter_token_latency_seconds", "histogram",
+             "Seconds between a sequence's consecutive tokens.");
+  inter_token_latency.write(out, "pipeline_inter_token_latency_seconds", "");
+  return out;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,86 @@
+// The engine's counters, gauges and histograms, updated lock-free from any pipeline thread and
+// written out in the Prometheus text format (GET /metrics).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+class Counter {
+ public:
+  void add(uint64_t n = 1) { value_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> value_{0};
+};
+
+class Gauge {
+ public:
+  void set(int64_t v) { value_.store(v, std::memory_order_relaxed); }
+  int64_t add(int64_t n) { return value_.fetch_add(n, std::memory_order_relaxed) + n; }
+  int64_t value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> value_{0};
+};
+
+// Cumulative buckets by upper bound, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+  double sum() const { return sum_.load(std::memory_order_relaxed); }
+  // Lines "NAME_bucket{le=...} N", "NAME_sum", "NAME_count"; `labels` like `stage="emit"`.
+  void write(std::string& out, const std::string& name, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<uint64_t>> buckets_;  // one per bound, then +Inf
+  std::atomic<uint64_t> count_{0};
+  std::atomic<double> sum_{0.0};
+};
+
+// One graph node's body: how often it ran, for how long, and how many messages wait for it.
+struct StageMetrics {
+  explicit StageMetrics(std::string node);
+  std::string node;
+  Counter calls;
+  Histogram seconds;
+  Gauge queue_depth;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  // Registers a node before the graph runs; the reference stays valid.
+  StageMetrics& add_stage(const std::string& node);
+  std::string prometheus_text() const;
+
+  Counter requests_added;
+  Counter requests_finished;  // ended with a completion
+  Counter requests_failed;    // ended with an error (refused, cancelled, shutdown)
+  Counter prompt_tokens;
+  Counter generated_tokens;
+  Counter prefill_batches;
+  Histogram prefill_batch_size;  // sequences per prefill batch
+  Counter decode_steps;
+  Counter preemptions;
+  Gauge running_sequences;
+  Gauge waiting_sequences;
+  Gauge kv_blocks_used;
+  Gauge kv_blocks_total;
+  Histogram time_to_first_token;  // seconds from arrival to the first sampled token
+  Histogram inter_token_latency;  // seconds between a sequence's consecutive tokens
+
+ private:
+  std::deque<StageMetrics> stages_;
+};
+
+}  // namespace pipeline

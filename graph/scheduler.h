@@ -1,0 +1,80 @@
+// The scheduler behind the batch_window stage: a thread that owns the waiting queue, the
+// running sequences and the KV BlockManager, and runs the step loop. The batch_window node
+// (an async_node) hands it new sequences and step results; it answers with the next
+// PrefillBatch or DecodeBatch through the node's gateway, one forward pass at a time, and
+// wakes by itself when a batch window ends. The policy is scheduler_policy's pure function.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "graph/message.h"
+#include "graph/metrics.h"
+#include "graph/scheduler_policy.h"
+#include "graph/serve_config.h"
+#include "graph/stage.h"
+#include "model/kv_cache.h"
+
+namespace pipeline {
+
+class Scheduler {
+ public:
+  // `num_blocks` and `block_size`: the runner's KV pool.
+  Scheduler(const SchedulerSection& config, int num_blocks, int block_size, Metrics& metrics);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // From the batch_window node: a Tokenized sequence or a StepResult. `emit` (the node's
+  // gateway) carries the batches out; the first call's is kept.
+  void post(Message message, const Emit& emit);
+  // Ends the thread; later posts are ignored. Sequences still held are left to their owner
+  // (the engine fails them).
+  void stop();
+
+  int num_blocks() const { return num_blocks_; }
+  int block_size() const { return limits_.block_size; }
+
+ private:
+  void run();
+  void apply(Message& message);
+  void apply_step(StepResult& result);
+  void drop_ended();
+  void schedule_next(Clock::time_point now);
+  void start_prefill(const std::vector<uint64_t>& ids);
+  void start_decode(const std::vector<uint64_t>& ids);
+  void preempt(const std::vector<uint64_t>& ids);
+  void release(Sequence& seq);
+  void end_decode_run();
+  void update_gauges();
+
+  SchedulerLimits limits_;
+  int num_blocks_;
+  Metrics& metrics_;
+
+  std::mutex mutex_;  // guards the inbox, emit_ and stopping_
+  std::condition_variable wake_;
+  std::deque<Message> inbox_;
+  Emit emit_;
+  bool stopping_ = false;
+
+  // Scheduler thread only.
+  BlockManager blocks_;
+  std::deque<SequencePtr> waiting_;
+  std::vector<SequencePtr> running_;
+  std::vector<SequencePtr> in_flight_;  // the batch being computed
+  bool busy_ = false;                   // a forward pass is in flight
+  std::optional<Clock::time_point> wake_at_;
+  // The current run of decode steps, for the "decoded N tokens at X tokens/s" log line.
+  int run_tokens_ = 0;
+  Clock::time_point run_start_;
+  Clock::time_point run_end_;
+
+  std::thread thread_;  // last: starts once everything above exists
+};
+
+}  // namespace pipeline

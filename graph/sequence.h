@@ -1,0 +1,87 @@
+// One request's state while the pipeline works on it. Each part has one owner at a time:
+// tokenize fills the prompt; the scheduler thread owns the block table; the model stages
+// (prefill, decode: serial, and never both at once) append generated tokens and drive the
+// sampler; detokenize owns the text state; every sink call goes through `stream`. Hand-offs
+// happen along graph edges, so no part needs its own lock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/in_order.h"
+#include "graph/request.h"
+#include "graph/response_stream.h"
+#include "io/incremental_decoder.h"
+#include "io/stop_strings.h"
+#include "model/sampling.h"
+
+namespace pipeline {
+
+// A sampled token as the detokenizer receives it.
+struct GeneratedToken {
+  SampledToken sampled;
+  std::optional<FinishReason> finish;
+};
+
+// Detokenize's per-sequence state: tokens come back into order, then become text.
+struct TextState {
+  TextState(const Tokenizer& tokenizer, std::vector<std::string> stops)
+      : decoder(tokenizer), stops(std::move(stops)) {}
+
+  InOrder<GeneratedToken> tokens;  // its lock guards the fields below
+  IncrementalDecoder decoder;
+  StopStringMatcher stops;
+  bool done = false;
+  int completion_tokens = 0;
+  uint64_t next_event = 0;  // numbers the StreamEvents sent to emit
+};
+
+struct Sequence {
+  // Runs once, right before the request's sink receives its ending.
+  using OnEnd = std::function<void(Sequence&, const ResponseStream::Payload& ending)>;
+
+  Sequence(std::shared_ptr<Request> request, uint64_t number, OnEnd on_end)
+      : request(std::move(request)),
+        number(number),
+        stream(this->request->sink,
+               [this, on_end = std::move(on_end)](const ResponseStream::Payload& ending) {
+                 on_end(*this, ending);
+               }) {}
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  const std::shared_ptr<Request> request;
+  const uint64_t number;  // arrival order: the newest sequence has the largest
+  ResponseStream stream;
+
+  // Set by tokenize.
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
+  int prompt_len = 0;
+  int max_tokens = 0;  // generated tokens allowed, already capped to the context and KV pool
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TextState> text;
+
+  // Scheduler thread only.
+  std::vector<int32_t> block_table;
+  std::chrono::steady_clock::time_point queued_at;  // when it (re)entered the waiting queue
+
+  // Model stages only.
+  std::chrono::steady_clock::time_point last_token_at;
+
+  // Detokenize sets it when a stop string ended the text; the scheduler then drops the sequence.
+  std::atomic<bool> stopped{false};
+  // Counted in the engine's waiting requests until first scheduled or ended.
+  std::atomic<bool> counted_waiting{true};
+
+  int generated() const { return int(tokens.size()) - prompt_len; }
+};
+
+using SequencePtr = std::shared_ptr<Sequence>;
+
+}  // namespace pipeline

@@ -1,0 +1,319 @@
+// ServeConfig from YAML: every field defaulted, every unknown key an error, every message
+// naming the file, the line and the field ("serve.yaml:7: field 'scheduler.window_ms': ...").
+#include "graph/serve_config.h"
+
+#include <map>
+#include <set>
+
+#include "io/chat_template.h"
+
+namespace pipeline {
+namespace {
+
+// The graph used when a config has no `graph` section: the six stages of DESIGN.md, with the
+// extra tokenize->emit edge that carries requests refused at tokenization to their sinks.
+constexpr const char* kDefaultGraph = R"(
+nodes:
+  - { name: tokenize, stage: tokenize, concurrency: 2 }
+  - { name: batch, stage: batch_window }
+  - { name: prefill, stage: prefill }
+  - { name: decode, stage: decode_step }
+  - { name: detok, stage: detokenize, concurrency: unlimited }
+  - { name: emit, stage: emit }
+edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch,
+        decode->batch, prefill->detok, decode->detok, detok->emit]
+)";
+
+// Reads fields of one YAML document and words errors with the file and line they came from.
+// Overridden fields are reported as the override that set them.
+class FieldReader {
+ public:
+  FieldReader(std::string file, std::map<std::string, std::string> overrides)
+      : file_(std::move(file)), overrides_(std::move(overrides)) {}
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& field,
+                         const std::string& what) const {
+    throw ConfigError(where(node, field) + ": field '" + field + "': " + what);
+  }
+
+  std::string where(const YAML::Node& node, const std::string& field) const {
+    if (auto it = overrides_.find(field); it != overrides_.end())
+      return file_ + ": override '" + field + "=" + it->second + "'";
+    if (node && node.Mark().line >= 0) return file_ + ":" + std::to_string(node.Mark().line + 1);
+    return file_;
+  }
+
+  int line(const YAML::Node& node) const { return node ? node.Mark().line + 1 : 0; }
+
+  void require_map(const YAML::Node& node, const std::string& field) const {
+    if (!node.IsMap()) fail(node, field, "expected a mapping");
+  }
+
+  // Every key of `node` must be one of `known`.
+  void check_keys(const YAML::Node& node, const std::string& section,
+                  const std::set<std::string>& known) const {
+    for (const auto& entry : node) {
+      const auto key = entry.first.as<std::string>();
+      if (!known.contains(key)) {
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        fail(entry.first, section.empty() ? key : section + "." + key,
+             "unknown field (known: " + list + ")");
+      }
+    }
+  }
+
+  template <typename T>
+  T scalar(const YAML::Node& node, const std::string& field, const char* expected) const {
+    if (!node.IsScalar()) fail(node, field, std::string("expected ") + expected);
+    try {
+      return node.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(node, field, std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
+    }
+  }
+
+  int integer(const YAML::Node& node, const std::string& field, int min) const {
+    const int value = scalar<int>(node, field, "an integer");
+    if (value < min) fail(node, field, "must be at least " + std::to_string(min));
+    return value;
+  }
+  double number(const YAML::Node& node, const std::string& field) const {
+    return scalar<double>(node, field, "a number");
+  }
+  std::string string(const YAML::Node& node, const std::string& field) const {
+    return scalar<std::string>(node, field, "a string");
+  }
+  std::string one_of(const YAML::Node& node, const std::string& field,
+                     const std::set<std::string>& allowed) const {
+    const auto value = string(node, field);
+    if (!allowed.contains(value)) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      fail(node, field, "'" + value + "' is not one of " + list);
+    }
+    return value;
+  }
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+  std::map<std::string, std::string> overrides_;  // field -> value as written
+};
+
+void read_model(const FieldReader& r, const YAML::Node& node, const std::filesystem::path& base,
+                bool path_overridden, ModelSection& model) {
+  r.require_map(node, "model");
+  r.check_keys(node, "model", {"path", "chat_template", "name"});
+  if (!node["path"]) r.fail(node, "model.path", "is required (a Hugging Face model folder)");
+  model.path = r.string(node["path"], "model.path");
+  if (model.path.empty()) r.fail(node["path"], "model.path", "must not be empty");
+  // A path in the file is relative to the file's folder; one from the command line, to the
+  // working directory.
+  if (model.path.is_relative())
+    model.path = path_overridden ? std::filesystem::absolute(model.path) : base / model.path;
+  model.path = model.path.lexically_normal();
+  if (node["chat_template"]) {
+    model.chat_template = r.one_of(node["chat_template"], "model.chat_template", {"llama2", "raw"});
+  }
+  if (node["name"]) model.name = r.string(node["name"], "model.name");
+}
+
+void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {
+  r.require_map(node, "server");
+  r.check_keys(node, "server", {"host", "port", "api_key", "max_queue", "shutdown_grace_s"});
+  if (node["host"]) server.host = r.string(node["host"], "server.host");
+  if (node["port"]) {
+    server.port = r.integer(node["port"], "server.port", 0);
+    if (server.port > 65535) r.fail(node["port"], "server.port", "must be at most 65535");
+  }
+  if (node["api_key"] && !node["api_key"].IsNull())
+    server.api_key = r.string(node["api_key"], "server.api_key");
+  if (node["max_queue"]) server.max_queue = r.integer(node["max_queue"], "server.max_queue", 1);
+  if (node["shutdown_grace_s"])
+    server.shutdown_grace_s = r.integer(node["shutdown_grace_s"], "server.shutdown_grace_s", 0);
+}
+
+void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
+  r.require_map(node, "scheduler");
+  r.check_keys(node, "scheduler",
+               {"window_ms", "max_batch", "max_num_seqs", "kv_block_size", "kv_cache_fraction",
+                "kv_cache_blocks"});
+  if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
+  if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
+  if (node["max_num_seqs"])
+    s.max_num_seqs = r.integer(node["max_num_seqs"], "scheduler.max_num_seqs", 1);
+  if (node["kv_block_size"])
+    s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1);
+  if (node["kv_cache_fraction"]) {
+    s.kv_cache_fraction = r.number(node["kv_cache_fraction"], "scheduler.kv_cache_fraction");
+    if (!(s.kv_cache_fraction > 0.0 && s.kv_cache_fraction <= 1.0))
+      r.fail(node["kv_cache_fraction"], "scheduler.kv_cache_fraction", "must be in (0, 1]");
+  }
+  if (node["kv_cache_blocks"])
+    s.kv_cache_blocks = r.integer(node["kv_cache_blocks"], "scheduler.kv_cache_blocks", 0);
+}
+
+void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefaults& sampling) {
+  r.require_map(node, "sampling");
+  r.check_keys(node, "sampling",
+               {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repeat_last_n",
+                "presence_penalty", "frequency_penalty", "seed", "max_tokens"});
+  auto& p = sampling.params;
+  auto real = [&](const char* key, float& out) {
+    if (node[key]) out = float(r.number(node[key], std::string("sampling.") + key));
+  };
+  real("temperature", p.temperature);
+  real("top_p", p.top_p);
+  real("min_p", p.min_p);
+  real("repetition_penalty", p.repetition_penalty);
+  real("presence_penalty", p.presence_penalty);
+  real("frequency_penalty", p.frequency_penalty);
+  if (node["top_k"]) p.top_k = r.integer(node["top_k"], "sampling.top_k", 0);
+  if (node["repeat_last_n"])
+    p.repeat_last_n = r.integer(node["repeat_last_n"], "sampling.repeat_last_n", -1);
+  if (node["seed"] && !node["seed"].IsNull())
+    p.seed = r.scalar<uint64_t>(node["seed"], "sampling.seed", "a non-negative integer");
+  if (node["max_tokens"])
+    sampling.max_tokens = r.integer(node["max_tokens"], "sampling.max_tokens", 1);
+  if (const auto problem = validate(p); !problem.empty()) r.fail(node, "sampling", problem);
+}
+
+// "unlimited" (0), "serial" (1) or a positive count.
+int read_concurrency(const FieldReader& r, const YAML::Node& node, const std::string& field) {
+  if (node.IsScalar() && node.Scalar() == "unlimited") return 0;
+  if (node.IsScalar() && node.Scalar() == "serial") return 1;
+  if (!node.IsScalar()) r.fail(node, field, "expected a positive integer, 'serial' or 'unlimited'");
+  try {
+    const int n = node.as<int>();
+    if (n >= 1) return n;
+  } catch (const YAML::Exception&) {
+  }
+  r.fail(node, field,
+         "expected a positive integer, 'serial' or 'unlimited', got '" + node.Scalar() + "'");
+}
+
+GraphEdgeSpec read_edge(const FieldReader& r, const YAML::Node& node, const std::string& field) {
+  GraphEdgeSpec edge;
+  edge.line = r.line(node);
+  if (node.IsMap()) {
+    r.check_keys(node, field, {"from", "to"});
+    if (!node["from"] || !node["to"]) r.fail(node, field, "an edge needs 'from' and 'to'");
+    edge.from = r.string(node["from"], field + ".from");
+    edge.to = r.string(node["to"], field + ".to");
+    return edge;
+  }
+  const auto text = r.string(node, field);
+  const auto arrow = text.find("->");
+  if (arrow == std::string::npos) r.fail(node, field, "expected 'from->to', got '" + text + "'");
+  auto trim = [](std::string s) {
+    const auto first = s.find_first_not_of(" \t");
+    const auto last = s.find_last_not_of(" \t");
+    return first == std::string::npos ? std::string() : s.substr(first, last - first + 1);
+  };
+  edge.from = trim(text.substr(0, arrow));
+  edge.to = trim(text.substr(arrow + 2));
+  if (edge.from.empty() || edge.to.empty())
+    r.fail(node, field, "expected 'from->to', got '" + text + "'");
+  return edge;
+}
+
+GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
+  r.require_map(node, "graph");
+  r.check_keys(node, "graph", {"nodes", "edges"});
+  if (!node["nodes"] || !node["nodes"].IsSequence() || node["nodes"].size() == 0)
+    r.fail(node["nodes"] ? node["nodes"] : node, "graph.nodes", "expected a list of nodes");
+  if (!node["edges"] || !node["edges"].IsSequence())
+    r.fail(node["edges"] ? node["edges"] : node, "graph.edges", "expected a list of edges");
+  GraphSpec spec;
+  for (size_t i = 0; i < node["nodes"].size(); ++i) {
+    const auto& n = node["nodes"][i];
+    const auto field = "graph.nodes[" + std::to_string(i) + "]";
+    r.require_map(n, field);
+    GraphNodeSpec out;
+    out.line = r.line(n);
+    if (!n["name"]) r.fail(n, field + ".name", "is required");
+    out.name = r.string(n["name"], field + ".name");
+    out.stage = n["stage"] ? r.string(n["stage"], field + ".stage") : out.name;
+    if (n["concurrency"])
+      out.concurrency = read_concurrency(r, n["concurrency"], field + ".concurrency");
+    out.params = n;  // the stage checks its own parameters (graph_builder)
+    spec.nodes.push_back(std::move(out));
+  }
+  for (size_t i = 0; i < node["edges"].size(); ++i)
+    spec.edges.push_back(read_edge(r, node["edges"][i], "graph.edges[" + std::to_string(i) + "]"));
+  return spec;
+}
+
+// "section.key=value" → the value set into the document, parsed as a YAML scalar.
+void apply_override(YAML::Node& root, const std::string& text, const std::string& file,
+                    std::map<std::string, std::string>& applied) {
+  const auto eq = text.find('=');
+  const auto dot = text.find('.');
+  const std::string field = text.substr(0, eq);
+  if (eq == std::string::npos || field.empty())
+    throw ConfigError(file + ": override '" + text + "': expected section.key=value");
+  const std::string value = text.substr(eq + 1);
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(file + ": override '" + text + "': value is not valid YAML: " + e.msg);
+  }
+  if (dot == std::string::npos || dot > eq) {
+    root[field] = parsed;  // a top-level scalar such as device=cpu
+  } else {
+    const auto section = field.substr(0, dot);
+    const auto key = field.substr(dot + 1);
+    if (key.empty() || key.find('.') != std::string::npos)
+      throw ConfigError(file + ": override '" + text + "': expected section.key=value");
+    if (root[section] && !root[section].IsMap())
+      throw ConfigError(file + ": override '" + text + "': '" + section + "' is not a section");
+    root[section][key] = parsed;
+  }
+  applied[field] = value;
+}
+
+}  // namespace
+
+ServeConfig load_serve_config(const std::filesystem::path& file,
+                              const std::vector<std::string>& overrides) {
+  const std::string name = file.string();
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(name);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(name + ": cannot read the config file");
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) throw ConfigError(name + ": expected a mapping of sections");
+
+  std::map<std::string, std::string> applied;
+  for (const auto& text : overrides) apply_override(root, text, name, applied);
+  const FieldReader r(name, applied);
+  r.check_keys(root, "",
+               {"model", "device", "threads", "server", "scheduler", "sampling", "graph"});
+
+  ServeConfig config;
+  config.file = file;
+  const auto base = std::filesystem::absolute(file).parent_path();
+  if (!root["model"]) throw ConfigError(name + ": section 'model' is required (model.path)");
+  read_model(r, root["model"], base, applied.contains("model.path"), config.model);
+  if (root["device"]) config.device = r.one_of(root["device"], "device", {"auto", "cpu", "cuda"});
+  if (root["threads"]) config.threads = r.integer(root["threads"], "threads", 0);
+  if (root["server"]) read_server(r, root["server"], config.server);
+  if (root["scheduler"]) read_scheduler(r, root["scheduler"], config.scheduler);
+  if (root["sampling"]) read_sampling(r, root["sampling"], config.sampling);
+  if (root["graph"]) {
+    config.graph = read_graph(r, root["graph"]);
+  } else {
+    const FieldReader builtin("<default graph>", {});
+    config.graph = read_graph(builtin, YAML::Load(kDefaultGraph));
+  }
+  return config;
+}
+
+}  // namespace pipeline

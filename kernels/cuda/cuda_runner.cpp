@@ -1,0 +1,392 @@
+// CudaRunner: the LLaMA forward pass on one GPU. Weights live on the device in bf16, the
+// residual stream in float32, every other activation in bf16; the KV cache is a paged pool
+// [layer][block][slot][kv_head][head_dim] for K and for V.
+//
+// Per layer: RMSNorm (fused with the previous residual add) -> one fused QKV GEMM -> RoPE and
+// KV write -> paged attention (decode: flash-decoding split; prefill: tiled causal) -> output
+// GEMM -> residual add + RMSNorm -> one fused gate/up GEMM -> SiLU*mul -> down GEMM.
+//
+// Decode steps (one token per sequence) are captured as a CUDA graph per batch size the second
+// time that size is seen and replayed afterwards; all inputs reach the graph through one packed
+// index buffer at a fixed device address. Prefill runs eagerly.
+#include "kernels/cuda/cuda_runner.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/device_weights.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/nvtx_ranges.h"
+#include "kernels/cuda/step_inputs.h"
+
+namespace pipeline {
+
+bool cuda_device_available(std::string* why) {
+  auto fail = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // clear the error so later CUDA calls start clean
+    return fail(std::string("cudaGetDeviceCount: ") + cudaGetErrorString(error));
+  }
+  if (count == 0) return fail("no CUDA device found");
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess)
+    return fail("cudaGetDeviceProperties failed for device 0");
+  if (prop.major < 8)
+    return fail(std::string(prop.name) + " has compute capability " + std::to_string(prop.major) +
+                "." + std::to_string(prop.minor) + "; bf16 kernels need 8.0 or newer");
+  return true;
+}
+
+namespace cuda {
+namespace {
+
+double gib(size_t bytes) {
+  return double(bytes) / double(size_t(1) << 30);
+}
+
+std::string gib_string(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", gib(bytes));
+  return text;
+}
+
+int round_up_pow2(int n) {
+  return int(std::bit_ceil(unsigned(std::max(n, 1))));
+}
+
+// An owned CUDA stream.
+class Stream {
+ public:
+  Stream() { PIPELINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// An instantiated CUDA graph.
+class GraphExec {
+ public:
+  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
+  ~GraphExec() { cudaGraphExecDestroy(exec_); }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  void launch(cudaStream_t stream) const { PIPELINE_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+// Device buffers of one forward pass, sized for a StepCapacity.
+struct Workspace {
+  Workspace(const LlamaConfig& c, const StepCapacity& cap, int max_blocks_per_seq, int max_splits)
+      : capacity(cap),
+        layout(cap, max_blocks_per_seq, kPrefillTileQueries),
+        indices(layout.total),
+        residual(size_t(cap.tokens) * c.hidden_size),
+        normed(size_t(cap.tokens) * c.hidden_size),
+        qkv(size_t(cap.tokens) * (c.q_dim() + 2 * c.kv_dim())),
+        attn(size_t(cap.tokens) * c.q_dim()),
+        proj(size_t(cap.tokens) * c.hidden_size),
+        gate_up(size_t(cap.tokens) * 2 * c.intermediate_size),
+        act(size_t(cap.tokens) * c.intermediate_size),
+        logits(size_t(cap.logit_rows) * c.vocab_size),
+        decode_out(size_t(cap.seqs) * c.num_heads * max_splits * c.head_dim),
+        decode_max(size_t(cap.seqs) * c.num_heads * max_splits),
+        decode_sum(size_t(cap.seqs) * c.num_heads * max_splits) {}
+
+  StepCapacity capacity;
+  StepLayout layout;
+  DeviceBuffer<int32_t> indices;  // the packed StepLayout arrays
+  DeviceBuffer<float> residual;   // [tokens, hidden]
+  DeviceBuffer<bf16> normed;      // [tokens, hidden]
+  DeviceBuffer<bf16> qkv;         // [tokens, q_dim + 2 * kv_dim]
+  DeviceBuffer<bf16> attn;        // [tokens, q_dim]
+  DeviceBuffer<bf16> proj;        // [tokens, hidden]: attention output and MLP down projection
+  DeviceBuffer<bf16> gate_up;     // [tokens, 2 * intermediate]
+  DeviceBuffer<bf16> act;         // [tokens, intermediate]
+  DeviceBuffer<float> logits;     // [logit_rows, vocab]
+  DeviceBuffer<float> decode_out, decode_max, decode_sum;
+
+  const int32_t* index(size_t offset) const { return indices.data() + offset; }
+};
+
+class CudaRunner final : public ModelRunner {
+ public:
+  CudaRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options);
+  ~CudaRunner() override;
+
+  const LlamaConfig& config() const override { return config_; }
+  const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  std::string device_name() const override { return "cuda"; }
+  void forward(const Batch& batch, Logits& logits) override;
+
+ private:
+  void ensure_capacity(int tokens, int seqs, int logit_rows);
+  void run_decode(const StepShape& shape);
+  void enqueue_forward(const StepShape& shape);
+  void enqueue_attention(const StepShape& shape, int layer);
+
+  std::shared_ptr<const LlamaWeights> weights_;
+  LlamaConfig config_;
+  KvCacheShape kv_shape_;
+  int max_blocks_per_seq_ = 0;
+  int max_splits_ = 0;
+  Stream stream_;
+  Gemm gemm_;
+  DeviceWeights device_weights_;
+  DeviceBuffer<bf16> k_cache_, v_cache_;
+  std::unique_ptr<Workspace> workspace_;
+  PinnedBuffer<int32_t> staging_;                            // host image of workspace_->indices
+  std::map<int, int> decode_sightings_;                      // batch size -> eager runs
+  std::map<int, std::unique_ptr<GraphExec>> decode_graphs_;  // batch size -> captured step
+};
+
+void check_options(const RunnerOptions& o) {
+  if (o.kv_block_size <= 0)
+    throw std::invalid_argument("RunnerOptions.kv_block_size must be positive, got " +
+                                std::to_string(o.kv_block_size));
+  if (o.kv_cache_blocks < 0)
+    throw std::invalid_argument("RunnerOptions.kv_cache_blocks must be >= 0, got " +
+                                std::to_string(o.kv_cache_blocks));
+  if (!(o.kv_cache_fraction > 0.0 && o.kv_cache_fraction <= 1.0))
+    throw std::invalid_argument("RunnerOptions.kv_cache_fraction must be in (0, 1], got " +
+                                std::to_string(o.kv_cache_fraction));
+}
+
+const LlamaConfig& checked_config(const LlamaWeights* weights) {
+  if (!weights) throw std::invalid_argument("make_cuda_runner: no weights");
+  const LlamaConfig& c = weights->config;
+  std::string why;
+  if (!attention_supports(c.num_heads, c.num_kv_heads, c.head_dim, &why))
+    throw std::runtime_error("CUDA backend cannot run this model: " + why);
+  if (c.max_position_embeddings <= 0)
+    throw std::runtime_error("CUDA backend needs a positive max_position_embeddings");
+  return c;
+}
+
+CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
+    : weights_(std::move(weights)),
+      config_(checked_config(weights_.get())),
+      stream_(),
+      gemm_(stream_.get()) {
+  check_options(options);
+  const LlamaConfig& c = config_;
+  max_blocks_per_seq_ =
+      (c.max_position_embeddings + options.kv_block_size - 1) / options.kv_block_size;
+  max_splits_ = (c.max_position_embeddings + kDecodePartition - 1) / kDecodePartition;
+
+  size_t free_bytes = 0, total_bytes = 0;
+  PIPELINE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t weight_bytes = device_weight_bytes(*weights_);
+  if (weight_bytes >= free_bytes)
+    throw std::runtime_error("model does not fit on the GPU: its bf16 weights need " +
+                             gib_string(weight_bytes) + ", the device has " +
+                             gib_string(free_bytes) + " free of " + gib_string(total_bytes));
+  {
+    NvtxRange range{"upload_weights"};
+    device_weights_ = upload_weights(*weights_, stream_.get());
+  }
+  const int initial_seqs = std::max(options.max_num_seqs, 1);
+  ensure_capacity(std::max(512, initial_seqs), initial_seqs, initial_seqs);
+
+  kv_shape_.num_layers = c.num_layers;
+  kv_shape_.num_kv_heads = c.num_kv_heads;
+  kv_shape_.head_dim = c.head_dim;
+  kv_shape_.block_size = options.kv_block_size;
+  const size_t block_bytes =
+      2 * size_t(c.num_layers) * size_t(kv_shape_.block_elems()) * sizeof(bf16);  // K and V
+  PIPELINE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  size_t blocks = options.kv_cache_blocks > 0
+                      ? size_t(options.kv_cache_blocks)
+                      : size_t(double(free_bytes) * options.kv_cache_fraction) / block_bytes;
+  if (blocks == 0 || blocks * block_bytes > free_bytes)
+    throw std::runtime_error(
+        "model does not fit on the GPU: after " + gib_string(weight_bytes) + " of weights, " +
+        gib_string(free_bytes) + " free cannot hold " +
+        (options.kv_cache_blocks > 0 ? std::to_string(options.kv_cache_blocks) : "one") +
+        " KV block(s) of " + gib_string(block_bytes));
+  // Slots are int32 (block * block_size + offset).
+  blocks = std::min(blocks, size_t(std::numeric_limits<int32_t>::max() / options.kv_block_size));
+  kv_shape_.num_blocks = int(blocks);
+  const size_t cache_elems = size_t(c.num_layers) * blocks * size_t(kv_shape_.block_elems());
+  k_cache_ = DeviceBuffer<bf16>(cache_elems);
+  v_cache_ = DeviceBuffer<bf16>(cache_elems);
+}
+
+CudaRunner::~CudaRunner() {
+  cudaStreamSynchronize(stream_.get());  // no work may outlive the buffers it uses
+  decode_graphs_.clear();
+}
+
+void CudaRunner::ensure_capacity(int tokens, int seqs, int logit_rows) {
+  if (workspace_ && tokens <= workspace_->capacity.tokens && seqs <= workspace_->capacity.seqs &&
+      logit_rows <= workspace_->capacity.logit_rows)
+    return;
+  StepCapacity grown{round_up_pow2(tokens), round_up_pow2(seqs), round_up_pow2(logit_rows)};
+  if (workspace_) {
+    grown.tokens = std::max(grown.tokens, workspace_->capacity.tokens);
+    grown.seqs = std::max(grown.seqs, workspace_->capacity.seqs);
+    grown.logit_rows = std::max(grown.logit_rows, workspace_->capacity.logit_rows);
+  }
+  // Captured graphs point into the old buffers.
+  decode_graphs_.clear();
+  decode_sightings_.clear();
+  workspace_.reset();
+  workspace_ = std::make_unique<Workspace>(config_, grown, max_blocks_per_seq_, max_splits_);
+  staging_ = PinnedBuffer<int32_t>(workspace_->layout.total);
+}
+
+void CudaRunner::forward(const Batch& batch, Logits& logits) {
+  validate_batch(batch, config_, kv_shape_);
+  ensure_capacity(batch.total_tokens(), int(batch.seqs.size()), batch.logit_rows());
+  Workspace& ws = *workspace_;
+  const StepShape shape = pack_step(batch, ws.layout, kv_shape_.block_size, staging_.data());
+  cudaStream_t stream = stream_.get();
+  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(ws.indices.data(), staging_.data(),
+                                      shape.packed_elements * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream));
+  if (shape.decode) {
+    run_decode(shape);
+  } else {
+    enqueue_forward(shape);
+  }
+  logits.vocab = config_.vocab_size;
+  logits.data.resize(size_t(shape.logit_rows) * config_.vocab_size);
+  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits.data.data(), ws.logits.data(),
+                                      logits.data.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream));
+  PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// First sight of a batch size runs eagerly; the second captures the step into a graph; later
+// ones replay it. Sizes seen once (the tail of a draining batch) never pay for a capture.
+void CudaRunner::run_decode(const StepShape& shape) {
+  cudaStream_t stream = stream_.get();
+  auto found = decode_graphs_.find(shape.seqs);
+  if (found == decode_graphs_.end()) {
+    if (++decode_sightings_[shape.seqs] < 2) {
+      enqueue_forward(shape);
+      return;
+    }
+    cudaGraph_t graph = nullptr;
+    PIPELINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_forward(shape);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    PIPELINE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    PIPELINE_CUDA_CHECK(instantiated);
+    found = decode_graphs_.emplace(shape.seqs, std::make_unique<GraphExec>(exec)).first;
+  }
+  NvtxRange range{"decode_graph"};
+  found->second->launch(stream);
+}
+
+void CudaRunner::enqueue_forward(const StepShape& shape) {
+  const LlamaConfig& c = config_;
+  Workspace& ws = *workspace_;
+  const StepLayout& at = ws.layout;
+  cudaStream_t stream = stream_.get();
+  const int T = shape.tokens, H = c.hidden_size, I = c.intermediate_size;
+  const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  {
+    NvtxRange range{"embedding"};
+    embedding_gather(device_weights_.embed.data(), ws.index(at.token_ids), T, H, ws.residual.data(),
+                     stream);
+  }
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DeviceLayer& w = device_weights_.layers[l];
+    {
+      NvtxRange range{"attention"};
+      // The first layer normalises the embedding; later ones first add the previous MLP output.
+      add_rmsnorm(ws.residual.data(), l == 0 ? nullptr : ws.proj.data(), w.attn_norm.data(),
+                  nullptr, T, H, c.rms_norm_eps, ws.normed.data(), stream);
+      gemm_.linear(ws.normed.data(), w.wqkv.data(), ws.qkv.data(), T, H, qkv_dim);
+      const size_t layer_offset = size_t(l) * kv_shape_.num_blocks * kv_shape_.block_elems();
+      rope_write_kv(ws.qkv.data(), T, ws.index(at.positions), ws.index(at.slots), c.num_heads,
+                    c.num_kv_heads, c.head_dim, c.rope_theta, k_cache_.data() + layer_offset,
+                    v_cache_.data() + layer_offset, stream);
+      enqueue_attention(shape, l);
+      gemm_.linear(ws.attn.data(), w.wo.data(), ws.proj.data(), T, c.q_dim(), H);
+    }
+    {
+      NvtxRange range{"mlp"};
+      add_rmsnorm(ws.residual.data(), ws.proj.data(), w.mlp_norm.data(), nullptr, T, H,
+                  c.rms_norm_eps, ws.normed.data(), stream);
+      gemm_.linear(ws.normed.data(), w.w_gate_up.data(), ws.gate_up.data(), T, H, 2 * I);
+      silu_mul(ws.gate_up.data(), T, I, ws.act.data(), stream);
+      gemm_.linear(ws.act.data(), w.w_down.data(), ws.proj.data(), T, I, H);
+    }
+  }
+  NvtxRange range{"lm_head"};
+  // Only the rows that return logits go through the final norm and the vocabulary projection.
+  add_rmsnorm(ws.residual.data(), ws.proj.data(), device_weights_.final_norm.data(),
+              ws.index(at.logit_rows), shape.logit_rows, H, c.rms_norm_eps, ws.normed.data(),
+              stream);
+  gemm_.linear_f32(ws.normed.data(), device_weights_.lm_head, ws.logits.data(), shape.logit_rows, H,
+                   c.vocab_size);
+}
+
+void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
+  const LlamaConfig& c = config_;
+  Workspace& ws = *workspace_;
+  const StepLayout& at = ws.layout;
+  const size_t layer_offset = size_t(layer) * kv_shape_.num_blocks * kv_shape_.block_elems();
+  PagedKv kv;
+  kv.k = k_cache_.data() + layer_offset;
+  kv.v = v_cache_.data() + layer_offset;
+  kv.block_tables = ws.index(at.block_tables);
+  kv.max_blocks_per_seq = max_blocks_per_seq_;
+  kv.block_size = kv_shape_.block_size;
+  kv.num_kv_heads = c.num_kv_heads;
+  kv.head_dim = c.head_dim;
+  const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  if (shape.decode) {
+    const DecodeScratch scratch{ws.decode_out.data(), ws.decode_max.data(), ws.decode_sum.data()};
+    paged_decode_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.context_lens), shape.seqs,
+                           c.num_heads, max_splits_, scratch, ws.attn.data(), stream_.get());
+  } else {
+    prefill_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.tiles), shape.tiles,
+                      ws.index(at.q_offsets), ws.index(at.q_lens), ws.index(at.start_positions),
+                      c.num_heads, ws.attn.data(), stream_.get());
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<ModelRunner> make_cuda_runner(std::shared_ptr<const LlamaWeights> weights,
+                                              const RunnerOptions& options) {
+  std::string why;
+  if (!cuda_device_available(&why)) throw std::runtime_error("CUDA backend unavailable: " + why);
+  PIPELINE_CUDA_CHECK(cudaSetDevice(0));
+  return std::make_unique<cuda::CudaRunner>(std::move(weights), options);
+}
+
+}  // namespace pipeline

@@ -1,0 +1,42 @@
+// A LLaMA checkpoint on the device: every tensor converted to bf16, q/k/v fused into one
+// [q_dim + 2 * kv_dim, hidden] matrix and gate/up into one [2 * intermediate, hidden] matrix so
+// each takes a single GEMM.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cuda/device_buffer.h"
+#include "model/llama_weights.h"
+
+namespace pipeline::cuda {
+
+struct DeviceLayer {
+  DeviceBuffer<__nv_bfloat16> attn_norm;  // [hidden]
+  DeviceBuffer<__nv_bfloat16> wqkv;       // [q_dim + 2 * kv_dim, hidden]
+  DeviceBuffer<__nv_bfloat16> wo;         // [hidden, q_dim]
+  DeviceBuffer<__nv_bfloat16> mlp_norm;   // [hidden]
+  DeviceBuffer<__nv_bfloat16> w_gate_up;  // [2 * intermediate, hidden]
+  DeviceBuffer<__nv_bfloat16> w_down;     // [hidden, intermediate]
+};
+
+struct DeviceWeights {
+  DeviceBuffer<__nv_bfloat16> embed;  // [vocab, hidden]
+  std::vector<DeviceLayer> layers;
+  DeviceBuffer<__nv_bfloat16> final_norm;      // [hidden]
+  DeviceBuffer<__nv_bfloat16> untied_lm_head;  // [vocab, hidden]; empty when tied
+  const __nv_bfloat16* lm_head = nullptr;      // untied_lm_head or embed
+};
+
+// Device bytes the bf16 weights take, to check the fit before uploading.
+size_t device_weight_bytes(const LlamaWeights& weights);
+
+// The bf16 bytes a decode step reads: every matrix but the embedding (only gathered rows).
+size_t decode_weight_bytes(const LlamaConfig& config);
+
+DeviceWeights upload_weights(const LlamaWeights& weights, cudaStream_t stream);
+
+}  // namespace pipeline::cuda

@@ -1,0 +1,48 @@
+#include "kernels/cuda/gemm.h"
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace pipeline::cuda {
+
+namespace {
+// cuBLAS allocates its own workspace on first use unless given one, which a graph capture
+// does not allow; 32 MiB covers the split-K kernels it picks for these shapes.
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+}  // namespace
+
+Gemm::Gemm(cudaStream_t stream) : workspace_(kWorkspaceBytes) {
+  PIPELINE_CUBLAS_CHECK(cublasCreate(&handle_));
+  try {
+    PIPELINE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
+    PIPELINE_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
+  } catch (...) {
+    cublasDestroy(handle_);
+    throw;
+  }
+}
+
+Gemm::~Gemm() {
+  cublasDestroy(handle_);
+}
+
+void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
+                  int in, int out) {
+  run(x, w, y, CUDA_R_16BF, rows, in, out);
+}
+
+void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
+                      int out) {
+  run(x, w, y, CUDA_R_32F, rows, in, out);
+}
+
+// cuBLAS is column-major: a row-major [rows, n] matrix is a column-major [n, rows] one. So
+// y^T [out, rows] = W [in, out]^T . x^T [in, rows], all leading dimensions the row lengths.
+void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
+               int rows, int in, int out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  PIPELINE_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w,
+                                     CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, y_type, out,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace pipeline::cuda

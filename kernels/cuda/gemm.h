@@ -1,0 +1,38 @@
+// The projections of the forward pass through cuBLAS: y = x . W^T with x [rows, in] and W in
+// Hugging Face's [out, in] layout, bf16 operands, float32 accumulation. One handle per stream,
+// with its own workspace so the calls can be captured into CUDA graphs.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels/cuda/device_buffer.h"
+
+namespace pipeline::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(cudaStream_t stream);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y [rows, out] bf16 = x [rows, in] . w [out, in]^T
+  void linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
+              int out);
+  // The same with a float32 result (the logits).
+  void linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
+                  int out);
+
+ private:
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,
+           int in, int out);
+
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer<std::byte> workspace_;
+};
+
+}  // namespace pipeline::cuda

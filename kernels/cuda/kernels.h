@@ -1,0 +1,90 @@
+// Launchers of the CUDA backend's own kernels (everything that is not a GEMM). Every launcher
+// enqueues on `stream` and checks the launch; none synchronises, so all of them can be captured
+// into a CUDA graph. Activations are bf16; norms, softmax and rotary angles compute in float32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "io/dtype.h"
+
+namespace pipeline::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- elementwise_kernels.cu
+
+// dst[i] = bf16(src[i]) for n elements of a checkpoint tensor already copied to the device.
+void convert_to_bf16(const void* src, DType src_dtype, bf16* dst, size_t n, cudaStream_t stream);
+
+// residual[t, :] = embed[tokens[t], :] as float32, for each of num_tokens tokens.
+void embedding_gather(const bf16* embed, const int32_t* tokens, int num_tokens, int hidden,
+                      float* residual, cudaStream_t stream);
+
+// The residual stream stays float32 between layers. For each output row r, with input row
+// i = rows ? rows[r] : r: residual[i] += delta[i] (skipped when delta is null), then
+// out[r] = bf16(rmsnorm(residual[i]) * weight).
+void add_rmsnorm(float* residual, const bf16* delta, const bf16* weight, const int32_t* rows,
+                 int num_rows, int hidden, float eps, bf16* out, cudaStream_t stream);
+
+// Rotary embedding (rotate-half, each token at positions[t]) on q in place and on k, then
+// writes k and v into the paged cache at slots[t] (slot = block * block_size + offset).
+// qkv rows are [q heads | k heads | v heads]; a cache slot is [kv_head][head_dim].
+void rope_write_kv(bf16* qkv, int num_tokens, const int32_t* positions, const int32_t* slots,
+                   int num_heads, int num_kv_heads, int head_dim, float rope_theta, bf16* k_cache,
+                   bf16* v_cache, cudaStream_t stream);
+
+// out[t, j] = silu(gate_up[t, j]) * gate_up[t, inter + j].
+void silu_mul(const bf16* gate_up, int num_tokens, int inter, bf16* out, cudaStream_t stream);
+
+// ---- attention (attention_decode.cu, attention_prefill.cu)
+
+// One layer's paged KV cache: [block][slot][kv_head][head_dim] for K and for V, and the block
+// tables of the batch's sequences, row s at block_tables + s * max_blocks_per_seq.
+struct PagedKv {
+  const bf16* k = nullptr;
+  const bf16* v = nullptr;
+  const int32_t* block_tables = nullptr;
+  int max_blocks_per_seq = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Query heads per KV head and head sizes the attention kernels handle; false with the reason
+// when a model is outside them.
+bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::string* why);
+
+// Decode keys are split into partitions of this many positions (flash-decoding); a sequence
+// of n positions uses ceil(n / kDecodePartition) of the `max_splits` partitions.
+constexpr int kDecodePartition = 256;
+
+// One query per sequence: q row s at q + s * q_stride (its heads contiguous), attending to
+// context_lens[s] cached positions. Partials are float32 scratch of num_seqs * num_heads *
+// max_splits * (head_dim + 2) floats; out is [num_seqs, num_heads * head_dim].
+struct DecodeScratch {
+  float* out = nullptr;  // [seq][head][split][head_dim], normalised per partition
+  float* max = nullptr;  // [seq][head][split]
+  float* sum = nullptr;  // [seq][head][split]
+};
+void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
+                            const int32_t* context_lens, int num_seqs, int num_heads,
+                            int max_splits, const DecodeScratch& scratch, bf16* out,
+                            cudaStream_t stream);
+
+// Causal attention for ragged packed prompts. Sequence s's new tokens are packed rows
+// q_offsets[s] .. q_offsets[s] + q_lens[s] - 1 of q (row stride q_stride), at positions
+// start_positions[s] onwards; their keys and values (earlier positions too) are read from the
+// paged cache. `tiles` holds num_tiles pairs (sequence, first query of the tile), each tile
+// kPrefillTileQueries queries of one sequence. out is [tokens, num_heads * head_dim].
+constexpr int kPrefillTileQueries = 32;
+void prefill_attention(const bf16* q, int q_stride, const PagedKv& kv, const int32_t* tiles,
+                       int num_tiles, const int32_t* q_offsets, const int32_t* q_lens,
+                       const int32_t* start_positions, int num_heads, bf16* out,
+                       cudaStream_t stream);
+
+}  // namespace pipeline::cuda

@@ -1,0 +1,83 @@
+#include "stages/detokenize.h"
+
+#include <string_view>
+
+namespace pipeline {
+
+StageInfo DetokenizeStage::info() {
+  StageInfo info;
+  info.name = "detokenize";
+  info.summary = "token ids → text deltas (incremental UTF-8), stop strings";
+  info.accepts = kind_of<StepResult>();
+  info.produces = kind_of<StreamEvents>();
+  info.needs_every = kind_of<StepResult>();
+  info.make = [](const GraphNodeSpec&, EngineContext& ctx) {
+    return std::make_unique<DetokenizeStage>(ctx);
+  };
+  return info;
+}
+
+void DetokenizeStage::operator()(Message message, const Emit& emit) {
+  auto& result = std::get<StepResult>(message);
+  StreamEvents out;
+  for (auto& output : result.outputs) {
+    const SequencePtr& seq = output.seq;
+    seq->text->tokens.push(uint64_t(output.index), {std::move(output.sampled), output.finish},
+                           [&](const GeneratedToken& token) { add_token(seq, token, out); });
+  }
+  if (!out.events.empty()) emit(std::move(out));
+}
+
+void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& token,
+                                StreamEvents& out) const {
+  TextState& state = *seq->text;
+  if (state.done) return;  // tokens sampled after a stop string matched
+  ++state.completion_tokens;
+  const int32_t id = token.sampled.token;
+  std::optional<FinishReason> finish = token.finish;
+
+  Delta delta;
+  if (seq->request->logprobs)
+    delta.tokens.push_back({id, token_text(id), token.sampled.logprob, token.sampled.top});
+  // The end-of-sequence id that stopped generation is not text.
+  const bool is_final_eos = finish == FinishReason::Stop;
+  auto pushed = state.stops.push(is_final_eos ? std::string() : state.decoder.push(id));
+  delta.text = std::move(pushed.text);
+  if (!pushed.stopped && finish) {
+    auto tail = state.stops.push(state.decoder.flush());
+    delta.text += tail.text;
+    pushed.stopped = tail.stopped;
+    if (!tail.stopped) delta.text += state.stops.flush();
+  }
+  if (pushed.stopped) {
+    finish = FinishReason::Stop;
+    seq->stopped.store(true);
+  }
+  if (!delta.text.empty() || !delta.tokens.empty())
+    out.events.push_back({seq, state.next_event++, std::move(delta)});
+  if (finish) {
+    state.done = true;
+    out.events.push_back(
+        {seq, state.next_event++, Completion{*finish, seq->prompt_len, state.completion_tokens}});
+  }
+}
+
+std::string DetokenizeStage::token_text(int32_t token) const {
+  if (const int byte = ctx_.tokenizer.byte_value(token); byte >= 0)
+    return std::string(1, char(byte));
+  if (ctx_.tokenizer.is_control(token)) return "";
+  const std::string piece = ctx_.tokenizer.piece(token);
+  constexpr std::string_view kSpace = "\xE2\x96\x81";  // "▁"
+  std::string text;
+  for (size_t at = 0; at < piece.size();) {
+    if (std::string_view(piece).substr(at, kSpace.size()) == kSpace) {
+      text += ' ';
+      at += kSpace.size();
+    } else {
+      text += piece[at++];
+    }
+  }
+  return text;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,27 @@
+// detokenize: sampled tokens → text deltas, per sequence in generation order (tokens of one
+// sequence may arrive from concurrent bodies out of order; TextState puts them back in order).
+// Stop strings end a sequence with reason "stop" and are never sent, not even in part; the
+// scheduler then drops the sequence at its next step.
+#pragma once
+
+#include "graph/engine_context.h"
+#include "graph/stage_registry.h"
+
+namespace pipeline {
+
+class DetokenizeStage : public Stage {
+ public:
+  static StageInfo info();
+  explicit DetokenizeStage(EngineContext& context) : ctx_(context) {}
+  void operator()(Message message, const Emit& emit) override;
+
+ private:
+  // One token of `seq`, in order; appends the events it makes to `out`.
+  void add_token(const SequencePtr& seq, const GeneratedToken& token, StreamEvents& out) const;
+  // A token's own text for logprobs: "▁" as a space, a byte piece as its byte.
+  std::string token_text(int32_t token) const;
+
+  EngineContext& ctx_;
+};
+
+}  // namespace pipeline

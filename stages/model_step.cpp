@@ -1,0 +1,68 @@
+#include "stages/model_step.h"
+
+#include <chrono>
+#include <exception>
+
+#include "graph/log.h"
+
+namespace pipeline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+RequestError server_error(const std::string& what) {
+  return {500, what, "server_error", "", ""};
+}
+
+}  // namespace
+
+StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
+                          const Batch& batch, bool prefill, Logits& logits) {
+  StepResult result;
+  result.prefill = prefill;
+  result.batch_tokens = batch.total_tokens();
+  const auto start = Clock::now();
+  try {
+    ctx.runner.forward(batch, logits);
+  } catch (const std::exception& e) {
+    log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
+    for (const auto& seq : seqs)
+      seq->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
+    result.failed = seqs;
+    return result;
+  }
+  const auto now = Clock::now();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence& seq = *seqs[i];
+    SampledToken sampled;
+    try {
+      sampled = seq.sampler->sample(logits.row(int(i)), seq.tokens);
+    } catch (const std::exception& e) {
+      seq.stream.fail(server_error(std::string("sampling failed: ") + e.what()));
+      result.failed.push_back(seqs[i]);
+      continue;
+    }
+    seq.tokens.push_back(sampled.token);
+    const int index = seq.generated() - 1;
+    std::optional<FinishReason> finish;
+    if (!seq.request->ignore_eos && ctx.model.is_eos(sampled.token))
+      finish = FinishReason::Stop;
+    else if (seq.generated() >= seq.max_tokens)
+      finish = FinishReason::Length;
+    if (index == 0)
+      ctx.metrics.time_to_first_token.observe(seconds_since(seq.request->arrival, now));
+    else
+      ctx.metrics.inter_token_latency.observe(seconds_since(seq.last_token_at, now));
+    seq.last_token_at = now;
+    result.outputs.push_back({seqs[i], index, std::move(sampled), finish});
+  }
+  ctx.metrics.generated_tokens.add(result.outputs.size());
+  result.seconds = seconds_since(start, Clock::now());
+  return result;
+}
+
+}  // namespace pipeline

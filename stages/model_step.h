@@ -1,0 +1,17 @@
+// The work prefill and decode_step share: one forward pass over a batch, then each sequence
+// samples its next token with its own Sampler and is marked finished on an end-of-sequence id
+// (unless ignore_eos) or at max_tokens (tokenize capped it to the context and the KV pool).
+#pragma once
+
+#include <vector>
+
+#include "graph/engine_context.h"
+#include "graph/message.h"
+
+namespace pipeline {
+
+// A forward pass that throws fails its sequences (500) and lists them in StepResult::failed.
+StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
+                          const Batch& batch, bool prefill, Logits& logits);
+
+}  // namespace pipeline

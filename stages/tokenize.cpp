@@ -1,0 +1,69 @@
+#include "stages/tokenize.h"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+
+#include "graph/log.h"
+
+namespace pipeline {
+
+StageInfo TokenizeStage::info() {
+  StageInfo info;
+  info.name = "tokenize";
+  info.summary = "chat template or raw prompt → token ids; refuses prompts that cannot fit";
+  info.accepts = kind_of<Submitted>();
+  info.produces = kinds<Tokenized, StreamEvents>();
+  info.make = [](const GraphNodeSpec&, EngineContext& ctx) {
+    return std::make_unique<TokenizeStage>(ctx);
+  };
+  return info;
+}
+
+void TokenizeStage::prepare(Sequence& seq) const {
+  const Request& req = *seq.request;
+  const std::string prompt_param = req.chat ? "messages" : "prompt";
+  if (auto problem = validate(req.sampling); !problem.empty()) throw Refusal{problem, ""};
+  try {
+    seq.text = std::make_unique<TextState>(ctx_.tokenizer, req.stop);
+    seq.tokens = req.chat ? apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages)
+                          : ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);
+  } catch (const std::invalid_argument& e) {
+    throw Refusal{e.what(), seq.text ? prompt_param : "stop"};
+  }
+  const int n = int(seq.tokens.size());
+  if (n == 0) throw Refusal{"the prompt is empty", prompt_param};
+  const int context = ctx_.model.max_position_embeddings;
+  if (n >= context) {
+    throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the model's context is " +
+                      std::to_string(context) + " tokens, which leaves no room for a completion",
+                  prompt_param};
+  }
+  const int pool = ctx_.scheduler.num_blocks() * ctx_.scheduler.block_size();
+  if (n >= pool) {
+    throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the KV cache holds only " +
+                      std::to_string(pool) + " tokens",
+                  prompt_param};
+  }
+  seq.prompt_len = n;
+  seq.max_tokens = std::min({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n});
+  seq.sampler = std::make_unique<Sampler>(req.sampling, ctx_.seed_base + seq.number);
+}
+
+void TokenizeStage::operator()(Message message, const Emit& emit) {
+  SequencePtr seq = std::get<Submitted>(message).seq;
+  if (seq->stream.ended()) return;  // failed while it queued (shutdown)
+  try {
+    prepare(*seq);
+  } catch (const Refusal& refusal) {
+    emit(StreamEvents{{StreamEvent{
+        seq, 0, RequestError{400, refusal.message, "invalid_request_error", refusal.param, ""}}}});
+    return;
+  }
+  ctx_.metrics.prompt_tokens.add(uint64_t(seq->prompt_len));
+  log_line("request %s added: %d prompt tokens, up to %d new", seq->request->id.c_str(),
+           seq->prompt_len, seq->max_tokens);
+  emit(Tokenized{std::move(seq)});
+}
+
+}  // namespace pipeline

@@ -1,0 +1,35 @@
+// tokenize: a submitted request → its prompt's token ids (chat template or raw prompt), its
+// sampler and its text state, ready for the scheduler. Requests that cannot run are answered
+// with a 400 error through emit.
+//
+// Length policy: a prompt that leaves no room for one generated token (in the model's context
+// or in the whole KV pool) is refused, naming both lengths; otherwise max_tokens is capped to
+// what the context and the pool hold (0 in the request: up to that cap).
+#pragma once
+
+#include <string>
+
+#include "graph/engine_context.h"
+#include "graph/stage_registry.h"
+
+namespace pipeline {
+
+class TokenizeStage : public Stage {
+ public:
+  static StageInfo info();
+  explicit TokenizeStage(EngineContext& context) : ctx_(context) {}
+  void operator()(Message message, const Emit& emit) override;
+
+ private:
+  // Why a request cannot run, for its 400 answer.
+  struct Refusal {
+    std::string message;
+    std::string param;  // the request field at fault; empty: none in particular
+  };
+  // Fills the sequence's prompt, limits, sampler and text state; throws Refusal.
+  void prepare(Sequence& seq) const;
+
+  EngineContext& ctx_;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,272 @@
+// The Engine in process (no HTTP) on the real tiny model stories260K: answers equal a plain
+// solo run of the model (model/generation.h's Generator), however requests are batched,
+// interleaved or preempted; cancellation frees KV blocks; the queue limit and shutdown answer
+// every request explicitly.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "graph/engine.h"
+#include "io/tokenizer.h"
+#include "model/cpu_runner.h"
+#include "model/generation.h"
+#include "model/llama_weights.h"
+#include "tests/support/collecting_sink.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+using testing::CollectingSink;
+using namespace std::chrono_literals;
+
+const std::vector<std::string> kPrompts = {
+    "Once upon a time",       "Lily had a red ball", "Tom went to the park", "The cat was hungry",
+    "One day, a little bird", "Sam and his dog",     "There was a big tree", "Mom said",
+    "The sun was hot",        "A girl named Sue",    "The boy saw a frog",   "It was a rainy day",
+    "Ben liked to run",       "The old man",         "Anna found a box",     "The fish swam"};
+
+std::filesystem::path model_dir() {
+  return testing::shared_path("models/stories260K");
+}
+
+// A config for stories260K on the CPU with `extra` YAML appended (sections not given default).
+ServeConfig make_config(const std::string& scheduler, int max_queue = 256) {
+  const auto dir = testing::make_temp_dir("engine-test");
+  const auto file = dir / "serve.yaml";
+  std::ofstream(file) << "model: {path: " << model_dir().string() << ", chat_template: raw}\n"
+                      << "device: cpu\nthreads: 2\n"
+                      << "server: {max_queue: " << max_queue << ", shutdown_grace_s: 5}\n"
+                      << "scheduler: " << scheduler << "\n";
+  auto config = load_serve_config(file);
+  std::filesystem::remove_all(dir);
+  return config;
+}
+
+std::shared_ptr<Request> make_request(const std::string& prompt, int max_tokens,
+                                      bool ignore_eos = false) {
+  auto request = std::make_shared<Request>();
+  static std::atomic<int> counter{0};
+  request->id = "cmpl-test-" + std::to_string(counter++);
+  request->chat = false;
+  request->prompt = prompt;
+  request->sampling.temperature = 0.0f;  // greedy: the solo run is the reference
+  request->max_tokens = max_tokens;
+  request->ignore_eos = ignore_eos;
+  request->sink = std::make_shared<CollectingSink>();
+  return request;
+}
+
+CollectingSink& sink_of(const std::shared_ptr<Request>& r) {
+  return static_cast<CollectingSink&>(*r->sink);
+}
+
+// The plain solo run: the prompt alone through the model with greedy sampling.
+class SoloReference {
+ public:
+  SoloReference()
+      : weights_(std::make_shared<const LlamaWeights>(LlamaWeights::load(model_dir()))),
+        tokenizer_(model_dir() / "tokenizer.model") {
+    RunnerOptions options;
+    options.max_num_seqs = 1;
+    runner_ = make_cpu_runner(weights_, options);
+  }
+
+  std::string text(const std::string& prompt, int max_tokens, bool ignore_eos = false) {
+    GenerationRequest request;
+    request.prompt = tokenizer_.encode(prompt, true);
+    request.sampling.temperature = 0.0f;
+    request.max_tokens = max_tokens;
+    request.ignore_eos = ignore_eos;
+    Generator generator(*runner_, 1);
+    auto result = generator.run(std::span(&request, 1)).front();
+    if (result.finish == FinishReason::Stop) result.tokens.pop_back();  // the end-of-sequence id
+    return tokenizer_.decode(result.tokens);
+  }
+
+ private:
+  std::shared_ptr<const LlamaWeights> weights_;
+  Tokenizer tokenizer_;
+  std::unique_ptr<ModelRunner> runner_;
+};
+
+SoloReference& solo() {
+  static SoloReference reference;
+  return reference;
+}
+
+void expect_finished_with(const std::shared_ptr<Request>& r, const std::string& expected) {
+  auto& sink = sink_of(r);
+  ASSERT_TRUE(sink.wait()) << r->id << " did not end";
+  ASSERT_TRUE(sink.completion().has_value())
+      << r->id << " failed: " << (sink.error() ? sink.error()->message : "");
+  EXPECT_EQ(sink.text(), expected) << r->id << " (" << r->prompt << ")";
+  EXPECT_FALSE(sink.out_of_order());
+}
+
+TEST(Engine, GreedyAnswerEqualsASoloRun) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto request = make_request(kPrompts[0], 0);  // up to an end-of-sequence id or the context
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  expect_finished_with(request, solo().text(kPrompts[0], 0));
+  const auto completion = *sink_of(request).completion();
+  EXPECT_EQ(completion.prompt_tokens,
+            int(Tokenizer(model_dir() / "tokenizer.model").encode(kPrompts[0], true).size()));
+  EXPECT_GT(completion.completion_tokens, 0);
+  EXPECT_EQ(engine.model_name(), "stories260K");
+}
+
+TEST(Engine, SixteenConcurrentRequestsArePrefilledAsOneBatch) {
+  Engine engine(make_config("{window_ms: 200, max_batch: 16}"));
+  std::vector<std::shared_ptr<Request>> requests;
+  for (const auto& prompt : kPrompts) requests.push_back(make_request(prompt, 48));
+  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
+  for (size_t i = 0; i < requests.size(); ++i)
+    expect_finished_with(requests[i], solo().text(kPrompts[i], 48));
+  const auto& m = engine.metrics();
+  EXPECT_EQ(m.prefill_batches.value(), 1u) << "16 prompts should share one prefill";
+  EXPECT_EQ(m.prefill_batch_size.sum(), 16.0);
+  EXPECT_NE(engine.metrics_text().find("pipeline_prefill_batches_total 1\n"), std::string::npos);
+}
+
+TEST(Engine, ALateRequestJoinsTheRunningBatch) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto a = make_request(kPrompts[1], 400, /*ignore_eos=*/true);
+  auto b = make_request(kPrompts[2], 400, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(a), SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(b), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(a).wait_for_delta());
+  auto late = make_request(kPrompts[3], 16);
+  ASSERT_EQ(engine.submit(late), SubmitStatus::Accepted);
+  expect_finished_with(late, solo().text(kPrompts[3], 16));
+  expect_finished_with(a, solo().text(kPrompts[1], 400, true));
+  expect_finished_with(b, solo().text(kPrompts[2], 400, true));
+  // Continuous batching: the late request's first token came while the others still decoded.
+  EXPECT_LT(*sink_of(late).first_delta_at(), *sink_of(a).ended_at());
+  EXPECT_LT(*sink_of(late).ended_at(), *sink_of(b).ended_at());
+  EXPECT_GE(engine.metrics().prefill_batches.value(), 2u);
+}
+
+TEST(Engine, ASmallKvPoolPreemptsAndStillAnswersIdentically) {
+  // 4 sequences of up to ~125 tokens need 32 blocks of 16; the pool has 12.
+  Engine engine(make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12}"));
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 120, true));
+  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
+  for (int i = 0; i < 4; ++i)
+    expect_finished_with(requests[i], solo().text(kPrompts[i], 120, true));
+  EXPECT_GT(engine.metrics().preemptions.value(), 0u);
+  EXPECT_EQ(engine.metrics().kv_blocks_total.value(), 12);
+}
+
+TEST(Engine, ACancelledRequestFreesItsBlocks) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto request = make_request(kPrompts[4], 0, /*ignore_eos=*/true);  // to the end of the context
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait_for_delta());
+  EXPECT_GT(engine.metrics().kv_blocks_used.value(), 0);
+  request->cancelled = true;
+  ASSERT_TRUE(sink_of(request).wait(5s));
+  ASSERT_TRUE(sink_of(request).error().has_value());
+  EXPECT_EQ(sink_of(request).error()->http_status, 499);
+  const auto deadline = std::chrono::steady_clock::now() + 1s;
+  while (engine.metrics().kv_blocks_used.value() != 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(engine.metrics().kv_blocks_used.value(), 0);
+}
+
+TEST(Engine, AFullQueueRefusesAndShutdownFailsWhatIsLeft) {
+  // A long window keeps the first two waiting; the third finds the queue full.
+  Engine engine(make_config("{window_ms: 60000}", /*max_queue=*/2));
+  auto a = make_request(kPrompts[0], 8);
+  auto b = make_request(kPrompts[1], 8);
+  auto c = make_request(kPrompts[2], 8);
+  EXPECT_EQ(engine.submit(a), SubmitStatus::Accepted);
+  EXPECT_EQ(engine.submit(b), SubmitStatus::Accepted);
+  EXPECT_EQ(engine.submit(c), SubmitStatus::QueueFull);
+  engine.shutdown(50ms);
+  for (const auto& r : {a, b}) {
+    ASSERT_TRUE(sink_of(r).wait(1s));
+    ASSERT_TRUE(sink_of(r).error().has_value());
+    EXPECT_EQ(sink_of(r).error()->http_status, 503);
+    EXPECT_EQ(sink_of(r).error()->message, "server shutting down");
+  }
+  EXPECT_EQ(engine.submit(make_request(kPrompts[3], 8)), SubmitStatus::ShuttingDown);
+}
+
+TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto a = make_request(kPrompts[5], 32);
+  auto b = make_request(kPrompts[6], 32);
+  ASSERT_EQ(engine.submit(a), SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(b), SubmitStatus::Accepted);
+  engine.shutdown(10s);
+  expect_finished_with(a, solo().text(kPrompts[5], 32));
+  expect_finished_with(b, solo().text(kPrompts[6], 32));
+}
+
+TEST(Engine, RefusesAPromptLongerThanTheContext) {
+  Engine engine(make_config("{window_ms: 0}"));
+  std::string prompt;
+  for (int i = 0; i < 300; ++i) prompt += "the cat ";
+  auto request = make_request(prompt, 8);
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait());
+  ASSERT_TRUE(sink_of(request).error().has_value());
+  EXPECT_EQ(sink_of(request).error()->http_status, 400);
+  EXPECT_NE(sink_of(request).error()->message.find("context is 512 tokens"), std::string::npos)
+      << sink_of(request).error()->message;
+}
+
+TEST(Engine, StopStringsEndTheTextBeforeThem) {
+  Engine engine(make_config("{window_ms: 0}"));
+  const std::string full = solo().text(kPrompts[0], 64);
+  ASSERT_GT(full.size(), 20u);
+  const std::string stop = full.substr(10, 5);
+  auto request = make_request(kPrompts[0], 64);
+  request->stop = {stop};
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  expect_finished_with(request, full.substr(0, full.find(stop)));
+  EXPECT_EQ(sink_of(request).completion()->reason, FinishReason::Stop);
+}
+
+TEST(Engine, RefusesInvalidSamplingParameters) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto request = make_request(kPrompts[0], 8);
+  request->sampling.temperature = 5.0f;
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait());
+  ASSERT_TRUE(sink_of(request).error().has_value());
+  EXPECT_EQ(sink_of(request).error()->http_status, 400);
+  EXPECT_NE(sink_of(request).error()->message.find("temperature"), std::string::npos);
+}
+
+TEST(Engine, MetricsCountStagesTokensAndBlocks) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto request = make_request(kPrompts[7], 20, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  expect_finished_with(request, solo().text(kPrompts[7], 20, true));
+  const auto& m = engine.metrics();
+  // The scheduler frees the blocks when the last step's result comes back to it.
+  const auto deadline = std::chrono::steady_clock::now() + 1s;
+  while (m.kv_blocks_used.value() != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  engine.shutdown(1s);  // drains the graph, so every counter is final
+  EXPECT_EQ(m.generated_tokens.value(), 20u);
+  EXPECT_EQ(m.requests_finished.value(), 1u);
+  EXPECT_EQ(m.decode_steps.value(), 19u);  // the first token comes from the prefill
+  EXPECT_EQ(m.kv_blocks_used.value(), 0);
+  EXPECT_EQ(m.time_to_first_token.count(), 1u);
+  EXPECT_EQ(m.inter_token_latency.count(), 19u);
+  const auto text = engine.metrics_text();
+  EXPECT_NE(text.find("pipeline_stage_calls_total{stage=\"tokenize\"} 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("pipeline_stage_calls_total{stage=\"decode\"} 19\n"), std::string::npos);
+  EXPECT_NE(text.find("pipeline_generation_tokens_total 20\n"), std::string::npos);
+  EXPECT_NE(text.find("pipeline_kv_blocks_used 0\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipeline

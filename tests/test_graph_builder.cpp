@@ -1,0 +1,218 @@
+// The graph spec → flow graph: every validation error names file, line and field; a stage
+// swapped by one line of YAML (a stage registered by this test) runs in the engine.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <fstream>
+
+#include "graph/engine.h"
+#include "graph/graph_builder.h"
+#include "stages/emit.h"
+#include "tests/support/collecting_sink.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+// An output stage with a required integer parameter, to check parameter validation.
+StageInfo counted_sink_info() {
+  StageInfo info;
+  info.name = "test_counted_sink";
+  info.summary = "test output with a required parameter";
+  info.accepts = kind_of<StreamEvents>();
+  info.params = {{"limit", ParamType::Integer, true}, {"label", ParamType::String, false}};
+  info.make = [](const GraphNodeSpec&, EngineContext&) { return std::make_unique<EmitStage>(); };
+  return info;
+}
+
+// emit, but shouting: upper-cases every delta's text before delivering it.
+class ShoutEmit : public Stage {
+ public:
+  void operator()(Message message, const Emit& emit) override {
+    for (auto& event : std::get<StreamEvents>(message).events)
+      if (auto* delta = std::get_if<Delta>(&event.payload))
+        for (auto& c : delta->text) c = char(std::toupper(static_cast<unsigned char>(c)));
+    EmitStage()(std::move(message), emit);
+  }
+};
+
+StageInfo shout_emit_info() {
+  StageInfo info = EmitStage::info();
+  info.name = "test_shout_emit";
+  info.make = [](const GraphNodeSpec&, EngineContext&) { return std::make_unique<ShoutEmit>(); };
+  return info;
+}
+
+class GraphBuilderTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto& registry = StageRegistry::global();
+    if (!registry.find("test_counted_sink")) registry.add(counted_sink_info());
+    if (!registry.find("test_shout_emit")) registry.add(shout_emit_info());
+  }
+  void SetUp() override { dir_ = testing::make_temp_dir("graph-builder"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path write(const std::string& graph) {
+    const auto path = dir_ / "serve.yaml";
+    std::ofstream(path) << "model: {path: " << testing::shared_path("models/stories260K").string()
+                        << ", chat_template: raw}\ndevice: cpu\nthreads: 2\n"
+                        << "scheduler: {window_ms: 0}\n"
+                        << graph;
+    return path;
+  }
+  std::string file() const { return (dir_ / "serve.yaml").string(); }
+
+  std::string error_of(const std::string& graph) {
+    try {
+      plan_graph(load_serve_config(write(graph)));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no error for:\n" << graph;
+    return "";
+  }
+
+  std::filesystem::path dir_;
+};
+
+// The default six nodes (lines 7..12 of the file) and edges (line 13), with the last node or
+// the edges replaced.
+std::string six_nodes(const std::string& emit_node = "{ name: emit, stage: emit }",
+                      const std::string& edges =
+                          "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
+                          "prefill->batch, decode->batch, prefill->detok, decode->detok, "
+                          "detok->emit]") {
+  return "graph:\n  nodes:\n"
+         "    - { name: tokenize, stage: tokenize, concurrency: 2 }\n"
+         "    - { name: batch, stage: batch_window }\n"
+         "    - { name: prefill, stage: prefill }\n"
+         "    - { name: decode, stage: decode_step }\n"
+         "    - { name: detok, stage: detokenize, concurrency: unlimited }\n"
+         "    - " +
+         emit_node +
+         "\n"
+         "  edges: " +
+         edges + "\n";
+}
+
+TEST_F(GraphBuilderTest, TheDefaultGraphPlans) {
+  const auto plan = plan_graph(load_serve_config(write(six_nodes())));
+  ASSERT_EQ(plan.nodes.size(), 6u);
+  EXPECT_EQ(plan.nodes[plan.input].spec.name, "tokenize");
+  EXPECT_EQ(plan.edges.size(), 9u);
+  const auto text = describe_graph(plan);
+  EXPECT_NE(text.find("decode -> batch  (step results)"), std::string::npos) << text;
+  const auto dot = graph_to_dot(plan);
+  EXPECT_NE(dot.find("\"prefill\" -> \"detok\""), std::string::npos) << dot;
+}
+
+TEST_F(GraphBuilderTest, UnknownStage) {
+  const auto error = error_of(six_nodes("{ name: emit, stage: emitt }"));
+  EXPECT_EQ(error.substr(0, error.find(" (known")),
+            file() + ":12: field 'graph.nodes[5].stage': unknown stage 'emitt'");
+  EXPECT_NE(error.find("detokenize"), std::string::npos) << "the known stages are listed";
+}
+
+TEST_F(GraphBuilderTest, DuplicateNode) {
+  EXPECT_EQ(error_of(six_nodes("{ name: detok, stage: emit }")),
+            file() +
+                ":12: field 'graph.nodes[5].name': duplicate node 'detok' (first defined at "
+                "line 11)");
+}
+
+TEST_F(GraphBuilderTest, UnknownNodeInAnEdge) {
+  const auto error = error_of(
+      six_nodes("{ name: emit, stage: emit }",
+                "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
+                "decode->batch, prefill->detok, decode->detok, detok->emitter]"));
+  EXPECT_EQ(error,
+            file() + ":13: field 'graph.edges[8]': unknown node 'emitter' in edge detok->emitter");
+}
+
+TEST_F(GraphBuilderTest, AMissingLoopEdge) {
+  const auto error = error_of(
+      six_nodes("{ name: emit, stage: emit }",
+                "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
+                "prefill->detok, decode->detok, detok->emit]"));
+  EXPECT_NE(error.find(file() + ":10: field 'graph.nodes[3]': node 'decode' produces step results"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("no edge decode->batch"), std::string::npos) << error;
+}
+
+TEST_F(GraphBuilderTest, AnEdgeThatCarriesNothing) {
+  const auto error = error_of(
+      six_nodes("{ name: emit, stage: emit }",
+                "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
+                "decode->batch, prefill->detok, decode->detok, detok->emit, tokenize->prefill]"));
+  EXPECT_NE(error.find(file() +
+                       ":13: field 'graph.edges[9]': edge 'tokenize'->'prefill' carries nothing"),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(GraphBuilderTest, ANodeOffThePathFromInputToOutput) {
+  // A second output that nothing feeds.
+  std::string graph = six_nodes();
+  graph.insert(graph.find("  edges:"), "    - { name: orphan, stage: emit }\n");
+  EXPECT_EQ(error_of(graph), file() +
+                                 ":13: field 'graph.nodes[6]': node 'orphan' is not on a "
+                                 "path from the input 'tokenize' to an output");
+}
+
+TEST_F(GraphBuilderTest, SerialStagesStaySerial) {
+  std::string graph = six_nodes();
+  graph.replace(graph.find("{ name: prefill, stage: prefill }"),
+                std::string("{ name: prefill, stage: prefill }").size(),
+                "{ name: prefill, stage: prefill, concurrency: 4 }");
+  EXPECT_EQ(error_of(graph), file() +
+                                 ":9: field 'graph.nodes[2].concurrency': stage 'prefill' "
+                                 "runs one message at a time; it must be serial");
+}
+
+TEST_F(GraphBuilderTest, StageParameters) {
+  EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: test_counted_sink }")),
+            file() +
+                ":12: field 'graph.nodes[5].limit': stage 'test_counted_sink' requires "
+                "this parameter (an integer)");
+  EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: test_counted_sink, limit: many }")),
+            file() + ":12: field 'graph.nodes[5].limit': expected an integer");
+  EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: test_counted_sink, limit: 3, colour: red }")),
+            file() +
+                ":12: field 'graph.nodes[5].colour': unknown parameter for stage "
+                "'test_counted_sink'");
+  EXPECT_NO_THROW(plan_graph(load_serve_config(
+      write(six_nodes("{ name: emit, stage: test_counted_sink, limit: 3, label: x }")))));
+  EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: emit, limit: 3 }")),
+            file() + ":12: field 'graph.nodes[5].limit': unknown parameter for stage 'emit'");
+}
+
+std::string run_one(const std::filesystem::path& config) {
+  Engine engine(load_serve_config(config));
+  auto request = std::make_shared<Request>();
+  request->id = "cmpl-graph";
+  request->chat = false;
+  request->prompt = "Once upon a time";
+  request->sampling.temperature = 0.0f;
+  request->max_tokens = 40;
+  auto sink = std::make_shared<testing::CollectingSink>();
+  request->sink = sink;
+  EXPECT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  EXPECT_TRUE(sink->wait());
+  EXPECT_TRUE(sink->completion().has_value());
+  return sink->text();
+}
+
+TEST_F(GraphBuilderTest, AStageSwappedInYamlRunsInTheEngine) {
+  const std::string plain = run_one(write(six_nodes()));
+  const std::string shouted = run_one(write(six_nodes("{ name: emit, stage: test_shout_emit }")));
+  ASSERT_FALSE(plain.empty());
+  std::string upper = plain;
+  for (auto& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(shouted, upper);
+  EXPECT_NE(shouted, plain);
+}
+
+}  // namespace
+}  // namespace pipeline

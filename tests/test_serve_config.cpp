@@ -1,0 +1,184 @@
+// load_serve_config: defaults, overrides, relative paths, and errors that name file:line:field.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "graph/serve_config.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+class ServeConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::make_temp_dir("serve-config"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path write(const std::string& text) {
+    const auto path = dir_ / "serve.yaml";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // The ConfigError message for `text` (with overrides); fails the test when none is thrown.
+  std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    try {
+      load_serve_config(write(text), overrides);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no ConfigError for:\n" << text;
+    return "";
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(ServeConfigTest, EveryFieldDefaults) {
+  const auto config = load_serve_config(write("model: {path: m}\n"));
+  EXPECT_EQ(config.model.path, (dir_ / "m").lexically_normal());
+  EXPECT_EQ(config.model.chat_template, "llama2");
+  EXPECT_EQ(config.device, "auto");
+  EXPECT_EQ(config.threads, 0);
+  EXPECT_EQ(config.server.host, "127.0.0.1");
+  EXPECT_EQ(config.server.port, 2000);
+  EXPECT_EQ(config.server.api_key, "");
+  EXPECT_EQ(config.server.max_queue, 256);
+  EXPECT_EQ(config.server.shutdown_grace_s, 30);
+  EXPECT_EQ(config.scheduler.window_ms, 200);
+  EXPECT_EQ(config.scheduler.max_batch, 16);
+  EXPECT_EQ(config.scheduler.max_num_seqs, 64);
+  EXPECT_EQ(config.scheduler.kv_block_size, 16);
+  EXPECT_DOUBLE_EQ(config.scheduler.kv_cache_fraction, 0.9);
+  EXPECT_EQ(config.scheduler.kv_cache_blocks, 0);
+  EXPECT_EQ(config.sampling.max_tokens, 1024);
+  EXPECT_FLOAT_EQ(config.sampling.params.temperature, 1.0f);
+  // The default graph: the six stages.
+  ASSERT_EQ(config.graph.nodes.size(), 6u);
+  EXPECT_EQ(config.graph.nodes[0].stage, "tokenize");
+  EXPECT_EQ(config.graph.nodes[4].concurrency, 0);  // detokenize: unlimited
+  EXPECT_FALSE(config.graph.edges.empty());
+}
+
+TEST_F(ServeConfigTest, ReadsEverySection) {
+  const auto config = load_serve_config(write(R"(
+model: {path: /abs/model, chat_template: raw, name: tiny}
+device: cpu
+threads: 2
+server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1}
+scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40}
+sampling: {temperature: 0.7, top_p: 0.9, top_k: 40, repeat_last_n: 64, repetition_penalty: 1.1, seed: 7, max_tokens: 99}
+graph:
+  nodes:
+    - {name: t, stage: tokenize, concurrency: 3}
+    - {name: e, stage: emit, concurrency: serial}
+  edges: [t->e, {from: e, to: t}]
+)"));
+  EXPECT_EQ(config.model.path, "/abs/model");
+  EXPECT_EQ(config.model.name, "tiny");
+  EXPECT_EQ(config.device, "cpu");
+  EXPECT_EQ(config.threads, 2);
+  EXPECT_EQ(config.server.api_key, "secret");
+  EXPECT_EQ(config.server.port, 8080);
+  EXPECT_EQ(config.scheduler.window_ms, 0);
+  EXPECT_EQ(config.scheduler.kv_cache_blocks, 40);
+  EXPECT_FLOAT_EQ(config.sampling.params.temperature, 0.7f);
+  EXPECT_EQ(config.sampling.params.top_k, 40);
+  EXPECT_EQ(config.sampling.params.seed, 7u);
+  EXPECT_EQ(config.sampling.max_tokens, 99);
+  ASSERT_EQ(config.graph.nodes.size(), 2u);
+  EXPECT_EQ(config.graph.nodes[0].concurrency, 3);
+  EXPECT_EQ(config.graph.nodes[0].line, 10);
+  EXPECT_EQ(config.graph.nodes[1].concurrency, 1);
+  ASSERT_EQ(config.graph.edges.size(), 2u);
+  EXPECT_EQ(config.graph.edges[0].from, "t");
+  EXPECT_EQ(config.graph.edges[1].to, "t");
+}
+
+TEST_F(ServeConfigTest, OverridesApplyBeforeValidation) {
+  const auto config = load_serve_config(
+      write("model: {path: m}\nscheduler: {window_ms: 200}\n"),
+      {"scheduler.window_ms=0", "device=cpu", "server.api_key=k", "model.path=/x/y"});
+  EXPECT_EQ(config.scheduler.window_ms, 0);
+  EXPECT_EQ(config.device, "cpu");
+  EXPECT_EQ(config.server.api_key, "k");
+  EXPECT_EQ(config.model.path, "/x/y");
+}
+
+TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  window_ms: soon\n"),
+            file + ":3: field 'scheduler.window_ms': expected an integer, got 'soon'");
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  port: 70000\n"),
+            file + ":3: field 'server.port': must be at most 65535");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_batch: 0\n"),
+            file + ":3: field 'scheduler.max_batch': must be at least 1");
+  EXPECT_EQ(error_of("model: {path: m}\ndevice: tpu\n"),
+            file + ":2: field 'device': 'tpu' is not one of auto, cpu, cuda");
+  EXPECT_EQ(error_of("model: {path: m, chat_template: chatml}\n"),
+            file + ":1: field 'model.chat_template': 'chatml' is not one of llama2, raw");
+}
+
+TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_NE(error_of("model: {path: m}\nschedular: {}\n")
+                .find(file + ":2: field 'schedular': unknown field"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {path: m}\nscheduler:\n  windw_ms: 5\n")
+                .find(file + ":3: field 'scheduler.windw_ms': unknown field"),
+            std::string::npos);
+}
+
+TEST_F(ServeConfigTest, SamplingAndGraphErrors) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_NE(error_of("model: {path: m}\nsampling:\n  temperature: 5\n")
+                .find(file + ":3: field 'sampling': "),
+            std::string::npos);
+  EXPECT_EQ(
+      error_of(
+          "model: {path: m}\ngraph:\n  nodes:\n    - {name: a, concurrency: lots}\n  edges: []\n"),
+      file +
+          ":4: field 'graph.nodes[0].concurrency': expected a positive integer, 'serial' "
+          "or 'unlimited', got 'lots'");
+  EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes: [{name: a}]\n  edges: [a=>b]\n"),
+            file + ":4: field 'graph.edges[0]': expected 'from->to', got 'a=>b'");
+}
+
+TEST_F(ServeConfigTest, MissingModelPathIsAnError) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_NE(error_of("device: cpu\n").find(file + ": section 'model' is required"),
+            std::string::npos);
+  EXPECT_EQ(error_of("model: {name: tiny}\n"),
+            file + ":1: field 'model.path': is required (a Hugging Face model folder)");
+}
+
+TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_EQ(error_of("model: {path: m}\n", {"scheduler.window_ms=abc"}),
+            file +
+                ": override 'scheduler.window_ms=abc': field 'scheduler.window_ms': expected an "
+                "integer, got 'abc'");
+  EXPECT_NE(error_of("model: {path: m}\n", {"scheduler.nope=1"})
+                .find("field 'scheduler.nope': unknown field"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {path: m}\n", {"nonsense"}).find("expected section.key=value"),
+            std::string::npos);
+}
+
+TEST_F(ServeConfigTest, ShippedConfigsLoad) {
+  for (const char* name : {"configs/llama2_serve.yaml", "configs/demo.yaml"}) {
+    const auto config = load_serve_config(testing::source_dir() / name);
+    EXPECT_EQ(config.server.port, 2000) << name;
+    EXPECT_EQ(config.graph.nodes.size(), 6u) << name;
+  }
+  const auto llama = load_serve_config(testing::source_dir() / "configs/llama2_serve.yaml");
+  EXPECT_EQ(llama.model.path,
+            (testing::source_dir() / "models/Llama-2-7b-chat-hf").lexically_normal());
+  EXPECT_EQ(llama.scheduler.window_ms, 200);
+  const auto demo = load_serve_config(testing::source_dir() / "configs/demo.yaml");
+  EXPECT_EQ(demo.model.path, (testing::source_dir() / "build/demo-model").lexically_normal());
+  EXPECT_EQ(demo.device, "cpu");
+}
+
+}  // namespace
+}  // namespace pipeline
