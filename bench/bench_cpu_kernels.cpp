@@ -1,0 +1,237 @@
+// The CPU kernels that dominate a forward pass, on the llama2-110m shapes, with the operands
+// streamed from memory as in a real decode step (a model's weights and KV cache do not stay in
+// the caches from one step to the next):
+//
+//   Matmul/<dtype>/<matrix>/<batch>   Y = X·Wᵀ for W in bf16 or f32 and a batch of 1 or 16 rows.
+//                                     Each call takes the next copy of W from a 1 GiB pool, so W
+//                                     comes from DRAM, as it does in decode.
+//   AttentionDecode/<layout>/<batch>  one query per sequence over a 1024-token context in the
+//                                     paged KV pool (blocks scattered at random); each call reads
+//                                     the next "layer" of a KV pool of at least 1 GiB.
+//
+// Threads: $PIPELINE_BENCH_THREADS (default 2), in a oneTBB arena of that size.
+// Counters: GB/s (operand bytes read per second), GFLOP/s, and bw_floor / flop_floor: the
+// fraction of the read bandwidth and of the float32 FMA rate probed in this process.
+#include <benchmark/benchmark.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bench/bench_support.h"
+#include "io/dtype.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_kv.h"
+
+namespace pipeline::bench {
+namespace {
+
+// Operands rotate through pools at least this large, several times the last-level cache.
+constexpr size_t kStreamBytes = size_t(1) << 30;
+constexpr int kContext = 1024;
+constexpr int kBlockSize = 16;
+
+// The floors every figure is quoted against, probed in main() before any benchmark runs.
+MachineFloors& machine() {
+  static MachineFloors floors;
+  return floors;
+}
+
+tbb::task_arena& arena() {
+  static tbb::task_arena a(machine().threads);
+  return a;
+}
+
+// A value in [-1, 1) from a multiplicative hash of its index: random enough for timing, and fast
+// enough to fill a gigabyte in a moment.
+float hashed_uniform(size_t i) {
+  const uint32_t h = uint32_t(i * 2654435761u) >> 8;  // 24 bits
+  return float(h) * (2.0f / float(1 << 24)) - 1.0f;
+}
+
+// Runs body(i) for i in [0, count) on the benchmark's threads.
+template <typename Body>
+void parallel_fill(size_t count, Body body) {
+  arena().execute([&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, count, size_t(1) << 16),
+                      [&](const tbb::blocked_range<size_t>& r) {
+                        for (size_t i = r.begin(); i < r.end(); ++i) body(i);
+                      });
+  });
+}
+
+void fill_uniform(float* data, size_t count) {
+  parallel_fill(count, [&](size_t i) { data[i] = hashed_uniform(i); });
+}
+
+// kStreamBytes of weights in one dtype (made on first use, kept for every matrix shape).
+const std::vector<std::byte>& weight_pool(DType dtype) {
+  static std::vector<std::byte> pools[3];
+  std::vector<std::byte>& pool = pools[int(dtype)];
+  if (pool.empty()) {
+    pool.resize(kStreamBytes);
+    std::byte* data = pool.data();
+    parallel_fill(kStreamBytes / dtype_size(dtype), [&](size_t i) {
+      const float value = 0.05f * hashed_uniform(i);
+      switch (dtype) {
+        case DType::F32:
+          reinterpret_cast<float*>(data)[i] = value;
+          break;
+        case DType::BF16:
+          reinterpret_cast<uint16_t*>(data)[i] = f32_to_bf16(value);
+          break;
+        case DType::F16:
+          reinterpret_cast<uint16_t*>(data)[i] = f32_to_f16(value);
+          break;
+      }
+    });
+  }
+  return pool;
+}
+
+void set_floor_counters(benchmark::State& state, double bytes, double flops,
+                        double seconds_per_call) {
+  using benchmark::Counter;
+  state.counters["GB/s"] = Counter(bytes * 1e-9, Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = Counter(flops * 1e-9, Counter::kIsIterationInvariantRate);
+  state.counters["bw_floor"] = bytes / machine().read_bytes_per_s / seconds_per_call;
+  state.counters["flop_floor"] = flops / machine().fma_flops_per_s / seconds_per_call;
+}
+
+void BM_Matmul(benchmark::State& state, DType dtype, int rows, int cols, int batch) {
+  try {
+    const std::vector<std::byte>& pool = weight_pool(dtype);
+    const size_t matrix_bytes = size_t(rows) * cols * dtype_size(dtype);
+    const size_t copies = pool.size() / matrix_bytes;
+    std::vector<float> x(size_t(batch) * cols), y(size_t(batch) * rows);
+    fill_uniform(x.data(), x.size());
+    size_t next = 0;
+    double seconds = 0.0;
+    arena().execute([&] {
+      seconds = time_passes(state, [&] {
+        const cpu::WeightMatrix w{pool.data() + next * matrix_bytes, dtype, rows, cols};
+        cpu::matmul(x.data(), batch, w, y.data());
+        next = (next + 1) % copies;
+      });
+    });
+    benchmark::DoNotOptimize(y.data());
+    set_floor_counters(state, double(matrix_bytes), 2.0 * rows * cols * batch, seconds);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// Head layouts of the two benchmark shapes.
+struct AttentionLayout {
+  const char* name;
+  int num_heads, num_kv_heads, head_dim;
+};
+constexpr AttentionLayout kLayouts[] = {{"llama2-110m", 12, 12, 64}, {"tinyllama-1.1b", 32, 4, 64}};
+
+void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int batch) {
+  try {
+    const int blocks_per_seq = kContext / kBlockSize;
+    const int num_blocks = batch * blocks_per_seq;
+    const size_t layer_floats =
+        size_t(num_blocks) * kBlockSize * layout.num_kv_heads * layout.head_dim;
+    const size_t layers = std::max<size_t>(1, kStreamBytes / (2 * layer_floats * sizeof(float)));
+    std::vector<float> pool(layers * 2 * layer_floats);
+    fill_uniform(pool.data(), pool.size());
+
+    // Each sequence's blocks are scattered over the pool, as a block manager's would be.
+    std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
+    std::iota(block_ids.begin(), block_ids.end(), 0);
+    std::shuffle(block_ids.begin(), block_ids.end(), std::mt19937(7));
+    std::vector<cpu::AttentionSequence> seqs;
+    for (int s = 0; s < batch; ++s) {
+      const std::span<const int32_t> table(block_ids.data() + size_t(s) * blocks_per_seq,
+                                           size_t(blocks_per_seq));
+      seqs.push_back({s, 1, kContext - 1, table});
+    }
+    const int q_dim = layout.num_heads * layout.head_dim;
+    std::vector<float> q(size_t(batch) * q_dim), out(q.size());
+    fill_uniform(q.data(), q.size());
+
+    size_t layer = 0;
+    double seconds = 0.0;
+    arena().execute([&] {
+      seconds = time_passes(state, [&] {
+        float* k = pool.data() + layer * 2 * layer_floats;
+        const cpu::PagedKvLayer kv{k, k + layer_floats, kBlockSize, layout.num_kv_heads,
+                                   layout.head_dim};
+        cpu::paged_attention(kv, seqs, layout.num_heads, q.data(), out.data());
+        layer = (layer + 1) % layers;
+      });
+    });
+    benchmark::DoNotOptimize(out.data());
+    set_floor_counters(state, 2.0 * double(layer_floats) * sizeof(float),
+                       4.0 * q_dim * double(kContext) * batch, seconds);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// The projections of llama2-110m (hidden 768, FFN 2048, vocab 32000), [out, in].
+struct MatrixShape {
+  const char* name;
+  int rows, cols;
+};
+constexpr MatrixShape kMatrices[] = {
+    {"qkvo_768x768", 768, 768},
+    {"gate_up_2048x768", 2048, 768},
+    {"down_768x2048", 768, 2048},
+    {"lm_head_32000x768", 32000, 768},
+};
+
+void register_benchmarks() {
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    for (const MatrixShape& m : kMatrices) {
+      for (int batch : {1, 16}) {
+        const std::string name =
+            std::string("Matmul/") + dtype_name(dtype) + "/" + m.name + "/" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, dtype, m.rows, m.cols, batch)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  for (const AttentionLayout& layout : kLayouts) {
+    for (int batch : {1, 16}) {
+      const std::string name =
+          std::string("AttentionDecode/") + layout.name + "/" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), BM_AttentionDecode, layout, batch)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipeline::bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  try {
+    using namespace pipeline::bench;
+    machine() = probe_machine_floors(bench_threads());
+    report_floors(machine());
+    pipeline::bench::register_benchmarks();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cpu_kernels: %s\n", e.what());
+    return 1;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

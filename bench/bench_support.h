@@ -1,0 +1,112 @@
+// Small helpers the CPU benchmarks share: the thread count they run with, the machine's floors
+// (probed in the benchmark's own process), per-iteration timing, and the peak resident memory.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "bench/machine_probes.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace pipeline::bench {
+
+// Threads for the kernels and the probes: PIPELINE_BENCH_THREADS, default 2 (the reference
+// machine's core count, which the targets assume).
+inline int bench_threads() {
+  const char* text = std::getenv("PIPELINE_BENCH_THREADS");
+  if (!text || !*text) return 2;
+  char* end = nullptr;
+  const long threads = std::strtol(text, &end, 10);
+  if (*end != '\0' || threads < 1 || threads > 1024) {
+    throw std::invalid_argument(
+        std::string("PIPELINE_BENCH_THREADS: expected a thread count >= 1, got '") + text + "'");
+  }
+  return int(threads);
+}
+
+// What the benchmarks are held to: the best read bandwidth and float32 FMA rate measured on
+// `threads` threads.
+struct MachineFloors {
+  int threads = 0;
+  double read_bytes_per_s = 0.0;
+  double fma_flops_per_s = 0.0;
+};
+
+inline std::string format_fixed(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", value);
+  return text;
+}
+
+// Runs both probes on `threads` threads.
+inline MachineFloors probe_machine_floors(int threads) {
+  std::fprintf(stderr, "probing read bandwidth and FMA throughput on %d threads...\n", threads);
+  MachineFloors floors;
+  floors.threads = threads;
+  floors.read_bytes_per_s = measure_read_bandwidth(threads).best;
+  floors.fma_flops_per_s = measure_fma_throughput(threads).best;
+  return floors;
+}
+
+// The better of two probes of the same machine: the floor is the machine's, and on a shared
+// machine a single probe may have been starved of cores or bandwidth.
+inline MachineFloors best_floors(const MachineFloors& a, const MachineFloors& b) {
+  MachineFloors best = a;
+  best.read_bytes_per_s = std::max(a.read_bytes_per_s, b.read_bytes_per_s);
+  best.fma_flops_per_s = std::max(a.fma_flops_per_s, b.fma_flops_per_s);
+  return best;
+}
+
+// Adds the floors to the context every benchmark report starts with.
+inline void report_floors(const MachineFloors& floors) {
+  benchmark::AddCustomContext("threads", std::to_string(floors.threads));
+  benchmark::AddCustomContext("kernel_isa", cpu::isa_name(cpu::best_isa()));
+  benchmark::AddCustomContext("read_GB/s", format_fixed(floors.read_bytes_per_s * 1e-9));
+  benchmark::AddCustomContext("fma_GFLOP/s", format_fixed(floors.fma_flops_per_s * 1e-9));
+}
+
+// Runs `pass` once per benchmark iteration and returns the mean wall seconds of one, so that
+// floor fractions can be stored as plain ratios (a rate counter would print them as "/s").
+template <typename Pass>
+double time_passes(benchmark::State& state, Pass pass) {
+  const auto begin = std::chrono::steady_clock::now();
+  for (auto _ : state) pass();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  return state.iterations() > 0 ? seconds / double(state.iterations()) : 0.0;
+}
+
+// Peak resident set size in bytes (VmHWM). It is read from /proc rather than getrusage because
+// getrusage's ru_maxrss can never be lowered, and each model must be measured without the
+// read-bandwidth probe's buffer or the previous model counted in.
+inline int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      int64_t kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(1 << 16, '\n');
+  }
+  throw std::runtime_error("/proc/self/status: no VmHWM line");
+}
+
+// Lowers the peak resident set size to the current one (Linux: "5" to /proc/self/clear_refs).
+inline void reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  if (!clear) throw std::runtime_error("/proc/self/clear_refs: cannot reset the peak RSS");
+}
+
+}  // namespace pipeline::bench
