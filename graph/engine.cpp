@@ -151,6 +151,8 @@ std::string Engine::metrics_text() const {
 const Metrics& Engine::metrics() const {
   return impl_->metrics;
 }
+const Tokenizer& Engine::tokenizer() const { return impl_->tokenizer; }
+
 const LlamaConfig& Engine::model_config() const {
   return impl_->runner->config();
 }

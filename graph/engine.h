@@ -11,6 +11,7 @@
 #include "graph/request.h"
 #include "graph/serve_config.h"
 #include "io/model_config.h"
+#include "io/tokenizer.h"
 
 namespace pipeline {
 
@@ -34,6 +35,7 @@ class Engine {
   const Metrics& metrics() const;
 
   const LlamaConfig& model_config() const;
+  const Tokenizer& tokenizer() const;
   const std::string& model_name() const;
   const ServeConfig& config() const;
 

@@ -3,7 +3,6 @@
 namespace pipeline {
 namespace {
 
-constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";           // "▁"
 constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD
 
 enum class Utf8Status { Complete, Incomplete, Invalid };
@@ -38,20 +37,6 @@ Utf8Status leading_character(std::string_view bytes, size_t& length) {
     if (byte(i) < low || byte(i) > high) return Utf8Status::Invalid;
   }
   return bytes.size() < length ? Utf8Status::Incomplete : Utf8Status::Complete;
-}
-
-// A piece's text away from the start: every "▁" a space.
-std::string spaced(const std::string& piece) {
-  std::string text;
-  for (size_t i = 0; i < piece.size();) {
-    if (piece.compare(i, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
-      text += ' ';
-      i += kSpaceSymbol.size();
-    } else {
-      text += piece[i++];
-    }
-  }
-  return text;
 }
 
 }  // namespace
@@ -93,10 +78,7 @@ std::string IncrementalDecoder::piece_text(int32_t token) {
     if (!text.empty()) leading_ids_.clear();
     return text;
   }
-  if (tokenizer_.is_control(token)) return "";
-  // Sentencepiece spells an unknown token with its unk surface (" ⁇ " by default).
-  if (tokenizer_.is_unknown(token)) return tokenizer_.decode(std::span(&token, 1));
-  return spaced(tokenizer_.piece(token));
+  return tokenizer_.token_text(token);
 }
 
 void IncrementalDecoder::take_characters(std::string& out, bool run_ended) {

@@ -65,6 +65,25 @@ int32_t Tokenizer::unk_id() const {
   return sp_->unk_id();
 }
 
+std::string Tokenizer::token_text(int32_t id) const {
+  if (id >= vocab_size()) return "";
+  if (const int byte = byte_value(id); byte >= 0) return std::string(1, char(byte));
+  if (is_control(id)) return "";
+  if (is_unknown(id)) return decode(std::span(&id, 1));
+  static constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // "▁"
+  const std::string piece_text = piece(id);
+  std::string text;
+  for (size_t i = 0; i < piece_text.size();) {
+    if (piece_text.compare(i, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
+      text += ' ';
+      i += kSpaceSymbol.size();
+    } else {
+      text += piece_text[i++];
+    }
+  }
+  return text;
+}
+
 std::string Tokenizer::piece(int32_t id) const {
   check_id(id);
   return sp_->IdToPiece(id);

@@ -40,6 +40,10 @@ class Tokenizer {
   int byte_value(int32_t id) const;
   bool is_control(int32_t id) const;  // <s>, </s>, ...
   bool is_unknown(int32_t id) const;  // <unk>
+  // A token's own text away from the start of a text, as logprobs show it: "▁" as a space, a
+  // byte piece as its one byte, controls as nothing, <unk> as sentencepiece spells it. Ids
+  // beyond the vocabulary (padding rows of a larger embedding) have no text.
+  std::string token_text(int32_t id) const;
 
  private:
   void check_id(int32_t id) const;

@@ -38,7 +38,7 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
 
   Delta delta;
   if (seq->request->logprobs)
-    delta.tokens.push_back({id, token_text(id), token.sampled.logprob, token.sampled.top});
+    delta.tokens.push_back({id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
   // The end-of-sequence id that stopped generation is not text.
   const bool is_final_eos = finish == FinishReason::Stop;
   auto pushed = state.stops.push(is_final_eos ? std::string() : state.decoder.push(id));
@@ -60,24 +60,6 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     out.events.push_back(
         {seq, state.next_event++, Completion{*finish, seq->prompt_len, state.completion_tokens}});
   }
-}
-
-std::string DetokenizeStage::token_text(int32_t token) const {
-  if (const int byte = ctx_.tokenizer.byte_value(token); byte >= 0)
-    return std::string(1, char(byte));
-  if (ctx_.tokenizer.is_control(token)) return "";
-  const std::string piece = ctx_.tokenizer.piece(token);
-  constexpr std::string_view kSpace = "\xE2\x96\x81";  // "▁"
-  std::string text;
-  for (size_t at = 0; at < piece.size();) {
-    if (std::string_view(piece).substr(at, kSpace.size()) == kSpace) {
-      text += ' ';
-      at += kSpace.size();
-    } else {
-      text += piece[at++];
-    }
-  }
-  return text;
 }
 
 }  // namespace pipeline

@@ -18,8 +18,6 @@ class DetokenizeStage : public Stage {
  private:
   // One token of `seq`, in order; appends the events it makes to `out`.
   void add_token(const SequencePtr& seq, const GeneratedToken& token, StreamEvents& out) const;
-  // A token's own text for logprobs: "▁" as a space, a byte piece as its byte.
-  std::string token_text(int32_t token) const;
 
   EngineContext& ctx_;
 };

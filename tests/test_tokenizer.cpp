@@ -98,6 +98,19 @@ TEST(Tokenizer, IdsOutsideTheVocabularyThrow) {
   EXPECT_THROW(tokenizer.is_control(99999), std::out_of_range);
 }
 
+TEST(Tokenizer, TokenTextAsLogprobsShowIt) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  const auto ids = tokenizer.encode("Hello world", false);  // "▁Hello", "▁world"
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(tokenizer.token_text(ids[0]), " Hello");
+  EXPECT_EQ(tokenizer.token_text(ids[1]), " world");
+  EXPECT_EQ(tokenizer.token_text(13), "\n");  // the byte piece <0x0A>
+  EXPECT_EQ(tokenizer.token_text(tokenizer.bos_id()), "");
+  EXPECT_EQ(tokenizer.token_text(tokenizer.eos_id()), "");
+  EXPECT_EQ(tokenizer.token_text(32000), "");  // a padding row beyond the vocabulary
+  EXPECT_THROW(tokenizer.token_text(-1), std::out_of_range);
+}
+
 TEST(Tokenizer, Stories260KBasics) {
   const Tokenizer tokenizer = stories_tokenizer();
   EXPECT_EQ(tokenizer.vocab_size(), 512);

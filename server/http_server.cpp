@@ -1,0 +1,417 @@
+// The only file that includes <httplib.h> (a large header).
+#include "server/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include "server/openai_protocol.h"
+#include "server/queue_sink.h"
+
+namespace pipeline {
+
+using nlohmann::json;
+
+namespace {
+
+// How long a connection thread waits for its request's next event before it looks again
+// whether the client is still there.
+constexpr std::chrono::milliseconds kEventPoll{100};
+// After the engine ended every request: how long the last chunks may take to reach clients.
+constexpr std::chrono::seconds kDrainLimit{5};
+
+constexpr const char* kJson = "application/json";
+
+// The routes and their one method, for telling 405 from 404.
+const std::map<std::string, std::string>& route_methods() {
+  static const std::map<std::string, std::string> routes = {
+      {"/v1/chat/completions", "POST"},
+      {"/v1/completions", "POST"},
+      {"/v1/models", "GET"},
+      {"/health", "GET"},
+      {"/metrics", "GET"},
+  };
+  return routes;
+}
+
+constexpr std::string_view kModelPrefix = "/v1/models/";
+
+// A route's name for metrics labels: unknown paths share one label so they cannot grow the
+// label set without bound.
+std::string route_label(const std::string& path) {
+  if (route_methods().contains(path)) return path;
+  if (path.starts_with(kModelPrefix)) return "/v1/models/{id}";
+  return "other";
+}
+
+void reply_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(to_json_text(body), kJson);
+}
+
+void reply_error(httplib::Response& res, const RequestError& error) {
+  reply_json(res, error.http_status, error_body(error));
+}
+
+RequestError make_error(int status, std::string message, std::string type, std::string code) {
+  RequestError error;
+  error.http_status = status;
+  error.message = std::move(message);
+  error.type = std::move(type);
+  error.code = std::move(code);
+  return error;
+}
+
+// HTTP requests answered, by route and status, for GET /metrics.
+class HttpCounters {
+ public:
+  void count(const std::string& route, int status) {
+    std::lock_guard lock(mutex_);
+    ++answered_[{route, status}];
+  }
+
+  std::string prometheus_text(int64_t active_responses) const {
+    std::string out =
+        "# HELP pipeline_http_requests_total HTTP requests answered, by route and status.\n"
+        "# TYPE pipeline_http_requests_total counter\n";
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [key, count] : answered_)
+        out += "pipeline_http_requests_total{route=\"" + key.first + "\",status=\"" +
+               std::to_string(key.second) + "\"} " + std::to_string(count) + "\n";
+    }
+    out +=
+        "# HELP pipeline_http_active_responses Completion requests being answered.\n"
+        "# TYPE pipeline_http_active_responses gauge\n"
+        "pipeline_http_active_responses " +
+        std::to_string(active_responses) + "\n";
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, uint64_t> answered_;
+};
+
+// Counts a completion request as active from its arrival until its response object is gone
+// (for a stream: until the last chunk was written or the client left).
+class ActiveResponse {
+ public:
+  explicit ActiveResponse(std::atomic<int64_t>& active) : active_(active) { active_.fetch_add(1); }
+  ~ActiveResponse() { active_.fetch_sub(1); }
+  ActiveResponse(const ActiveResponse&) = delete;
+  ActiveResponse& operator=(const ActiveResponse&) = delete;
+
+ private:
+  std::atomic<int64_t>& active_;
+};
+
+// A streaming response: the connection thread pulls the request's events and writes each as
+// a server-sent event until the end or until the client goes away.
+class EventStream {
+ public:
+  EventStream(std::shared_ptr<Request> request, std::shared_ptr<QueueSink> sink,
+              ResponseBuilder builder, bool include_usage, SinkEvent first,
+              std::unique_ptr<ActiveResponse> active)
+      : request_(std::move(request)),
+        sink_(std::move(sink)),
+        builder_(std::move(builder)),
+        include_usage_(include_usage),
+        pending_(std::move(first)),
+        active_(std::move(active)) {}
+
+  // httplib's chunked content provider: writes what is ready, false when the client is gone.
+  bool write_next(httplib::DataSink& out) {
+    std::string text;
+    if (!opened_) {
+      opened_ = true;
+      if (request_->chat) text += sse_event(builder_.role_chunk());
+    }
+    std::optional<SinkEvent> event = std::move(pending_);
+    pending_.reset();
+    if (!event) event = sink_->next(kEventPoll);
+    if (event) text += render(*event);
+    if (!text.empty() && !out.write(text.data(), text.size())) return client_gone();
+    if (ended_) out.done();
+    return true;
+  }
+
+  // httplib's resource releaser: `success` is false when the stream broke off.
+  void released(bool success) {
+    if (!success || !ended_) client_gone();
+  }
+
+ private:
+  std::string render(SinkEvent& event) {
+    if (auto* delta = std::get_if<Delta>(&event)) {
+      if (delta->text.empty() && delta->tokens.empty()) return {};
+      return sse_event(builder_.delta_chunk(*delta));
+    }
+    ended_ = true;
+    if (auto* error = std::get_if<RequestError>(&event)) return sse_event(error_body(*error));
+    const auto& completion = std::get<Completion>(event);
+    std::string text = sse_event(builder_.finish_chunk(completion.reason));
+    if (include_usage_) text += sse_event(builder_.usage_chunk(completion));
+    text += kSseDone;
+    return text;
+  }
+
+  bool client_gone() {
+    // The scheduler drops the sequence and frees its KV blocks at its next step.
+    request_->cancelled.store(true);
+    return false;
+  }
+
+  std::shared_ptr<Request> request_;
+  std::shared_ptr<QueueSink> sink_;
+  ResponseBuilder builder_;
+  bool include_usage_;
+  std::optional<SinkEvent> pending_;
+  std::unique_ptr<ActiveResponse> active_;
+  bool opened_ = false;
+  bool ended_ = false;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  explicit Impl(Engine& engine_ref)
+      : engine(engine_ref),
+        served{engine_ref.model_name(), engine_ref.config().sampling},
+        created(std::time(nullptr)) {
+    const int threads = std::max(64, engine.config().scheduler.max_num_seqs + 16);
+    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    server.set_payload_max_length(16 << 20);
+    // Stream chunks are small writes: send each at once rather than wait for an ACK (Nagle).
+    server.set_tcp_nodelay(true);
+    // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets a second server
+    // share a port in use instead of failing. And remember the listening socket (the first one
+    // httplib creates) to widen its backlog.
+    server.set_socket_options([this](socket_t sock) {
+      const int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      if (listen_socket < 0) listen_socket = sock;
+    });
+    install_routes();
+    install_guards();
+  }
+
+  void install_routes() {
+    server.Post("/v1/chat/completions",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  handle_completion(Endpoint::ChatCompletions, req, res);
+                });
+    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_completion(Endpoint::Completions, req, res);
+    });
+    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
+    });
+    server.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.matches[1] == served.name) return reply_json(res, 200, model_object());
+      reply_error(res, make_error(404, "The model '" + req.matches[1].str() + "' does not exist",
+                                  "invalid_request_error", "model_not_found"));
+    });
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (stopping.load()) return reply_json(res, 503, {{"status", "shutting_down"}});
+      reply_json(res, 200, {{"status", "ok"}});
+    });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(engine.metrics_text() + counters.prometheus_text(active.load()),
+                      "text/plain; version=0.0.4");
+    });
+  }
+
+  // Authentication, OpenAI-style bodies for httplib's own errors, counters.
+  void install_guards() {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string& key = engine.config().server.api_key;
+      if (key.empty() || req.path == "/health" ||
+          req.get_header_value("Authorization") == "Bearer " + key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      RequestError error = make_error(
+          401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",
+          "invalid_request_error", "invalid_api_key");
+      reply_error(res, error);
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
+                                                             httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      reply_error(res, unanswered_error(req, res.status));
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    server.set_error_handler(on_error);
+    server.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr thrown) {
+          std::string message = "internal error";
+          try {
+            std::rethrow_exception(thrown);
+          } catch (const std::exception& e) {
+            message += ": " + std::string(e.what());
+          } catch (...) {
+          }
+          reply_error(res, make_error(500, message, "server_error", ""));
+        });
+    server.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      counters.count(route_label(req.path), res.status);
+    });
+  }
+
+  // httplib answered without a handler: no route, a known route with another method, or a
+  // protocol-level refusal such as 413.
+  static RequestError unanswered_error(const httplib::Request& req, int status) {
+    if (status != 404)
+      return make_error(status, "The request was refused (HTTP " + std::to_string(status) + ").",
+                        "invalid_request_error", "");
+    auto route = route_methods().find(req.path);
+    const bool model_route = req.path.starts_with(kModelPrefix);
+    if (route != route_methods().end() || model_route) {
+      const std::string allowed = model_route ? "GET" : route->second;
+      return make_error(405,
+                        req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
+                        "invalid_request_error", "method_not_allowed");
+    }
+    return make_error(404, "Unknown request URL: " + req.method + " " + req.path + ".",
+                      "invalid_request_error", "unknown_url");
+  }
+
+  json model_object() const {
+    return {{"id", served.name},
+            {"object", "model"},
+            {"created", created},
+            {"owned_by", "llm-pipeline"}};
+  }
+
+  void handle_completion(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+    auto active_response = std::make_unique<ActiveResponse>(active);
+    ParsedRequest parsed;
+    try {
+      parsed = parse_openai_request(endpoint, parse_json_body(req.body), served);
+    } catch (const ApiError& e) {
+      return reply_error(res, e.error());
+    }
+    auto sink = std::make_shared<QueueSink>();
+    parsed.request->sink = sink;
+    if (stopping.load()) return reply_error(res, shutting_down_error());
+    switch (engine.submit(parsed.request)) {
+      case SubmitStatus::Accepted:
+        break;
+      case SubmitStatus::QueueFull:
+        return reply_error(res, make_error(503,
+                                           "The server is overloaded: " +
+                                               std::to_string(engine.config().server.max_queue) +
+                                               " requests are already waiting. Retry later.",
+                                           "server_error", "queue_full"));
+      case SubmitStatus::ShuttingDown:
+        return reply_error(res, shutting_down_error());
+    }
+    ResponseBuilder builder(*parsed.request, parsed.options, served.name,
+                            [this](int32_t token) { return engine.tokenizer().token_text(token); });
+    // Nothing is committed before the first event, so an error the pipeline raises before the
+    // first token (a prompt longer than the context, say) still gets its own status.
+    SinkEvent first = wait_event(*sink);
+    if (auto* error = std::get_if<RequestError>(&first)) return reply_error(res, *error);
+    if (!parsed.options.stream) return reply_whole(res, *sink, builder, std::move(first));
+    auto stream = std::make_shared<EventStream>(parsed.request, sink, std::move(builder),
+                                                parsed.options.include_usage, std::move(first),
+                                                std::move(active_response));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [stream](size_t, httplib::DataSink& out) { return stream->write_next(out); },
+        [stream](bool success) { stream->released(success); });
+  }
+
+  static SinkEvent wait_event(QueueSink& sink) {
+    while (true)
+      if (auto event = sink.next(kEventPoll)) return std::move(*event);
+  }
+
+  // Collects the whole answer. A client that leaves meanwhile goes unnoticed (httplib tells a
+  // handler nothing about its connection): the request runs to its end, max_tokens bounds it.
+  static void reply_whole(httplib::Response& res, QueueSink& sink, ResponseBuilder& builder,
+                          SinkEvent event) {
+    while (true) {
+      if (auto* delta = std::get_if<Delta>(&event)) {
+        builder.append(*delta);
+      } else if (auto* completion = std::get_if<Completion>(&event)) {
+        return reply_json(res, 200, builder.whole_response(*completion));
+      } else {
+        return reply_error(res, std::get<RequestError>(event));
+      }
+      event = wait_event(sink);
+    }
+  }
+
+  static RequestError shutting_down_error() {
+    return make_error(503, "The server is shutting down.", "server_error", "shutting_down");
+  }
+
+  Engine& engine;
+  ServedModel served;
+  int64_t created;
+  httplib::Server server;
+  int listen_socket = -1;
+  HttpCounters counters;
+  std::atomic<int64_t> active{0};
+  std::atomic<bool> stopping{false};
+  std::mutex serve_mutex;  // orders serve() against shutdown()
+  bool serving = false;    // serve() was entered (under serve_mutex)
+  std::atomic<bool> serve_returned{false};
+};
+
+HttpServer::HttpServer(Engine& engine) : impl_(std::make_unique<Impl>(engine)) {}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind(const std::string& host, int port) {
+  const int bound = port == 0 ? impl_->server.bind_to_any_port(host)
+                              : (impl_->server.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0)
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) +
+                             " (address in use or not available)");
+  // httplib 0.11 listens with a backlog of 5: a burst of clients connecting at once would
+  // overflow it and wait a second for TCP to retry. Listening again only widens the backlog.
+  ::listen(impl_->listen_socket, SOMAXCONN);
+  return bound;
+}
+
+void HttpServer::serve() {
+  {
+    std::lock_guard lock(impl_->serve_mutex);
+    if (impl_->stopping.load()) return;
+    impl_->serving = true;
+  }
+  impl_->server.listen_after_bind();
+  impl_->serve_returned.store(true);
+}
+
+void HttpServer::shutdown(std::chrono::milliseconds grace) {
+  bool serving = false;
+  {
+    std::lock_guard lock(impl_->serve_mutex);
+    impl_->stopping.store(true);
+    serving = impl_->serving;
+  }
+  impl_->engine.shutdown(grace);
+  // Every request has ended in the engine; give connection threads time to write the ends.
+  const auto deadline = std::chrono::steady_clock::now() + kDrainLimit;
+  while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // httplib's stop() does nothing before its accept loop runs: repeat it until serve() returned.
+  while (serving && !impl_->serve_returned.load()) {
+    impl_->server.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace pipeline

@@ -1,0 +1,42 @@
+// The OpenAI-compatible HTTP front end of an Engine (cpp-httplib, one thread per connection).
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id},
+// GET /health, GET /metrics. Every error body is OpenAI's {"error": {...}}: 404 for an unknown
+// route, 405 for a known route with the wrong method, 400 for a malformed or invalid request,
+// 503 when the engine's queue is full or it is shutting down. When server.api_key is set every
+// route but GET /health (left open for load balancers' probes) needs `Authorization: Bearer KEY`
+// (401 otherwise).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "graph/engine.h"
+
+namespace pipeline {
+
+class HttpServer {
+ public:
+  // The engine must outlive the server.
+  explicit HttpServer(Engine& engine);
+  ~HttpServer();
+
+  // Binds the listening socket; port 0 picks a free port. Returns the bound port; throws
+  // std::runtime_error naming host and port when it cannot bind.
+  int bind(const std::string& host, int port);
+
+  // Serves until shutdown(); returns once every connection thread has ended.
+  void serve();
+
+  // Graceful stop, callable from any thread: /health turns 503 and new completion requests
+  // get 503, Engine::shutdown(grace) lets in-flight requests finish (failing the rest), their
+  // last chunks are written, then the listening socket closes and serve() returns.
+  void shutdown(std::chrono::milliseconds grace);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipeline

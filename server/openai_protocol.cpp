@@ -1,0 +1,455 @@
+#include "server/openai_protocol.h"
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <random>
+
+namespace pipeline {
+
+using nlohmann::json;
+
+namespace {
+
+ApiError invalid(std::string param, std::string message) {
+  RequestError error;
+  error.http_status = 400;
+  error.message = std::move(message);
+  error.param = std::move(param);
+  return ApiError(std::move(error));
+}
+
+// The field, or nullptr when it is absent or null (clients send null for "not given").
+const json* find_field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string type_name(const json& value) {
+  if (value.is_number_integer()) return "an integer";
+  if (value.is_number()) return "a number";
+  if (value.is_string()) return "a string";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_array()) return "an array";
+  return "an object";
+}
+
+ApiError wrong_type(const std::string& param, const char* expected, const json& value) {
+  return invalid(param, "Invalid type for '" + param + "': expected " + expected + ", but got " +
+                            type_name(value) + " instead.");
+}
+
+bool read_bool(const json& body, const char* name, bool fallback) {
+  const json* value = find_field(body, name);
+  if (!value) return fallback;
+  if (!value->is_boolean()) throw wrong_type(name, "a boolean", *value);
+  return value->get<bool>();
+}
+
+float read_float(const json& body, const char* name, float fallback) {
+  const json* value = find_field(body, name);
+  if (!value) return fallback;
+  if (!value->is_number()) throw wrong_type(name, "a number", *value);
+  return value->get<float>();
+}
+
+// An integer field within [min, max]; `fallback` when it is not given.
+int read_int(const json& body, const char* name, int fallback, int min, int max) {
+  const json* value = find_field(body, name);
+  if (!value) return fallback;
+  if (!value->is_number_integer()) throw wrong_type(name, "an integer", *value);
+  const bool in_range = value->is_number_unsigned()
+                            ? value->get<uint64_t>() <= uint64_t(max)
+                            : value->get<int64_t>() >= min && value->get<int64_t>() <= max;
+  if (!in_range)
+    throw invalid(name, "'" + std::string(name) + "' must be between " + std::to_string(min) +
+                            " and " + std::to_string(max) + ", got " + value->dump() + ".");
+  return static_cast<int>(value->get<int64_t>());
+}
+
+std::optional<uint64_t> read_seed(const json& body, std::optional<uint64_t> fallback) {
+  const json* value = find_field(body, "seed");
+  if (!value) return fallback;
+  if (!value->is_number_integer()) throw wrong_type("seed", "an integer", *value);
+  // A negative seed is as good a seed as any: keep its bits.
+  return value->is_number_unsigned() ? value->get<uint64_t>()
+                                     : static_cast<uint64_t>(value->get<int64_t>());
+}
+
+// n and best_of: several choices per request are not implemented.
+void require_single_choice(const json& body, const char* name) {
+  const int count = read_int(body, name, 1, 1, INT_MAX);
+  if (count > 1) throw invalid(name, std::string(name) + " > 1 is not supported");
+}
+
+std::string random_id(std::string_view prefix) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_int_distribution<size_t> pick(0, sizeof(kAlphabet) - 2);
+  std::string id(prefix);
+  for (int i = 0; i < 24; ++i) id += kAlphabet[pick(rng)];
+  return id;
+}
+
+void check_model(const json& body, const ServedModel& model) {
+  const json* value = find_field(body, "model");
+  if (!value) throw invalid("model", "you must provide a model parameter");
+  if (!value->is_string()) throw wrong_type("model", "a string", *value);
+  const auto& name = value->get_ref<const std::string&>();
+  if (name == model.name) return;
+  RequestError error;
+  error.http_status = 404;
+  error.message =
+      "The model '" + name + "' does not exist; this server serves '" + model.name + "'.";
+  error.param = "model";
+  error.code = "model_not_found";
+  throw ApiError(std::move(error));
+}
+
+// A message's content: a string, or OpenAI's list of parts when every part is text.
+std::string read_content(const json& message, const std::string& param) {
+  auto it = message.find("content");
+  if (it == message.end() || it->is_null()) throw invalid(param, param + " is missing");
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) throw wrong_type(param, "a string or an array of text parts", *it);
+  std::string content;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& part = (*it)[i];
+    const std::string part_param = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      throw invalid(part_param, part_param +
+                                    " must be {\"type\": \"text\", \"text\": string}; "
+                                    "only text content is supported");
+    content += part["text"].get<std::string>();
+  }
+  return content;
+}
+
+std::vector<ChatMessage> read_messages(const json& body) {
+  const json* value = find_field(body, "messages");
+  if (!value) throw invalid("messages", "you must provide a messages parameter");
+  if (!value->is_array()) throw wrong_type("messages", "an array", *value);
+  if (value->empty()) throw invalid("messages", "messages must hold at least one message");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < value->size(); ++i) {
+    const json& item = (*value)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!item.is_object()) throw wrong_type(param, "an object", item);
+    auto role = item.find("role");
+    if (role == item.end() || !role->is_string())
+      throw invalid(param + ".role", param + ".role must be a string");
+    const auto& role_name = role->get_ref<const std::string&>();
+    if (role_name != "system" && role_name != "user" && role_name != "assistant")
+      throw invalid(param + ".role", "unsupported role '" + role_name + "' in " + param +
+                                         " (system, user and assistant are supported)");
+    messages.push_back({role_name, read_content(item, param + ".content")});
+  }
+  return messages;
+}
+
+std::string read_prompt(const json& body) {
+  const json* value = find_field(body, "prompt");
+  if (!value) throw invalid("prompt", "you must provide a prompt parameter");
+  if (value->is_string()) return value->get<std::string>();
+  if (value->is_array() && value->size() == 1 && (*value)[0].is_string())
+    return (*value)[0].get<std::string>();
+  if (value->is_array() && value->size() > 1 && (*value)[0].is_string())
+    throw invalid("prompt", "a list of several prompts is not supported; send one per request");
+  throw wrong_type("prompt", "a string or a list holding one string", *value);
+}
+
+std::vector<std::string> read_stop(const json& body) {
+  const json* value = find_field(body, "stop");
+  if (!value) return {};
+  std::vector<std::string> stop;
+  if (value->is_string()) {
+    stop.push_back(value->get<std::string>());
+  } else if (value->is_array()) {
+    if (value->size() > 4) throw invalid("stop", "stop holds at most 4 sequences");
+    for (const json& item : *value) {
+      if (!item.is_string()) throw wrong_type("stop", "a string or an array of strings", item);
+      stop.push_back(item.get<std::string>());
+    }
+  } else {
+    throw wrong_type("stop", "a string or an array of strings", *value);
+  }
+  for (const auto& s : stop)
+    if (s.empty()) throw invalid("stop", "stop sequences must not be empty");
+  return stop;
+}
+
+ResponseOptions read_response_options(const json& body) {
+  ResponseOptions options;
+  options.stream = read_bool(body, "stream", false);
+  if (const json* stream_options = find_field(body, "stream_options")) {
+    if (!stream_options->is_object())
+      throw wrong_type("stream_options", "an object", *stream_options);
+    if (!options.stream)
+      throw invalid("stream_options", "stream_options is only allowed when stream is true");
+    options.include_usage = read_bool(*stream_options, "include_usage", false);
+  }
+  return options;
+}
+
+// Chat: logprobs is a boolean and top_logprobs the number of alternatives (0..20).
+// Completions: logprobs is itself the number of alternatives (0..5).
+void read_logprobs(Endpoint endpoint, const json& body, Request& request) {
+  if (endpoint == Endpoint::ChatCompletions) {
+    request.logprobs = read_bool(body, "logprobs", false);
+    const json* top = find_field(body, "top_logprobs");
+    if (top && !request.logprobs)
+      throw invalid("top_logprobs", "top_logprobs requires logprobs to be true");
+    request.sampling.top_logprobs = read_int(body, "top_logprobs", 0, 0, 20);
+  } else {
+    const json* value = find_field(body, "logprobs");
+    request.logprobs = value != nullptr;
+    request.sampling.top_logprobs = read_int(body, "logprobs", 0, 0, 5);
+  }
+}
+
+// Range checks live with the sampler (validate()); its messages begin with the field's name,
+// which is the API parameter's name except for completions' logprobs.
+void check_sampling_ranges(Endpoint endpoint, const SamplingParams& params) {
+  const std::string problem = validate(params);
+  if (problem.empty()) return;
+  std::string param = problem.substr(0, problem.find(' '));
+  if (param == "top_logprobs" && endpoint == Endpoint::Completions) param = "logprobs";
+  throw invalid(param, problem);
+}
+
+SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
+  SamplingParams params = defaults;
+  params.temperature = read_float(body, "temperature", defaults.temperature);
+  params.top_p = read_float(body, "top_p", defaults.top_p);
+  params.top_k = read_int(body, "top_k", defaults.top_k, INT_MIN, INT_MAX);
+  params.min_p = read_float(body, "min_p", defaults.min_p);
+  params.repetition_penalty = read_float(body, "repetition_penalty", defaults.repetition_penalty);
+  params.repeat_last_n = read_int(body, "repeat_last_n", defaults.repeat_last_n, INT_MIN, INT_MAX);
+  params.presence_penalty = read_float(body, "presence_penalty", defaults.presence_penalty);
+  params.frequency_penalty = read_float(body, "frequency_penalty", defaults.frequency_penalty);
+  params.seed = read_seed(body, defaults.seed);
+  return params;
+}
+
+int read_max_tokens(Endpoint endpoint, const json& body, int fallback) {
+  // Chat's newer name wins over the deprecated one when both are given.
+  if (endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens"))
+    return read_int(body, "max_completion_tokens", fallback, 1, INT_MAX);
+  return read_int(body, "max_tokens", fallback, 1, INT_MAX);
+}
+
+// OpenAI reports an impossible probability as -9999 rather than a non-JSON -infinity.
+double json_logprob(float logprob) {
+  return std::isfinite(logprob) ? logprob : -9999.0;
+}
+
+json utf8_bytes(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char c : text) bytes.push_back(int(c));
+  return bytes;
+}
+
+}  // namespace
+
+ApiError::ApiError(RequestError error)
+    : std::runtime_error(error.message), error_(std::move(error)) {}
+
+json parse_json_body(std::string_view body) {
+  json value = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded())
+    throw invalid("",
+                  "We could not parse the JSON body of your request. The body must be a "
+                  "JSON object.");
+  if (!value.is_object()) throw invalid("", "The request body must be a JSON object.");
+  return value;
+}
+
+ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const ServedModel& model) {
+  if (!body.is_object()) throw invalid("", "The request body must be a JSON object.");
+  check_model(body, model);
+  ParsedRequest parsed;
+  parsed.request = std::make_shared<Request>();
+  Request& request = *parsed.request;
+  request.chat = endpoint == Endpoint::ChatCompletions;
+  request.id = random_id(request.chat ? "chatcmpl-" : "cmpl-");
+  if (request.chat) {
+    request.messages = read_messages(body);
+  } else {
+    request.prompt = read_prompt(body);
+    if (read_bool(body, "echo", false)) throw invalid("echo", "echo is not supported");
+    require_single_choice(body, "best_of");
+  }
+  require_single_choice(body, "n");
+  parsed.options = read_response_options(body);
+  request.max_tokens = read_max_tokens(endpoint, body, model.defaults.max_tokens);
+  request.sampling = read_sampling(body, model.defaults.params);
+  read_logprobs(endpoint, body, request);
+  check_sampling_ranges(endpoint, request.sampling);
+  request.stop = read_stop(body);
+  request.ignore_eos = read_bool(body, "ignore_eos", false);
+  return parsed;
+}
+
+json error_body(const RequestError& error) {
+  auto or_null = [](const std::string& s) { return s.empty() ? json() : json(s); };
+  return {{"error",
+           {{"message", error.message},
+            {"type", error.type},
+            {"param", or_null(error.param)},
+            {"code", or_null(error.code)}}}};
+}
+
+std::string to_json_text(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const json& payload) {
+  return "data: " + to_json_text(payload) + "\n\n";
+}
+
+ResponseBuilder::ResponseBuilder(const Request& request, const ResponseOptions& options,
+                                 std::string model, TokenTextFn token_text)
+    : id_(request.id),
+      chat_(request.chat),
+      logprobs_(request.logprobs),
+      include_usage_(options.include_usage),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count()),
+      model_(std::move(model)),
+      token_text_(std::move(token_text)),
+      text_offset_(request.chat ? 0 : request.prompt.size()) {}
+
+json ResponseBuilder::chunk_envelope() const {
+  json chunk = {{"id", id_},
+                {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_},
+                {"model", model_},
+                {"choices", json::array()}};
+  // With include_usage every chunk carries "usage": null but the last.
+  if (include_usage_) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+json ResponseBuilder::role_chunk() const {
+  json chunk = chunk_envelope();
+  chunk["choices"].push_back({{"index", 0},
+                              {"delta", {{"role", "assistant"}, {"content", ""}}},
+                              {"logprobs", nullptr},
+                              {"finish_reason", nullptr}});
+  return chunk;
+}
+
+json ResponseBuilder::delta_chunk(const Delta& delta) {
+  json chunk = chunk_envelope();
+  json choice = {{"index", 0}, {"logprobs", logprobs(delta.tokens)}, {"finish_reason", nullptr}};
+  if (chat_)
+    choice["delta"] = {{"content", delta.text}};
+  else
+    choice["text"] = delta.text;
+  chunk["choices"].push_back(std::move(choice));
+  return chunk;
+}
+
+json ResponseBuilder::finish_chunk(FinishReason reason) const {
+  json chunk = chunk_envelope();
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+  if (chat_)
+    choice["delta"] = json::object();
+  else
+    choice["text"] = "";
+  chunk["choices"].push_back(std::move(choice));
+  return chunk;
+}
+
+json ResponseBuilder::usage_chunk(const Completion& completion) const {
+  json chunk = chunk_envelope();
+  chunk["usage"] = usage(completion);
+  return chunk;
+}
+
+void ResponseBuilder::append(const Delta& delta) {
+  text_ += delta.text;
+  json part = logprobs(delta.tokens);
+  if (part.is_null()) return;
+  if (collected_logprobs_.is_null()) {
+    collected_logprobs_ = std::move(part);
+    return;
+  }
+  // Both formats are objects of parallel arrays: extend each.
+  for (auto& [key, values] : part.items())
+    if (values.is_array())
+      for (auto& v : values) collected_logprobs_[key].push_back(std::move(v));
+}
+
+json ResponseBuilder::whole_response(const Completion& completion) const {
+  json choice = {{"index", 0},
+                 {"logprobs", collected_logprobs_},
+                 {"finish_reason", finish_reason_name(completion.reason)}};
+  if (chat_)
+    choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+  else
+    choice["text"] = text_;
+  return {{"id", id_},
+          {"object", chat_ ? "chat.completion" : "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", json::array({std::move(choice)})},
+          {"usage", usage(completion)}};
+}
+
+json ResponseBuilder::usage(const Completion& completion) const {
+  return {{"prompt_tokens", completion.prompt_tokens},
+          {"completion_tokens", completion.completion_tokens},
+          {"total_tokens", completion.prompt_tokens + completion.completion_tokens}};
+}
+
+json ResponseBuilder::logprobs(const std::vector<TokenOutput>& tokens) {
+  if (!logprobs_) return nullptr;
+  return chat_ ? chat_logprobs(tokens) : completion_logprobs(tokens);
+}
+
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
+//  "refusal": null}
+json ResponseBuilder::chat_logprobs(const std::vector<TokenOutput>& tokens) const {
+  json content = json::array();
+  for (const TokenOutput& token : tokens) {
+    json top = json::array();
+    for (const TokenLogprob& alternative : token.top) {
+      const std::string text = token_text_(alternative.token);
+      top.push_back({{"token", text},
+                     {"logprob", json_logprob(alternative.logprob)},
+                     {"bytes", utf8_bytes(text)}});
+    }
+    content.push_back({{"token", token.text},
+                       {"logprob", json_logprob(token.logprob)},
+                       {"bytes", utf8_bytes(token.text)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}
+json ResponseBuilder::completion_logprobs(const std::vector<TokenOutput>& tokens) {
+  json result = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  for (const TokenOutput& token : tokens) {
+    json top = json::object();
+    for (const TokenLogprob& alternative : token.top)
+      top[token_text_(alternative.token)] = json_logprob(alternative.logprob);
+    result["tokens"].push_back(token.text);
+    result["token_logprobs"].push_back(json_logprob(token.logprob));
+    result["top_logprobs"].push_back(std::move(top));
+    result["text_offset"].push_back(text_offset_);
+    text_offset_ += token.text.size();
+  }
+  return result;
+}
+
+}  // namespace pipeline

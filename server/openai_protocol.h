@@ -1,0 +1,121 @@
+// The OpenAI wire format, without any networking: request bodies of POST /v1/chat/completions
+// and POST /v1/completions to a validated Request, and pipeline results (Delta, Completion,
+// RequestError) to OpenAI's response objects and server-sent-event chunks.
+//
+// Choices made here (OpenAI's behaviour unless said otherwise):
+// - `model` is required and must be the served model's name; any other name is a 404
+//   model_not_found. There is no "default" alias, so a client never silently talks to a model
+//   it did not name.
+// - n and best_of must be 1, echo must be false, a prompt is one string (or a list holding
+//   one string): anything else is a 400 that names the parameter.
+// - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
+// - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
+//   follow llama.cpp's server.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/request.h"
+#include "graph/serve_config.h"
+
+namespace pipeline {
+
+// A request the API refuses; carries the status and the OpenAI error body's fields.
+class ApiError : public std::runtime_error {
+ public:
+  explicit ApiError(RequestError error);
+  const RequestError& error() const { return error_; }
+
+ private:
+  RequestError error_;
+};
+
+enum class Endpoint { ChatCompletions, Completions };
+
+// What the server must know about the model it serves to validate a request.
+struct ServedModel {
+  std::string name;
+  SamplingDefaults defaults;  // for parameters a request leaves out
+};
+
+// How the answer is delivered; the rest of the request is in Request.
+struct ResponseOptions {
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+};
+
+struct ParsedRequest {
+  std::shared_ptr<Request> request;  // id, messages or prompt, sampling, limits; no sink yet
+  ResponseOptions options;
+};
+
+// The body as JSON; throws ApiError 400 when it is not a JSON object.
+nlohmann::json parse_json_body(std::string_view body);
+
+// Validates one request body. Throws ApiError (400 naming the parameter, 404 for an unknown
+// model) on anything it cannot serve exactly as asked.
+ParsedRequest parse_openai_request(Endpoint endpoint, const nlohmann::json& body,
+                                   const ServedModel& model);
+
+// {"error": {"message", "type", "param", "code"}}, empty strings as null.
+nlohmann::json error_body(const RequestError& error);
+
+// One server-sent event carrying `payload`, and the stream's last event.
+std::string sse_event(const nlohmann::json& payload);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// Serialises a response; invalid UTF-8 (a token that is part of a character) becomes U+FFFD.
+std::string to_json_text(const nlohmann::json& value);
+
+// A token's text as OpenAI reports it in logprobs: the "▁" word marker as a space, a
+// byte-fallback piece as its byte.
+using TokenTextFn = std::function<std::string(int32_t token)>;
+
+// Builds the response objects of one request: the chunks of a stream, or the whole answer
+// from the deltas collected with append().
+class ResponseBuilder {
+ public:
+  // `token_text` names the top-logprob alternatives (a Delta carries only their ids).
+  ResponseBuilder(const Request& request, const ResponseOptions& options, std::string model,
+                  TokenTextFn token_text);
+
+  // Streaming. A chat stream opens with role_chunk(); every stream ends with
+  // finish_chunk(), then usage_chunk() when include_usage, then kSseDone.
+  nlohmann::json role_chunk() const;
+  nlohmann::json delta_chunk(const Delta& delta);
+  nlohmann::json finish_chunk(FinishReason reason) const;
+  nlohmann::json usage_chunk(const Completion& completion) const;
+
+  // Non-streaming: collect every delta, then build chat.completion or text_completion.
+  void append(const Delta& delta);
+  nlohmann::json whole_response(const Completion& completion) const;
+
+ private:
+  nlohmann::json chunk_envelope() const;
+  nlohmann::json usage(const Completion& completion) const;
+  nlohmann::json logprobs(const std::vector<TokenOutput>& tokens);
+  nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
+  nlohmann::json completion_logprobs(const std::vector<TokenOutput>& tokens);
+
+  std::string id_;
+  bool chat_;
+  bool logprobs_;
+  bool include_usage_;
+  int64_t created_;
+  std::string model_;
+  TokenTextFn token_text_;
+  size_t text_offset_;  // completions logprobs: byte offset of the next token in prompt+text
+  std::string text_;    // non-streaming: the answer so far
+  nlohmann::json collected_logprobs_;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,489 @@
+// The OpenAI wire format without a network: request validation and response shapes.
+#include "server/openai_protocol.h"
+
+#include <limits>
+
+#include <gtest/gtest.h>
+
+namespace pipeline {
+namespace {
+
+using nlohmann::json;
+
+ServedModel served_model() {
+  ServedModel model;
+  model.name = "stories260K";
+  model.defaults.max_tokens = 77;
+  model.defaults.params.temperature = 0.7f;
+  model.defaults.params.top_p = 0.9f;
+  model.defaults.params.repetition_penalty = 1.1f;
+  return model;
+}
+
+json chat_body() {
+  return {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+}
+
+json completion_body() {
+  return {{"model", "stories260K"}, {"prompt", "Once upon a time"}};
+}
+
+ParsedRequest parse_chat(const json& body) {
+  return parse_openai_request(Endpoint::ChatCompletions, body, served_model());
+}
+
+ParsedRequest parse_completion(const json& body) {
+  return parse_openai_request(Endpoint::Completions, body, served_model());
+}
+
+// The error a body is refused with; fails the test when it is accepted.
+RequestError rejection(Endpoint endpoint, const json& body) {
+  try {
+    parse_openai_request(endpoint, body, served_model());
+  } catch (const ApiError& e) {
+    return e.error();
+  }
+  ADD_FAILURE() << "accepted: " << body.dump();
+  return {};
+}
+
+json with(json body, const std::string& key, json value) {
+  body[key] = std::move(value);
+  return body;
+}
+
+TEST(ParseRequest, ChatTakesMessagesAndServerDefaults) {
+  json body = chat_body();
+  body["messages"] = {{{"role", "system"}, {"content", "Be brief."}},
+                      {{"role", "user"}, {"content", "Hi"}}};
+  const ParsedRequest parsed = parse_chat(body);
+  const Request& request = *parsed.request;
+  EXPECT_TRUE(request.chat);
+  EXPECT_EQ(request.id.rfind("chatcmpl-", 0), 0u) << request.id;
+  EXPECT_GT(request.id.size(), std::string("chatcmpl-").size());
+  ASSERT_EQ(request.messages.size(), 2u);
+  EXPECT_EQ(request.messages[0].role, "system");
+  EXPECT_EQ(request.messages[0].content, "Be brief.");
+  EXPECT_EQ(request.messages[1].role, "user");
+  EXPECT_EQ(request.max_tokens, 77);
+  EXPECT_FLOAT_EQ(request.sampling.temperature, 0.7f);
+  EXPECT_FLOAT_EQ(request.sampling.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(request.sampling.repetition_penalty, 1.1f);
+  EXPECT_FALSE(request.sampling.seed.has_value());
+  EXPECT_FALSE(request.logprobs);
+  EXPECT_FALSE(request.ignore_eos);
+  EXPECT_TRUE(request.stop.empty());
+  EXPECT_EQ(request.sink, nullptr);
+  EXPECT_FALSE(parsed.options.stream);
+  EXPECT_FALSE(parsed.options.include_usage);
+}
+
+TEST(ParseRequest, IdsAreUnique) {
+  EXPECT_NE(parse_chat(chat_body()).request->id, parse_chat(chat_body()).request->id);
+}
+
+TEST(ParseRequest, ChatContentMayBeTextParts) {
+  json body = chat_body();
+  body["messages"][0]["content"] = {{{"type", "text"}, {"text", "Hello "}},
+                                    {{"type", "text"}, {"text", "there"}}};
+  EXPECT_EQ(parse_chat(body).request->messages[0].content, "Hello there");
+}
+
+TEST(ParseRequest, CompletionTakesAStringOrAListOfOne) {
+  const ParsedRequest parsed = parse_completion(completion_body());
+  EXPECT_FALSE(parsed.request->chat);
+  EXPECT_EQ(parsed.request->id.rfind("cmpl-", 0), 0u) << parsed.request->id;
+  EXPECT_EQ(parsed.request->prompt, "Once upon a time");
+  EXPECT_EQ(parse_completion(with(completion_body(), "prompt", {"One"})).request->prompt, "One");
+}
+
+TEST(ParseRequest, EveryParameterReachesTheRequest) {
+  json body = chat_body();
+  body.update({{"max_tokens", 12},
+               {"temperature", 0},
+               {"top_p", 0.5},
+               {"top_k", 40},
+               {"min_p", 0.05},
+               {"repetition_penalty", 1.3},
+               {"presence_penalty", -0.5},
+               {"frequency_penalty", 1.5},
+               {"repeat_last_n", -1},
+               {"seed", 1234},
+               {"stop", {"\n", "The end"}},
+               {"ignore_eos", true},
+               {"logprobs", true},
+               {"top_logprobs", 3},
+               {"n", 1},
+               {"user", "someone"},
+               {"some_future_field", {{"x", 1}}},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}});
+  const ParsedRequest parsed = parse_chat(body);
+  const Request& request = *parsed.request;
+  EXPECT_EQ(request.max_tokens, 12);
+  EXPECT_FLOAT_EQ(request.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(request.sampling.top_p, 0.5f);
+  EXPECT_EQ(request.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(request.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(request.sampling.repetition_penalty, 1.3f);
+  EXPECT_FLOAT_EQ(request.sampling.presence_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(request.sampling.frequency_penalty, 1.5f);
+  EXPECT_EQ(request.sampling.repeat_last_n, -1);
+  EXPECT_EQ(request.sampling.seed, 1234u);
+  EXPECT_EQ(request.stop, (std::vector<std::string>{"\n", "The end"}));
+  EXPECT_TRUE(request.ignore_eos);
+  EXPECT_TRUE(request.logprobs);
+  EXPECT_EQ(request.sampling.top_logprobs, 3);
+  EXPECT_TRUE(parsed.options.stream);
+  EXPECT_TRUE(parsed.options.include_usage);
+}
+
+TEST(ParseRequest, MaxCompletionTokensWinsOverMaxTokens) {
+  json body = chat_body();
+  body["max_tokens"] = 5;
+  body["max_completion_tokens"] = 9;
+  EXPECT_EQ(parse_chat(body).request->max_tokens, 9);
+}
+
+TEST(ParseRequest, NullMeansNotGiven) {
+  json body = chat_body();
+  body.update({{"temperature", nullptr},
+               {"max_tokens", nullptr},
+               {"stop", nullptr},
+               {"seed", nullptr},
+               {"stream_options", nullptr}});
+  const ParsedRequest parsed = parse_chat(body);
+  EXPECT_FLOAT_EQ(parsed.request->sampling.temperature, 0.7f);
+  EXPECT_EQ(parsed.request->max_tokens, 77);
+}
+
+TEST(ParseRequest, SingleStopStringAndNegativeSeed) {
+  json body = with(completion_body(), "stop", "\n\n");
+  body["seed"] = -1;
+  const ParsedRequest parsed = parse_completion(body);
+  EXPECT_EQ(parsed.request->stop, std::vector<std::string>{"\n\n"});
+  EXPECT_EQ(parsed.request->sampling.seed, ~uint64_t{0});
+}
+
+TEST(ParseRequest, CompletionLogprobsIsTheNumberOfAlternatives) {
+  const ParsedRequest parsed = parse_completion(with(completion_body(), "logprobs", 2));
+  EXPECT_TRUE(parsed.request->logprobs);
+  EXPECT_EQ(parsed.request->sampling.top_logprobs, 2);
+  const ParsedRequest zero = parse_completion(with(completion_body(), "logprobs", 0));
+  EXPECT_TRUE(zero.request->logprobs);
+  EXPECT_EQ(zero.request->sampling.top_logprobs, 0);
+}
+
+TEST(ParseRequest, AnotherModelIsNotFound) {
+  const RequestError error =
+      rejection(Endpoint::ChatCompletions, with(chat_body(), "model", "gpt-4"));
+  EXPECT_EQ(error.http_status, 404);
+  EXPECT_EQ(error.code, "model_not_found");
+  EXPECT_EQ(error.param, "model");
+  EXPECT_NE(error.message.find("gpt-4"), std::string::npos);
+}
+
+TEST(ParseRequest, NMustBeOne) {
+  const RequestError error = rejection(Endpoint::ChatCompletions, with(chat_body(), "n", 2));
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.param, "n");
+  EXPECT_EQ(error.message, "n > 1 is not supported");
+}
+
+TEST(ParseRequest, MalformedJsonIsRefused) {
+  for (const char* text : {"{\"model\": ", "not json", "[1, 2]", "\"text\"", ""}) {
+    try {
+      parse_json_body(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.error().http_status, 400) << text;
+      EXPECT_EQ(e.error().type, "invalid_request_error");
+    }
+  }
+  EXPECT_EQ(parse_json_body(R"({"a": 1})")["a"], 1);
+}
+
+// One bad input per row: the parameter the 400 must name and a word its message must hold.
+struct BadInput {
+  Endpoint endpoint;
+  json body;
+  std::string param;
+  std::string message_part;
+};
+
+std::vector<BadInput> bad_inputs() {
+  const auto chat = Endpoint::ChatCompletions;
+  const auto completion = Endpoint::Completions;
+  json no_model = chat_body();
+  no_model.erase("model");
+  json no_messages = chat_body();
+  no_messages.erase("messages");
+  json no_prompt = completion_body();
+  no_prompt.erase("prompt");
+  json no_role = chat_body();
+  no_role["messages"][0].erase("role");
+  json no_content = chat_body();
+  no_content["messages"][0].erase("content");
+  json image_part = chat_body();
+  image_part["messages"][0]["content"] = {{{"type", "image_url"}, {"image_url", "x"}}};
+  json usage_without_stream = with(chat_body(), "stream_options", {{"include_usage", true}});
+  json usage_not_bool = with(chat_body(), "stream", true);
+  usage_not_bool["stream_options"] = {{"include_usage", "yes"}};
+  return {
+      {chat, no_model, "model", "model"},
+      {chat, with(chat_body(), "model", 7), "model", "string"},
+      {chat, no_messages, "messages", "messages"},
+      {chat, with(chat_body(), "messages", json::array()), "messages", "at least one"},
+      {chat, with(chat_body(), "messages", "Hi"), "messages", "array"},
+      {chat, with(chat_body(), "messages", {"Hi"}), "messages[0]", "object"},
+      {chat, no_role, "messages[0].role", "role"},
+      {chat, with(chat_body(), "messages", {{{"role", "tool"}, {"content", "x"}}}),
+       "messages[0].role", "tool"},
+      {chat, no_content, "messages[0].content", "missing"},
+      {chat, with(chat_body(), "messages", {{{"role", "user"}, {"content", 5}}}),
+       "messages[0].content", "string"},
+      {chat, image_part, "messages[0].content[0]", "text"},
+      {completion, no_prompt, "prompt", "prompt"},
+      {completion, with(completion_body(), "prompt", {"a", "b"}), "prompt", "one per request"},
+      {completion, with(completion_body(), "prompt", {1, 2, 3}), "prompt", "string"},
+      {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
+      {completion, with(completion_body(), "echo", true), "echo", "not supported"},
+      {completion, with(completion_body(), "best_of", 3), "best_of", "not supported"},
+      {chat, with(chat_body(), "n", 0), "n", "between 1"},
+      {chat, with(chat_body(), "n", "1"), "n", "integer"},
+      {chat, with(chat_body(), "stream", "true"), "stream", "boolean"},
+      {chat, usage_without_stream, "stream_options", "stream is true"},
+      {chat, usage_not_bool, "include_usage", "boolean"},
+      {chat, with(chat_body(), "max_tokens", 0), "max_tokens", "between 1"},
+      {chat, with(chat_body(), "max_tokens", -3), "max_tokens", "between 1"},
+      {chat, with(chat_body(), "max_tokens", 2.5), "max_tokens", "integer"},
+      {chat, with(chat_body(), "max_completion_tokens", 0), "max_completion_tokens", "between 1"},
+      {chat, with(chat_body(), "max_tokens", 1e12), "max_tokens", "integer"},
+      {chat, with(chat_body(), "max_tokens", 10000000000), "max_tokens", "between 1"},
+      {chat, with(chat_body(), "temperature", "hot"), "temperature", "number"},
+      {chat, with(chat_body(), "temperature", true), "temperature", "number"},
+      {chat, with(chat_body(), "temperature", 2.5), "temperature", "between 0 and 2"},
+      {chat, with(chat_body(), "temperature", -0.1), "temperature", "between 0 and 2"},
+      {chat, with(chat_body(), "top_p", 0), "top_p", "greater than 0"},
+      {chat, with(chat_body(), "top_p", 1.5), "top_p", "at most 1"},
+      {chat, with(chat_body(), "top_k", -1), "top_k", "at least 0"},
+      {chat, with(chat_body(), "top_k", 1.5), "top_k", "integer"},
+      {chat, with(chat_body(), "min_p", 2), "min_p", "between 0 and 1"},
+      {chat, with(chat_body(), "repetition_penalty", 0), "repetition_penalty", "greater than 0"},
+      {chat, with(chat_body(), "presence_penalty", 2.5), "presence_penalty", "between -2 and 2"},
+      {chat, with(chat_body(), "frequency_penalty", -3), "frequency_penalty", "between -2 and 2"},
+      {chat, with(chat_body(), "repeat_last_n", -2), "repeat_last_n", "-1"},
+      {chat, with(chat_body(), "seed", 1.5), "seed", "integer"},
+      {chat, with(chat_body(), "seed", "42"), "seed", "integer"},
+      {chat, with(chat_body(), "stop", 5), "stop", "string"},
+      {chat, with(chat_body(), "stop", {"a", 1}), "stop", "string"},
+      {chat, with(chat_body(), "stop", {"a", "b", "c", "d", "e"}), "stop", "at most 4"},
+      {chat, with(chat_body(), "stop", ""), "stop", "empty"},
+      {chat, with(chat_body(), "ignore_eos", 1), "ignore_eos", "boolean"},
+      {chat, with(chat_body(), "logprobs", 3), "logprobs", "boolean"},
+      {chat, with(chat_body(), "top_logprobs", 2), "top_logprobs", "requires logprobs"},
+      {chat, with(with(chat_body(), "logprobs", true), "top_logprobs", 21), "top_logprobs",
+       "between 0 and 20"},
+      {completion, with(completion_body(), "logprobs", 6), "logprobs", "between 0 and 5"},
+      {completion, with(completion_body(), "logprobs", true), "logprobs", "integer"},
+  };
+}
+
+TEST(ParseRequest, EachBadInputIsA400NamingItsParameter) {
+  for (const BadInput& bad : bad_inputs()) {
+    SCOPED_TRACE(bad.body.dump());
+    const RequestError error = rejection(bad.endpoint, bad.body);
+    EXPECT_EQ(error.http_status, 400);
+    EXPECT_EQ(error.type, "invalid_request_error");
+    EXPECT_EQ(error.param, bad.param);
+    EXPECT_NE(error.message.find(bad.message_part), std::string::npos) << error.message;
+  }
+}
+
+// ---- Responses
+
+// Names alternatives as "<id>". Built with append: GCC 12 warns falsely on "<" + std::string.
+std::string token_text(int32_t token) {
+  std::string text = "<";
+  text.append(std::to_string(token)).append(">");
+  return text;
+}
+
+std::shared_ptr<Request> request_from(Endpoint endpoint, const json& body,
+                                      ResponseOptions& options) {
+  ParsedRequest parsed = parse_openai_request(endpoint, body, served_model());
+  options = parsed.options;
+  return parsed.request;
+}
+
+Delta delta(std::string text, std::vector<TokenOutput> tokens = {}) {
+  return Delta{std::move(text), std::move(tokens)};
+}
+
+TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {
+  ResponseOptions options;
+  auto request =
+      request_from(Endpoint::ChatCompletions, with(chat_body(), "stream", true), options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+
+  const json role = builder.role_chunk();
+  EXPECT_EQ(role["id"], request->id);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_TRUE(role["created"].is_number_integer());
+  EXPECT_GT(role["created"].get<int64_t>(), 1700000000);
+  EXPECT_EQ(role["model"], "stories260K");
+  EXPECT_FALSE(role.contains("usage"));
+  ASSERT_EQ(role["choices"].size(), 1u);
+  EXPECT_EQ(role["choices"][0]["index"], 0);
+  EXPECT_EQ(role["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+
+  const json chunk = builder.delta_chunk(delta("Once"));
+  EXPECT_EQ(chunk["id"], request->id);
+  EXPECT_EQ(chunk["choices"][0]["delta"], json({{"content", "Once"}}));
+  EXPECT_TRUE(chunk["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+
+  const json last = builder.finish_chunk(FinishReason::Length);
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+}
+
+TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
+  ResponseOptions options;
+  json body = with(chat_body(), "stream", true);
+  body["stream_options"] = {{"include_usage", true}};
+  auto request = request_from(Endpoint::ChatCompletions, body, options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  EXPECT_TRUE(builder.delta_chunk(delta("x")).at("usage").is_null());
+  EXPECT_TRUE(builder.finish_chunk(FinishReason::Stop).at("usage").is_null());
+  const json usage = builder.usage_chunk(Completion{FinishReason::Stop, 10, 4});
+  EXPECT_EQ(usage["object"], "chat.completion.chunk");
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"],
+            json({{"prompt_tokens", 10}, {"completion_tokens", 4}, {"total_tokens", 14}}));
+}
+
+TEST(Responses, CompletionChunksAreTextCompletions) {
+  ResponseOptions options;
+  auto request = request_from(Endpoint::Completions, completion_body(), options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const json chunk = builder.delta_chunk(delta(" there"));
+  EXPECT_EQ(chunk["object"], "text_completion");
+  EXPECT_EQ(chunk["choices"][0]["text"], " there");
+  EXPECT_FALSE(chunk["choices"][0].contains("delta"));
+  const json last = builder.finish_chunk(FinishReason::Stop);
+  EXPECT_EQ(last["object"], "text_completion");
+  EXPECT_EQ(last["choices"][0]["text"], "");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Responses, WholeChatCompletion) {
+  ResponseOptions options;
+  auto request = request_from(Endpoint::ChatCompletions, chat_body(), options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  builder.append(delta("Once"));
+  builder.append(delta(" upon"));
+  const json response = builder.whole_response(Completion{FinishReason::Stop, 7, 2});
+  EXPECT_EQ(response["id"], request->id);
+  EXPECT_EQ(response["object"], "chat.completion");
+  EXPECT_EQ(response["model"], "stories260K");
+  ASSERT_EQ(response["choices"].size(), 1u);
+  const json& choice = response["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_EQ(choice["message"]["content"], "Once upon");
+  EXPECT_TRUE(choice["logprobs"].is_null());
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_EQ(response["usage"],
+            json({{"prompt_tokens", 7}, {"completion_tokens", 2}, {"total_tokens", 9}}));
+}
+
+TEST(Responses, WholeTextCompletion) {
+  ResponseOptions options;
+  auto request = request_from(Endpoint::Completions, completion_body(), options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  builder.append(delta(" there was"));
+  const json response = builder.whole_response(Completion{FinishReason::Length, 5, 3});
+  EXPECT_EQ(response["object"], "text_completion");
+  EXPECT_EQ(response["choices"][0]["text"], " there was");
+  EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(response["usage"]["total_tokens"], 8);
+}
+
+std::vector<TokenOutput> two_tokens() {
+  return {TokenOutput{10, " the", -0.5f, {{10, -0.5f}, {11, -1.5f}}},
+          TokenOutput{12, " cat", -std::numeric_limits<float>::infinity(), {}}};
+}
+
+TEST(Responses, ChatLogprobsFormat) {
+  ResponseOptions options;
+  json body = with(chat_body(), "logprobs", true);
+  body["top_logprobs"] = 2;
+  auto request = request_from(Endpoint::ChatCompletions, body, options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const json logprobs =
+      builder.delta_chunk(delta(" the cat", two_tokens()))["choices"][0]["logprobs"];
+  EXPECT_TRUE(logprobs["refusal"].is_null());
+  ASSERT_EQ(logprobs["content"].size(), 2u);
+  const json& first = logprobs["content"][0];
+  EXPECT_EQ(first["token"], " the");
+  EXPECT_FLOAT_EQ(first["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(first["bytes"], json({32, 116, 104, 101}));
+  ASSERT_EQ(first["top_logprobs"].size(), 2u);
+  EXPECT_EQ(first["top_logprobs"][1]["token"], "<11>");
+  EXPECT_FLOAT_EQ(first["top_logprobs"][1]["logprob"].get<float>(), -1.5f);
+  EXPECT_EQ(first["top_logprobs"][1]["bytes"], json({60, 49, 49, 62}));
+  EXPECT_EQ(logprobs["content"][1]["logprob"], -9999.0);  // -inf is not JSON
+
+  builder.append(delta(" the cat", two_tokens()));
+  builder.append(delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}));
+  const json whole = builder.whole_response(Completion{})["choices"][0]["logprobs"];
+  ASSERT_EQ(whole["content"].size(), 3u);
+  EXPECT_EQ(whole["content"][2]["token"], " sat");
+}
+
+TEST(Responses, CompletionLogprobsFormatWithOffsetsAfterThePrompt) {
+  ResponseOptions options;
+  auto request =
+      request_from(Endpoint::Completions, with(completion_body(), "logprobs", 2), options);
+  const size_t prompt_length = request->prompt.size();
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const json first = builder.delta_chunk(delta(" the cat", two_tokens()))["choices"][0]["logprobs"];
+  EXPECT_EQ(first["tokens"], json({" the", " cat"}));
+  EXPECT_EQ(first["token_logprobs"], json({-0.5, -9999.0}));
+  EXPECT_EQ(first["top_logprobs"][0], json({{"<10>", -0.5}, {"<11>", -1.5}}));
+  EXPECT_EQ(first["top_logprobs"][1], json::object());
+  EXPECT_EQ(first["text_offset"], json({prompt_length, prompt_length + 4}));
+  const json next = builder.delta_chunk(
+      delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}))["choices"][0]["logprobs"];
+  EXPECT_EQ(next["text_offset"], json({prompt_length + 8}));
+}
+
+TEST(Responses, InvalidUtf8BecomesReplacementCharacters) {
+  ResponseOptions options;
+  auto request = request_from(Endpoint::ChatCompletions, chat_body(), options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const std::string text = to_json_text(builder.delta_chunk(delta("\xE2\x96")));
+  EXPECT_NE(text.find("\xEF\xBF\xBD"), std::string::npos) << text;
+  EXPECT_NO_THROW(json::parse(text));
+}
+
+TEST(Responses, ServerSentEvents) {
+  EXPECT_EQ(sse_event(json({{"a", 1}})), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+}
+
+TEST(Responses, ErrorBodyHasNullsForEmptyFields) {
+  RequestError error;
+  error.message = "bad";
+  EXPECT_EQ(error_body(error), json::parse(R"({"error": {"message": "bad",
+            "type": "invalid_request_error", "param": null, "code": null}})"));
+  error.param = "temperature";
+  error.code = "some_code";
+  EXPECT_EQ(error_body(error)["error"]["param"], "temperature");
+  EXPECT_EQ(error_body(error)["error"]["code"], "some_code");
+}
+
+}  // namespace
+}  // namespace pipeline

@@ -1,0 +1,608 @@
+// End to end: the real `pipeline run` on the tiny real model stories260K (CPU), spoken to over
+// HTTP. Greedy answers must be the same however they are asked for: streamed or whole, alone
+// or among many, with a roomy or a tight KV pool, and equal to `pipeline generate`.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/server_process.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+using nlohmann::json;
+using testing::ServerProcess;
+using testing::stories_config;
+using Clock = std::chrono::steady_clock;
+
+const char* kModel = "stories260K";
+
+// ---- HTTP helpers
+
+struct Reply {
+  int status = 0;
+  json body;
+  std::string raw;
+};
+
+Reply send(int port, const std::string& method, const std::string& path, const std::string& body,
+           const httplib::Headers& headers = {}) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60);
+  httplib::Result result = method == "POST"
+                               ? client.Post(path.c_str(), headers, body, "application/json")
+                               : client.Get(path.c_str(), headers);
+  if (!result)
+    throw std::runtime_error(method + " " + path + ": " + httplib::to_string(result.error()));
+  Reply reply{result->status, json(), result->body};
+  reply.body = json::parse(result->body, nullptr, /*allow_exceptions=*/false);
+  return reply;
+}
+
+Reply post(int port, const std::string& path, const json& body) {
+  return send(port, "POST", path, body.dump());
+}
+
+// A streamed answer: its events in order, when each arrived, and the text they add up to.
+struct Stream {
+  int status = 0;
+  std::string content_type;
+  std::string raw;
+  std::vector<json> events;  // every `data:` payload but [DONE]
+  std::vector<Clock::time_point> event_times;
+  bool done = false;  // ended with data: [DONE]
+  std::string text;
+  std::string finish_reason;
+  Clock::time_point first_content_time{};
+};
+
+void parse_events(Stream& stream, std::string& pending, Clock::time_point now) {
+  for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+    const std::string event = pending.substr(0, end);
+    pending.erase(0, end + 2);
+    ASSERT_EQ(event.rfind("data: ", 0), 0u) << "not an SSE data event: " << event;
+    const std::string data = event.substr(6);
+    if (data == "[DONE]") {
+      stream.done = true;
+      continue;
+    }
+    json payload = json::parse(data);
+    for (const json& choice : payload.value("choices", json::array())) {
+      std::string piece = choice.contains("delta") ? choice["delta"].value("content", "")
+                                                   : choice.value("text", "");
+      if (!piece.empty() && stream.first_content_time == Clock::time_point{})
+        stream.first_content_time = now;
+      stream.text += piece;
+      if (!choice["finish_reason"].is_null()) stream.finish_reason = choice["finish_reason"];
+    }
+    stream.events.push_back(std::move(payload));
+    stream.event_times.push_back(now);
+  }
+}
+
+Stream post_stream(int port, const std::string& path, json body) {
+  body["stream"] = true;
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60);
+  Stream stream;
+  std::string pending;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = path;
+  request.body = body.dump();
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    stream.raw.append(data, size);
+    pending.append(data, size);
+    return true;
+  };
+  request.response_handler = [&](const httplib::Response& response) {
+    stream.status = response.status;
+    stream.content_type = response.get_header_value("Content-Type");
+    return true;
+  };
+  httplib::Result result = client.send(request);
+  if (!result) throw std::runtime_error("POST " + path + ": " + httplib::to_string(result.error()));
+  if (stream.status == 200) parse_events(stream, pending, Clock::now());
+  return stream;
+}
+
+// Keeps the arrival time of every event: parses as the bytes come in.
+Stream post_stream_timed(int port, const std::string& path, json body) {
+  body["stream"] = true;
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60);
+  Stream stream;
+  std::string pending;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = path;
+  request.body = body.dump();
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    stream.raw.append(data, size);
+    pending.append(data, size);
+    parse_events(stream, pending, Clock::now());
+    return true;
+  };
+  httplib::Result result = client.send(request);
+  if (!result) throw std::runtime_error("POST " + path + ": " + httplib::to_string(result.error()));
+  stream.status = result->status;
+  return stream;
+}
+
+std::string chat_text(const Reply& reply) {
+  return reply.body["choices"][0]["message"]["content"].get<std::string>();
+}
+
+json chat_body(const std::string& user, int max_tokens) {
+  return {{"model", kModel},
+          {"messages", {{{"role", "user"}, {"content", user}}}},
+          {"temperature", 0},
+          {"max_tokens", max_tokens}};
+}
+
+json with(json body, const std::string& key, json value) {
+  body[key] = std::move(value);
+  return body;
+}
+
+json completion_body(const std::string& prompt, int max_tokens) {
+  return {{"model", kModel}, {"prompt", prompt}, {"temperature", 0}, {"max_tokens", max_tokens}};
+}
+
+// The value of one unlabelled Prometheus sample.
+double metric(int port, const std::string& name) {
+  const std::string text = send(port, "GET", "/metrics", "").raw;
+  const std::regex line("(^|\n)" + name + " ([-+0-9.eE]+|NaN|[+-]Inf)");
+  std::smatch match;
+  if (!std::regex_search(text, match, line))
+    throw std::runtime_error("metric " + name + " not in /metrics:\n" + text);
+  return std::stod(match[2].str());
+}
+
+// A story opening per index, so concurrent requests differ.
+std::string story_prompt(int i) {
+  static const char* kStarts[] = {"Once upon a time", "The little dog",  "Lily wanted to",
+                                  "One day, a bird",  "Tom and his mom", "The sun was",
+                                  "A big red ball",   "In the park,"};
+  return std::string(kStarts[i % 8]) + (i >= 8 ? " and then" : "");
+}
+
+// ---- `pipeline generate`, the reference for greedy text
+
+json generate_reference(const std::string& prompt, int max_tokens) {
+  const std::string command = pipeline::testing::pipeline_binary().string() +
+                              " generate --model '" +
+                              pipeline::testing::shared_path("models/stories260K").string() +
+                              "' --device cpu --temperature 0 --json --max-tokens " +
+                              std::to_string(max_tokens) + " --prompt '" + prompt + "'";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run " + command);
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  const int status = pclose(pipe);
+  if (status != 0) throw std::runtime_error(command + " failed: " + std::to_string(status));
+  return json::parse(out);
+}
+
+// ---- One shared server for most tests (batch window 200 ms, the default)
+
+class ServerE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess(stories_config("scheduler:\n  window_ms: 200\n  max_batch: 16\n"));
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static int port() { return server_->port(); }
+
+  static ServerProcess* server_;
+};
+
+ServerProcess* ServerE2E::server_ = nullptr;
+
+TEST_F(ServerE2E, GreedyCompletionEqualsPipelineGenerate) {
+  const std::string prompt = "Once upon a time";
+  const json reference = generate_reference(prompt, 40);
+  const Reply whole = post(port(), "/v1/completions", completion_body(prompt, 40));
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  EXPECT_EQ(whole.body["object"], "text_completion");
+  EXPECT_EQ(whole.body["model"], kModel);
+  EXPECT_EQ(whole.body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(whole.body["choices"][0]["text"], reference["text"]);
+  EXPECT_EQ(whole.body["choices"][0]["finish_reason"], reference["finish_reason"]);
+  EXPECT_EQ(whole.body["usage"]["prompt_tokens"], reference["prompt_ids"].size());
+  EXPECT_EQ(whole.body["usage"]["completion_tokens"], reference["generated_ids"].size());
+
+  const Stream stream = post_stream(port(), "/v1/completions", completion_body(prompt, 40));
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  EXPECT_EQ(stream.content_type, "text/event-stream");
+  EXPECT_TRUE(stream.done);
+  EXPECT_EQ(stream.text, reference["text"]);
+  EXPECT_EQ(stream.finish_reason, reference["finish_reason"]);
+  for (const json& event : stream.events) EXPECT_EQ(event["object"], "text_completion");
+}
+
+TEST_F(ServerE2E, ChatStreamingAndWholeAnswersAreIdentical) {
+  const json body = chat_body("Tell me a story about a cat.", 48);
+  const Reply whole = post(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  EXPECT_EQ(whole.body["object"], "chat.completion");
+  EXPECT_EQ(whole.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_FALSE(chat_text(whole).empty());
+  const int completion_tokens = whole.body["usage"]["completion_tokens"];
+  EXPECT_GT(completion_tokens, 0);
+  EXPECT_LE(completion_tokens, 48);
+
+  json streamed_body = body;
+  streamed_body["stream_options"] = {{"include_usage", true}};
+  const Stream stream = post_stream(port(), "/v1/chat/completions", streamed_body);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  EXPECT_TRUE(stream.done);
+  EXPECT_EQ(stream.text, chat_text(whole));
+  EXPECT_EQ(stream.finish_reason, whole.body["choices"][0]["finish_reason"]);
+  ASSERT_GE(stream.events.size(), 3u);
+  EXPECT_EQ(stream.events.front()["choices"][0]["delta"]["role"], "assistant");
+  const json& usage_chunk = stream.events.back();
+  EXPECT_EQ(usage_chunk["choices"], json::array());
+  EXPECT_EQ(usage_chunk["usage"], whole.body["usage"]);
+  for (const json& event : stream.events) {
+    EXPECT_EQ(event["object"], "chat.completion.chunk");
+    EXPECT_EQ(event["id"], stream.events.front()["id"]);
+  }
+}
+
+TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
+  const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
+                               .body["choices"][0]["text"];
+  const std::string stop = " little";  // stories260K's greedy story has a little girl in it
+  ASSERT_NE(full.find(stop), std::string::npos) << full;
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    const json body = with(completion_body("Once upon a time", 40), "stop", {stop, "unused"});
+    std::string text, finish_reason;
+    if (stream) {
+      const Stream answer = post_stream(port(), "/v1/completions", body);
+      text = answer.text;
+      finish_reason = answer.finish_reason;
+    } else {
+      const Reply answer = post(port(), "/v1/completions", body);
+      text = answer.body["choices"][0]["text"];
+      finish_reason = answer.body["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, full.substr(0, full.find(stop)));
+    EXPECT_EQ(finish_reason, "stop");
+  }
+}
+
+TEST_F(ServerE2E, LogprobTokensSpellTheAnswer) {
+  json chat = with(chat_body("Tell me a story.", 12), "logprobs", true);
+  chat["top_logprobs"] = 3;
+  const Reply reply = post(port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(reply.status, 200) << reply.raw;
+  std::string spelled;
+  for (const json& entry : reply.body["choices"][0]["logprobs"]["content"]) {
+    spelled += entry["token"].get<std::string>();
+    EXPECT_LE(entry["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(entry["top_logprobs"].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(entry["top_logprobs"][0]["logprob"], entry["logprob"]);
+  }
+  EXPECT_EQ(spelled, chat_text(reply));
+
+  const Reply completion =
+      post(port(), "/v1/completions", with(completion_body("Once upon a time", 12), "logprobs", 2));
+  ASSERT_EQ(completion.status, 200) << completion.raw;
+  const json& logprobs = completion.body["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), 12u);
+  EXPECT_EQ(logprobs["token_logprobs"].size(), 12u);
+  EXPECT_EQ(logprobs["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(logprobs["text_offset"][0], std::string("Once upon a time").size());
+}
+
+TEST_F(ServerE2E, SixteenConcurrentStreamsArePrefilledTogetherAndMatchTheirSoloAnswers) {
+  constexpr int kRequests = 16;
+  std::vector<std::string> solo;
+  for (int i = 0; i < kRequests; ++i) {
+    const Reply reply = post(port(), "/v1/chat/completions", chat_body(story_prompt(i), 24));
+    ASSERT_EQ(reply.status, 200) << reply.raw;
+    solo.push_back(chat_text(reply));
+  }
+  const double batches_before = metric(port(), "pipeline_prefill_batches_total");
+  const double prefilled_before = metric(port(), "pipeline_prefill_batch_size_sum");
+
+  std::vector<std::future<Stream>> streams;
+  for (int i = 0; i < kRequests; ++i)
+    streams.push_back(std::async(std::launch::async, [this, i] {
+      return post_stream(port(), "/v1/chat/completions", chat_body(story_prompt(i), 24));
+    }));
+  for (int i = 0; i < kRequests; ++i) {
+    const Stream stream = streams[i].get();
+    ASSERT_EQ(stream.status, 200) << stream.raw;
+    EXPECT_TRUE(stream.done);
+    EXPECT_EQ(stream.text, solo[i]) << "request " << i;
+  }
+  EXPECT_EQ(metric(port(), "pipeline_prefill_batches_total") - batches_before, 1);
+  EXPECT_EQ(metric(port(), "pipeline_prefill_batch_size_sum") - prefilled_before, kRequests);
+}
+
+// Opens a streaming request on a raw socket, reads until the first bytes of the body arrived,
+// and hangs up.
+void stream_then_hang_up(int port, const json& body) {
+  const std::string payload = body.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  std::string received;
+  char buffer[1024];
+  while (received.find("data: ") == std::string::npos) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    ASSERT_GT(n, 0) << "the server closed before streaming";
+    received.append(buffer, size_t(n));
+  }
+  ASSERT_NE(received.find("200 OK"), std::string::npos) << received;
+  close(fd);
+}
+
+TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
+  const double failed_before = metric(port(), "pipeline_requests_failed_total");
+  const double generated_before = metric(port(), "pipeline_generation_tokens_total");
+  json body = completion_body("Once upon a time", 480);
+  body["ignore_eos"] = true;
+  body["stream"] = true;
+  stream_then_hang_up(port(), body);
+
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (metric(port(), "pipeline_kv_blocks_used") != 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(metric(port(), "pipeline_kv_blocks_used"), 0);
+  // It was cut short (cancelled), not run to its end.
+  EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed_before, 1);
+  EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480);
+  // And the server goes on serving.
+  EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
+struct BadCall {
+  std::string method;
+  std::string path;
+  std::string body;
+  int status;
+  std::string param;  // the error body's param; empty: null
+  std::string code;   // the error body's code; empty: null
+  std::string message_part;
+};
+
+TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
+  const std::string too_long = [] {
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += "Once upon a time ";
+    return text;
+  }();
+  const json good = chat_body("Hello", 8);
+  const std::vector<BadCall> calls = {
+      {"POST", "/v1/chat/completions", "{\"model\": ", 400, "", "", "JSON"},
+      {"POST", "/v1/chat/completions", "[1, 2]", 400, "", "", "JSON object"},
+      {"POST", "/v1/chat/completions",
+       json{{"model", "gpt-4"}, {"messages", good["messages"]}}.dump(), 404, "model",
+       "model_not_found", "gpt-4"},
+      {"POST", "/v1/chat/completions", with(good, "n", 2).dump(), 400, "n", "",
+       "n > 1 is not supported"},
+      {"POST", "/v1/chat/completions", with(good, "temperature", 5).dump(), 400, "temperature", "",
+       "temperature"},
+      {"POST", "/v1/chat/completions", with(good, "messages", "hi").dump(), 400, "messages", "",
+       "array"},
+      {"POST", "/v1/completions", with(completion_body("x", 4), "echo", true).dump(), 400, "echo",
+       "", "echo"},
+      {"POST", "/v1/completions", completion_body(too_long, 4).dump(), 400, "prompt", "", "512"},
+      {"POST", "/v1/completions", with(completion_body(too_long, 4), "stream", true).dump(), 400,
+       "prompt", "", "512"},
+      {"POST", "/v1/chat/completions",
+       with(good, "messages", {{{"role", "assistant"}, {"content", "x"}}}).dump(), 400, "messages",
+       "", ""},
+      {"GET", "/v1/chat/completions", "", 405, "", "method_not_allowed", "POST"},
+      {"POST", "/v1/models", "{}", 405, "", "method_not_allowed", "GET"},
+      {"GET", "/v1/nothing-here", "", 404, "", "unknown_url", "/v1/nothing-here"},
+      {"GET", "/v1/models/gpt-4", "", 404, "", "model_not_found", "gpt-4"},
+  };
+  for (const BadCall& call : calls) {
+    SCOPED_TRACE(call.method + " " + call.path + " " + call.body.substr(0, 200));
+    const Reply reply = send(port(), call.method, call.path, call.body);
+    EXPECT_EQ(reply.status, call.status) << reply.raw;
+    ASSERT_TRUE(reply.body.is_object()) << reply.raw;
+    const json& error = reply.body["error"];
+    ASSERT_TRUE(error.is_object()) << reply.raw;
+    EXPECT_TRUE(error["message"].is_string());
+    EXPECT_TRUE(error["type"].is_string());
+    EXPECT_EQ(error["param"], call.param.empty() ? json() : json(call.param));
+    EXPECT_EQ(error["code"], call.code.empty() ? json() : json(call.code));
+    EXPECT_NE(error["message"].get<std::string>().find(call.message_part), std::string::npos)
+        << error["message"];
+    const Reply after = post(port(), "/v1/chat/completions", good);
+    EXPECT_EQ(after.status, 200) << after.raw;
+  }
+}
+
+TEST_F(ServerE2E, ModelsHealthAndMetrics) {
+  const Reply models = send(port(), "GET", "/v1/models", "");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.body["object"], "list");
+  ASSERT_EQ(models.body["data"].size(), 1u);
+  EXPECT_EQ(models.body["data"][0]["id"], kModel);
+  EXPECT_EQ(models.body["data"][0]["object"], "model");
+  EXPECT_EQ(send(port(), "GET", std::string("/v1/models/") + kModel, "").body["id"], kModel);
+  const Reply health = send(port(), "GET", "/health", "");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body["status"], "ok");
+  const std::string metrics = send(port(), "GET", "/metrics", "").raw;
+  EXPECT_NE(metrics.find("pipeline_kv_blocks_used"), std::string::npos);
+  EXPECT_NE(metrics.find("pipeline_http_requests_total{route=\"/health\",status=\"200\"}"),
+            std::string::npos)
+      << metrics;
+}
+
+// ---- Servers of their own
+
+TEST(ServerE2EContinuousBatching, ANewcomerGetsItsFirstTokenWhileOthersAreStillDecoding) {
+  // A short batch window, so that the newcomer's wait is short beside the others' decoding.
+  ServerProcess server(stories_config("scheduler:\n  window_ms: 10\n"));
+  const int port = server.port();
+  // Long runs: ignore_eos keeps them going for max_tokens.
+  constexpr int kLong = 4;
+  auto long_body = [](int i) {
+    json body = completion_body(story_prompt(i), 480);
+    body["ignore_eos"] = true;
+    return body;
+  };
+  const std::string newcomer_solo =
+      post(port, "/v1/completions", completion_body("The cat sat", 8)).body["choices"][0]["text"];
+  std::vector<std::string> long_solo;
+  for (int i = 0; i < kLong; ++i)
+    long_solo.push_back(post(port, "/v1/completions", long_body(i)).body["choices"][0]["text"]);
+
+  std::vector<std::future<Stream>> running;
+  for (int i = 0; i < kLong; ++i)
+    running.push_back(std::async(std::launch::async, [&, i] {
+      return post_stream_timed(port, "/v1/completions", long_body(i));
+    }));
+  // Once they decode (some tokens are out), the newcomer arrives.
+  const auto decoding_deadline = Clock::now() + std::chrono::seconds(20);
+  while (metric(port, "pipeline_running_sequences") < kLong && Clock::now() < decoding_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const Stream newcomer =
+      post_stream_timed(port, "/v1/completions", completion_body("The cat sat", 8));
+  ASSERT_EQ(newcomer.status, 200) << newcomer.raw;
+  EXPECT_EQ(newcomer.text, newcomer_solo);
+
+  Clock::time_point first_long_end = Clock::time_point::max();
+  for (int i = 0; i < kLong; ++i) {
+    const Stream stream = running[i].get();
+    ASSERT_EQ(stream.status, 200) << stream.raw;
+    EXPECT_EQ(stream.text, long_solo[i]) << "long request " << i;
+    first_long_end = std::min(first_long_end, stream.event_times.back());
+  }
+  EXPECT_LT(newcomer.first_content_time, first_long_end)
+      << "the newcomer waited for the running requests to finish";
+}
+
+TEST(ServerE2ESmallKvPool, EveryRequestCompletesAsItWouldAlone) {
+  // 24 blocks of 16 tokens: one request fits, eight at once do not (preemption and recompute).
+  ServerProcess server(stories_config("scheduler:\n  window_ms: 50\n  kv_cache_blocks: 24\n"));
+  constexpr int kRequests = 8;
+  auto body = [](int i) {
+    json b = completion_body(story_prompt(i), 120);
+    b["ignore_eos"] = true;
+    return b;
+  };
+  std::vector<std::string> solo;
+  for (int i = 0; i < kRequests; ++i) {
+    const Reply reply = post(server.port(), "/v1/completions", body(i));
+    ASSERT_EQ(reply.status, 200) << reply.raw;
+    solo.push_back(reply.body["choices"][0]["text"]);
+  }
+  std::vector<std::future<Stream>> streams;
+  for (int i = 0; i < kRequests; ++i)
+    streams.push_back(std::async(std::launch::async, [&, i] {
+      return post_stream(server.port(), "/v1/completions", body(i));
+    }));
+  for (int i = 0; i < kRequests; ++i) {
+    const Stream stream = streams[i].get();
+    ASSERT_EQ(stream.status, 200) << stream.raw;
+    EXPECT_TRUE(stream.done);
+    EXPECT_EQ(stream.finish_reason, "length");
+    EXPECT_EQ(stream.text, solo[i]) << "request " << i;
+  }
+  EXPECT_GT(metric(server.port(), "pipeline_preemptions_total"), 0) << "the pool was not tight";
+  EXPECT_EQ(metric(server.port(), "pipeline_kv_blocks_used"), 0);
+  EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
+}
+
+TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
+  ServerProcess server(stories_config("  api_key: sesame\n"));
+  const httplib::Headers right = {{"Authorization", "Bearer sesame"}};
+  const httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
+  const std::string body = chat_body("Hi", 4).dump();
+  for (const auto& headers : {httplib::Headers{}, wrong}) {
+    for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+             {"POST", "/v1/chat/completions"}, {"GET", "/v1/models"}, {"GET", "/metrics"}}) {
+      const Reply reply = send(server.port(), method, path, body, headers);
+      EXPECT_EQ(reply.status, 401) << method << " " << path;
+      EXPECT_EQ(reply.body["error"]["code"], "invalid_api_key");
+    }
+  }
+  EXPECT_EQ(send(server.port(), "GET", "/health", "").status, 200);
+  EXPECT_EQ(send(server.port(), "POST", "/v1/chat/completions", body, right).status, 200);
+  EXPECT_EQ(send(server.port(), "GET", "/v1/models", "", right).status, 200);
+}
+
+TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
+  // The batch window holds the first two in the waiting queue while the rest arrive.
+  ServerProcess server(stories_config("  max_queue: 2\nscheduler:\n  window_ms: 1000\n"));
+  constexpr int kRequests = 6;
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < kRequests; ++i)
+    replies.push_back(std::async(std::launch::async, [&, i] {
+      return post(server.port(), "/v1/completions", completion_body(story_prompt(i), 4));
+    }));
+  int accepted = 0;
+  for (auto& future : replies) {
+    const Reply reply = future.get();
+    if (reply.status == 200) {
+      ++accepted;
+      continue;
+    }
+    EXPECT_EQ(reply.status, 503) << reply.raw;
+    EXPECT_EQ(reply.body["error"]["code"], "queue_full") << reply.raw;
+  }
+  EXPECT_EQ(accepted, 2);
+  EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
+TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
+  ServerProcess server(stories_config("scheduler:\n  window_ms: 0\n"));
+  json body = completion_body("Once upon a time", 400);
+  body["ignore_eos"] = true;
+  auto in_flight = std::async(std::launch::async, [&] {
+    return post_stream_timed(server.port(), "/v1/completions", body);
+  });
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (metric(server.port(), "pipeline_running_sequences") < 1 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
+  const Stream stream = in_flight.get();
+  EXPECT_EQ(stream.status, 200);
+  EXPECT_TRUE(stream.done) << stream.raw.substr(stream.raw.size() > 500 ? stream.raw.size() - 500
+                                                                        : 0);
+  EXPECT_EQ(stream.finish_reason, "length");
+}
+
+}  // namespace
+}  // namespace pipeline
