@@ -8,5 +8,7 @@ int run_command(int argc, char** argv);         // pipeline run CONFIG [...]: se
 int generate_command(int argc, char** argv);    // pipeline generate --model DIR --prompt TEXT
 int graph_command(int argc, char** argv);       // pipeline graph CONFIG [--dot]
 int make_model_command(int argc, char** argv);  // pipeline make-model --shape NAME --out DIR
+// pipeline bench-serve --url URL [...]: measure a running server
+int bench_serve_command(int argc, char** argv);
 
 }  // namespace pipeline

@@ -21,6 +21,8 @@ constexpr Subcommand kSubcommands[] = {
     {"graph", pipeline::graph_command, "print a config's flow graph (text or --dot)"},
     {"make-model", pipeline::make_model_command,
      "write a random-weight checkpoint of a known shape"},
+    {"bench-serve", pipeline::bench_serve_command,
+     "measure a running server's throughput and latency"},
 };
 
 void print_usage() {

@@ -2,8 +2,9 @@
 # The CUDA backend's check on a GPU machine, from a fresh checkout, in under 10 minutes on one
 # H200 with 16 cores: build (Release, sm_90 only, just the targets needed), run the CUDA tests,
 # run part of them again under compute-sanitizer memcheck, write a random llama2-7b checkpoint,
-# run the decode benchmark on it, and print a short table last. Logs go to $OUT (or
-# /tmp/gpu_check) when set.
+# run the decode benchmark on it, serve it with `pipeline run` and measure that with
+# `pipeline bench-serve`, and print a short table last. Logs go to $OUT (or /tmp/gpu_check)
+# when set.
 #
 #   scripts/gpu_check.sh            run the check
 #   scripts/gpu_check.sh --prepare  (on a machine with network and ../shared) fill build-gpu-deps/
@@ -107,7 +108,7 @@ note test_cuda_runner "exit $status, $(grep -c '^\[       OK' "$OUT/test.log") p
 
 sanitizer=/usr/local/cuda/bin/compute-sanitizer
 [[ -x $sanitizer ]] || sanitizer=$(command -v compute-sanitizer || true)
-memcheck_s=$(($(left 9999) - 250))  # 250 s stay for make-model and the benchmark
+memcheck_s=$(($(left 9999) - 370))  # 370 s stay for make-model and the two benchmarks
 ((memcheck_s > 180)) && memcheck_s=180
 if [[ -n $sanitizer && $memcheck_s -lt 30 ]]; then
   note memcheck "skipped: the benchmark needs the $(left 9999) s left"
@@ -137,6 +138,47 @@ PIPELINE_BENCH_MODEL=$MODEL_DIR timeout "$(left 300)" "$BUILD/bench_cuda_decode"
 note bench_cuda_decode "exit $?, $(seconds_since "$t") s (model load and 64 x 1024-token prefill included)"
 cat "$OUT/bench.log"
 
+# ---- Serving: `pipeline run` on the same checkpoint (16 sequences at once, the prompts of one
+# batch window prefilled together), measured by `pipeline bench-serve`: 16 streams of exactly
+# 1024 tokens (ignore_eos) from 32-token prompts, all sent together. At most 120 s in all.
+t=$(date +%s)
+serve_s=$(left 120)
+cat > "$OUT/serve.yaml" <<EOF
+model:
+  path: $MODEL_DIR
+device: cuda
+server:
+  host: 127.0.0.1
+  port: 0
+  shutdown_grace_s: 5
+scheduler:
+  max_num_seqs: 16
+  max_batch: 16
+  window_ms: 200
+EOF
+"$BUILD/pipeline" run "$OUT/serve.yaml" > "$OUT/serve.log" 2>&1 &
+server_pid=$!
+url=
+while [[ -z $url ]] && (($(seconds_since "$t") < serve_s)) && kill -0 "$server_pid" 2>/dev/null; do
+  sleep 1
+  url=$(grep -m1 -o 'listening on http://[^ ]*' "$OUT/serve.log" | cut -d' ' -f3)
+done
+if [[ -n $url ]]; then
+  note "serve start" "$(seconds_since "$t") s (model load, KV pool)"
+  timeout $((serve_s - $(seconds_since "$t") + 1)) "$BUILD/pipeline" bench-serve --url "$url" \
+    --requests 16 --max-tokens 1024 --prompt-tokens 32 --json \
+    > "$OUT/bench_serve.json" 2> "$OUT/bench_serve.log"
+  note bench-serve "exit $?, $(seconds_since "$t") s with the server start"
+  cat "$OUT/bench_serve.log"
+else
+  note bench-serve "skipped: pipeline run did not listen within $(seconds_since "$t") s"
+  tail -20 "$OUT/serve.log"
+fi
+kill -TERM "$server_pid" 2>/dev/null
+for _ in {1..10}; do kill -0 "$server_pid" 2>/dev/null || break; sleep 1; done
+kill -KILL "$server_pid" 2>/dev/null
+wait "$server_pid" 2>/dev/null
+
 echo
 echo "==== gpu_check summary ($(seconds_since "$START") s; logs in $OUT)"
 printf '%s\n' "${SUMMARY[@]}"
@@ -150,5 +192,17 @@ for r in runs:
         print(f"{r['name']:24} skipped: {r.get('error_message')}")
         continue
     print(f"{r['name']:24} {r['real_time']:9.2f} {r['tok/s']:9.0f} {r['floor']:7.2f}")
+PY
+fi
+if [[ -s $OUT/bench_serve.json ]]; then
+  python3 - "$OUT/bench_serve.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+floor = 3850  # tok/s: the issue's floor for 16 streams of llama2-7b served on one H200
+tok_s = r["output_tokens_per_s"]
+print(f"serve llama2-7b bf16: {r['requests']} x {r['max_tokens']} tokens, concurrency "
+      f"{r['concurrency']}: {tok_s:.0f} tok/s = {tok_s / floor:.2f} of the {floor} tok/s floor; "
+      f"TTFT median {r['ttft_ms']['median']:.0f} ms, ITL median/p99 "
+      f"{r['itl_ms']['median']:.2f}/{r['itl_ms']['p99']:.2f} ms")
 PY
 fi

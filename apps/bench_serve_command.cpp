@@ -1,0 +1,378 @@
+// `pipeline bench-serve`: the serving benchmark (after vLLM's benchmark_serving). Sends N
+// streaming completions to a running OpenAI-compatible server, at most C in flight, all
+// starting together; each request must generate exactly --max-tokens tokens (ignore_eos), so
+// every run does the same work. Reports aggregate output tokens/s, request throughput, time to
+// first token (TTFT), inter-token latency (ITL: the gaps between chunks carrying output) and
+// each request's own tokens/s.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <latch>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.h"
+#include "apps/options.h"
+#include "server/sse_client.h"
+
+namespace pipeline {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: pipeline bench-serve --url http://HOST:PORT [options]\n"
+    "Sends streaming completions to a running server and reports its throughput and latency.\n"
+    "  --requests N        requests in all (default 16)\n"
+    "  --concurrency C     most requests in flight at once (default N: all together)\n"
+    "  --max-tokens T      tokens every request generates; ignore_eos makes it exact (1024)\n"
+    "  --prompt TEXT       the prompt of every request, or\n"
+    "  --prompt-tokens P   a prompt of P words 'a', P tokens to a LLaMA tokenizer (default 32)\n"
+    "  --chat              POST /v1/chat/completions (default: /v1/completions)\n"
+    "  --model NAME        the model to ask for (default: the first of GET /v1/models)\n"
+    "  --temperature X     sampling temperature (default 0: greedy)\n"
+    "  --api-key KEY       sent as 'Authorization: Bearer KEY'\n"
+    "  --timeout S         longest wait, in seconds, for a connection or the next bytes (300)\n"
+    "  --json              print one JSON object instead of a table";
+
+struct BenchSettings {
+  std::string url;
+  int requests = 16;
+  int concurrency = 16;
+  int max_tokens = 1024;
+  std::string prompt;
+  bool chat = false;
+  std::string model;  // empty: ask the server
+  double temperature = 0.0;
+  SseClientOptions client;
+  bool json_output = false;
+};
+
+// What one request measured; times in seconds from its send.
+struct RequestResult {
+  std::string error;  // empty: it succeeded
+  double ttft = 0;
+  double total = 0;
+  std::vector<double> inter_token;  // gaps between consecutive output chunks
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  Clock::time_point sent, finished;
+};
+
+int64_t positive(Options& options, const std::string& name, int64_t fallback) {
+  const int64_t value = options.integer(name, fallback);
+  if (value < 1) throw UsageError(name + " must be 1 or more, got " + std::to_string(value));
+  return value;
+}
+
+BenchSettings settings_from(Options& options) {
+  BenchSettings s;
+  s.url = options.required("--url");
+  s.requests = int(positive(options, "--requests", s.requests));
+  s.concurrency =
+      int(std::min<int64_t>(positive(options, "--concurrency", s.requests), s.requests));
+  s.max_tokens = int(positive(options, "--max-tokens", s.max_tokens));
+  const auto prompt = options.find("--prompt");
+  const auto prompt_tokens = options.find("--prompt-tokens");
+  if (prompt && prompt_tokens) throw UsageError("give --prompt or --prompt-tokens, not both");
+  if (prompt) {
+    if (prompt->empty()) throw UsageError("--prompt must not be empty");
+    s.prompt = *prompt;
+  } else {
+    // " a" is one token of a LLaMA sentencepiece vocabulary; the server adds BOS (and, for chat,
+    // its template). The usage chunks report the exact count.
+    const int64_t words = positive(options, "--prompt-tokens", 32);
+    s.prompt = "a";
+    for (int64_t i = 1; i < words; ++i) s.prompt += " a";
+  }
+  s.chat = options.flag("--chat");
+  s.model = options.get("--model", "");
+  s.temperature = options.number("--temperature", 0.0);
+  if (s.temperature < 0) throw UsageError("--temperature must be 0 or more");
+  s.client.api_key = options.get("--api-key", "");
+  const int64_t timeout = positive(options, "--timeout", 300);
+  s.client.connect_timeout = std::chrono::seconds(std::min<int64_t>(timeout, 10));
+  s.client.read_timeout = std::chrono::seconds(timeout);
+  s.json_output = options.flag("--json");
+  return s;
+}
+
+const char* endpoint(const BenchSettings& s) {
+  return s.chat ? "/v1/chat/completions" : "/v1/completions";
+}
+
+// The id of the first model GET /v1/models lists.
+std::string served_model(const SseClient& client) {
+  const json models = json::parse(client.get("/v1/models"), nullptr, /*allow_exceptions=*/false);
+  if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
+      models["data"].empty() || !models["data"][0].contains("id"))
+    throw std::runtime_error("GET " + client.url() +
+                             "/v1/models does not list a model with an id; name one with --model");
+  return models["data"][0]["id"].get<std::string>();
+}
+
+json request_body(const BenchSettings& s) {
+  json body = {{"model", s.model},
+               {"max_tokens", s.max_tokens},
+               {"temperature", s.temperature},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  if (s.chat)
+    body["messages"] = json::array({{{"role", "user"}, {"content", s.prompt}}});
+  else
+    body["prompt"] = s.prompt;
+  return body;
+}
+
+// True when a chunk's choice adds generated output: text, or (the server's chunk for tokens
+// that do not complete a character yet) an empty string. Not the chat stream's opening
+// {"role": "assistant"} chunk, nor a finish chunk.
+bool carries_output(const json& chunk) {
+  if (!chunk.contains("choices") || !chunk["choices"].is_array()) return false;
+  for (const json& choice : chunk["choices"]) {
+    if (choice.contains("finish_reason") && !choice["finish_reason"].is_null()) continue;
+    if (choice.contains("text") && choice["text"].is_string()) return true;
+    if (choice.contains("delta") && choice["delta"].is_object() &&
+        !choice["delta"].contains("role") && choice["delta"].contains("content"))
+      return true;
+  }
+  return false;
+}
+
+// Reads one request's stream: every chunk's arrival, the usage chunk, the closing [DONE].
+// Throws on anything a conforming stream would not send.
+class StreamMeter {
+ public:
+  explicit StreamMeter(RequestResult& result) : result_(result) {}
+
+  void on_event(std::string_view data) {
+    const Clock::time_point now = Clock::now();
+    if (done_) throw SseClientError("an event after data: [DONE]");
+    if (data == "[DONE]") {
+      done_ = true;
+      return;
+    }
+    const json chunk = json::parse(data, nullptr, /*allow_exceptions=*/false);
+    if (!chunk.is_object())
+      throw SseClientError("an event's data is not a JSON object: " + std::string(data));
+    if (chunk.contains("error"))
+      throw SseClientError("the server ended the stream with an error: " + chunk["error"].dump());
+    if (chunk.contains("usage") && chunk["usage"].is_object()) {
+      result_.prompt_tokens = chunk["usage"].value("prompt_tokens", 0);
+      result_.completion_tokens = chunk["usage"].value("completion_tokens", 0);
+      has_usage_ = true;
+    }
+    if (!carries_output(chunk)) return;
+    const double since_sent = std::chrono::duration<double>(now - result_.sent).count();
+    if (!last_output_)
+      result_.ttft = since_sent;
+    else
+      result_.inter_token.push_back(std::chrono::duration<double>(now - *last_output_).count());
+    last_output_ = now;
+  }
+
+  // After the stream closed.
+  void check_complete() const {
+    if (!done_) throw SseClientError("the stream closed without data: [DONE]");
+    if (!has_usage_)
+      throw SseClientError("the stream has no usage chunk (stream_options.include_usage)");
+    if (!last_output_) throw SseClientError("the stream carried no generated output");
+  }
+
+ private:
+  RequestResult& result_;
+  bool done_ = false;
+  bool has_usage_ = false;
+  std::optional<Clock::time_point> last_output_;
+};
+
+RequestResult run_request(const SseClient& client, const BenchSettings& s,
+                          const std::string& body) {
+  RequestResult result;
+  StreamMeter meter(result);
+  result.sent = Clock::now();
+  try {
+    client.post_stream(endpoint(s), body, [&](std::string_view data) { meter.on_event(data); });
+    meter.check_complete();
+  } catch (const std::exception& e) {
+    result.error = e.what();
+  }
+  result.finished = Clock::now();
+  result.total = std::chrono::duration<double>(result.finished - result.sent).count();
+  return result;
+}
+
+// All requests, at most s.concurrency in flight: one thread each, released together.
+std::vector<RequestResult> run_all(const SseClient& client, const BenchSettings& s) {
+  const std::string body = request_body(s).dump();
+  std::vector<RequestResult> results(size_t(s.requests));
+  std::atomic<int> next{0};
+  std::latch start(1);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < s.concurrency; ++w)
+    workers.emplace_back([&] {
+      start.wait();
+      for (int i; (i = next.fetch_add(1)) < s.requests;)
+        results[size_t(i)] = run_request(client, s, body);
+    });
+  start.count_down();
+  for (auto& worker : workers) worker.join();
+  return results;
+}
+
+// Linear interpolation between the closest ranks (numpy's default); 0 for no values.
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const double rank = p / 100.0 * double(values.size() - 1);
+  const size_t below = size_t(std::floor(rank));
+  const size_t above = std::min(below + 1, values.size() - 1);
+  return values[below] + (rank - double(below)) * (values[above] - values[below]);
+}
+
+struct Summary {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double duration = 0;  // first send to last finish
+  std::vector<double> ttft, inter_token, request_tokens_per_s;
+};
+
+Summary summarize(const std::vector<RequestResult>& results) {
+  Summary sum;
+  Clock::time_point first = results.front().sent, last = results.front().finished;
+  for (const RequestResult& r : results) {
+    first = std::min(first, r.sent);
+    last = std::max(last, r.finished);
+    sum.prompt_tokens += r.prompt_tokens;
+    sum.completion_tokens += r.completion_tokens;
+    sum.ttft.push_back(r.ttft);
+    sum.inter_token.insert(sum.inter_token.end(), r.inter_token.begin(), r.inter_token.end());
+    sum.request_tokens_per_s.push_back(r.completion_tokens / r.total);
+  }
+  sum.duration = std::chrono::duration<double>(last - first).count();
+  return sum;
+}
+
+json report_json(const BenchSettings& s, const std::vector<RequestResult>& results,
+                 const Summary& sum) {
+  json per_request = json::array();
+  for (const RequestResult& r : results)
+    per_request.push_back({{"ttft_ms", r.ttft * 1e3},
+                           {"total_ms", r.total * 1e3},
+                           {"prompt_tokens", r.prompt_tokens},
+                           {"completion_tokens", r.completion_tokens}});
+  return {{"url", s.url},
+          {"endpoint", endpoint(s)},
+          {"model", s.model},
+          {"requests", results.size()},
+          {"concurrency", s.concurrency},
+          {"max_tokens", s.max_tokens},
+          {"prompt_tokens", sum.prompt_tokens},
+          {"completion_tokens", sum.completion_tokens},
+          {"duration_s", sum.duration},
+          {"output_tokens_per_s", double(sum.completion_tokens) / sum.duration},
+          {"requests_per_s", double(results.size()) / sum.duration},
+          {"ttft_ms",
+           {{"median", percentile(sum.ttft, 50) * 1e3}, {"p99", percentile(sum.ttft, 99) * 1e3}}},
+          {"itl_ms",
+           {{"median", percentile(sum.inter_token, 50) * 1e3},
+            {"p99", percentile(sum.inter_token, 99) * 1e3}}},
+          {"request_tokens_per_s", {{"median", percentile(sum.request_tokens_per_s, 50)}}},
+          {"per_request", per_request}};
+}
+
+void print_table(const json& report) {
+  const auto row = [](const char* name, const std::string& value) {
+    std::printf("  %-28s %s\n", name, value.c_str());
+  };
+  const auto fixed = [](double x, int decimals) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.*f", decimals, x);
+    return std::string(text);
+  };
+  std::printf("pipeline bench-serve: %s%s, model %s\n", report["url"].get<std::string>().c_str(),
+              report["endpoint"].get<std::string>().c_str(),
+              report["model"].get<std::string>().c_str());
+  row("requests / concurrency", std::to_string(report["requests"].get<int>()) + " / " +
+                                    std::to_string(report["concurrency"].get<int>()));
+  row("max tokens per request", std::to_string(report["max_tokens"].get<int>()));
+  row("prompt tokens (all)", std::to_string(report["prompt_tokens"].get<int64_t>()));
+  row("completion tokens (all)", std::to_string(report["completion_tokens"].get<int64_t>()));
+  row("duration", fixed(report["duration_s"], 3) + " s");
+  row("output throughput", fixed(report["output_tokens_per_s"], 1) + " tok/s");
+  row("request throughput", fixed(report["requests_per_s"], 3) + " req/s");
+  row("TTFT median / p99",
+      fixed(report["ttft_ms"]["median"], 1) + " / " + fixed(report["ttft_ms"]["p99"], 1) + " ms");
+  row("ITL median / p99",
+      fixed(report["itl_ms"]["median"], 2) + " / " + fixed(report["itl_ms"]["p99"], 2) + " ms");
+  row("per-request tok/s median", fixed(report["request_tokens_per_s"]["median"], 1));
+}
+
+// Every failure on stderr (once per distinct message), then an exception naming the count.
+void fail_on_errors(const std::vector<RequestResult>& results) {
+  std::vector<std::string> messages;
+  size_t failed = 0;
+  for (const RequestResult& r : results) {
+    if (r.error.empty()) continue;
+    ++failed;
+    if (std::find(messages.begin(), messages.end(), r.error) == messages.end())
+      messages.push_back(r.error);
+  }
+  if (failed == 0) return;
+  for (const std::string& message : messages)
+    std::fprintf(stderr, "pipeline bench-serve: %s\n", message.c_str());
+  throw std::runtime_error(std::to_string(failed) + " of " + std::to_string(results.size()) +
+                           " requests failed");
+}
+
+// A request that generated other than --max-tokens tokens did other work than asked (a server
+// that ignores ignore_eos, or a context too short): the figures still hold, but say so.
+void warn_on_short_answers(const BenchSettings& s, const std::vector<RequestResult>& results) {
+  size_t off = 0;
+  for (const RequestResult& r : results) off += r.completion_tokens != s.max_tokens;
+  if (off > 0)
+    std::fprintf(stderr,
+                 "pipeline bench-serve: warning: %zu of %zu requests generated other than %d "
+                 "tokens\n",
+                 off, results.size(), s.max_tokens);
+}
+
+}  // namespace
+
+int bench_serve_command(int argc, char** argv) {
+  Options options(argc, argv, kUsage, {"--chat", "--json"});
+  if (options.help()) return 0;
+  BenchSettings s = settings_from(options);
+  options.positional(0, 0);
+  options.finish();
+
+  std::optional<SseClient> client;
+  try {
+    client.emplace(s.url, s.client);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--url: " + std::string(e.what()));
+  }
+  if (s.model.empty()) s.model = served_model(*client);
+
+  const std::vector<RequestResult> results = run_all(*client, s);
+  fail_on_errors(results);
+  warn_on_short_answers(s, results);
+  const json report = report_json(s, results, summarize(results));
+  if (s.json_output)
+    std::printf("%s\n", report.dump().c_str());
+  else
+    print_table(report);
+  return 0;
+}
+
+}  // namespace pipeline
