@@ -43,7 +43,7 @@ const ModelShape& find_shape(const std::string& name) {
     if (name == shape.name) return shape;
   std::string known;
   for (const auto& shape : kShapes) known += std::string(known.empty() ? "" : ", ") + shape.name;
-  throw std::invalid_argument("--shape: unknown shape '" + name + "' (known: " + known + ")");
+  throw UsageError("--shape: unknown shape '" + name + "' (known: " + known + ")");
 }
 
 std::vector<TensorSpec> tensor_specs(const ModelShape& s, DType dtype) {
@@ -171,7 +171,7 @@ int make_model_command(int argc, char** argv) {
   const std::filesystem::path out = options.required("--out");
   const uint64_t seed = options.integer("--seed", 0);
   const auto dtype = parse_dtype(options.get("--dtype", "bf16"));
-  if (!dtype) throw std::invalid_argument("--dtype: expected bf16, f16 or f32");
+  if (!dtype) throw UsageError("--dtype: expected bf16, f16 or f32");
   const std::filesystem::path corpus =
       options.get("--corpus", PIPELINE_SOURCE_DIR "/data/tokenizer_corpus.txt");
   options.finish();

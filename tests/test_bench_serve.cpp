@@ -21,47 +21,22 @@
 
 #include "server/sse_client.h"
 #include "tests/support/server_process.h"
+#include "tests/support/command.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
 namespace {
 
 using nlohmann::json;
+using testing::CommandResult;
 using testing::ServerProcess;
 using testing::stories_config;
 
 // ---- Running `pipeline bench-serve`
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string shell_quoted(const std::string& arg) {
-  std::string quoted = "'";
-  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-CommandResult bench_serve(const std::vector<std::string>& args) {
-  const auto dir = testing::make_temp_dir("bench-serve-test");
-  const auto err_file = dir / "stderr.txt";
-  std::string command = shell_quoted(testing::pipeline_binary().string()) + " bench-serve";
-  for (const auto& arg : args) command.append(" ").append(shell_quoted(arg));
-  command.append(" 2>").append(shell_quoted(err_file.string()));
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run " + command);
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.out.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::stringstream err;
-  err << std::ifstream(err_file).rdbuf();
-  result.err = err.str();
-  std::filesystem::remove_all(dir);
-  return result;
+CommandResult bench_serve(std::vector<std::string> args) {
+  args.insert(args.begin(), "bench-serve");
+  return testing::run_pipeline(args);
 }
 
 // ---- Against the real server

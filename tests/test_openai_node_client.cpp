@@ -1,46 +1,31 @@
 // The official openai npm client (tests/node) against the real `pipeline run`: if the clients
 // people use can talk to the server, the wire format is right. Needs node and npm (and the npm
 // registry for `npm install`); fails, never skips, without them.
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "tests/support/server_process.h"
+#include "tests/support/command.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult run_shell(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using pipeline::testing::CommandResult;
+using pipeline::testing::run_shell;
 
 TEST(OpenAINodeClient, ChatAndCompletionsStreamedAndWholeWithAnApiKey) {
   const CommandResult tools = run_shell("node --version && npm --version");
   ASSERT_EQ(tools.exit_code, 0) << "node and npm are needed for this test (apt-get install nodejs "
                                    "npm):\n"
-                                << tools.output;
+                                << tools.out;
   const std::string node_dir = (pipeline::testing::source_dir() / "tests" / "node").string();
   const CommandResult install = run_shell("cd '" + node_dir +
                                           "' && timeout 300 npm install --no-audit --no-fund "
                                           "--loglevel=error");
   ASSERT_EQ(install.exit_code, 0) << "npm install in " << node_dir << " failed:\n"
-                                  << install.output;
+                                  << install.out;
 
   pipeline::testing::ServerProcess server(
       pipeline::testing::stories_config("  api_key: node-test-key\n"));
@@ -48,8 +33,8 @@ TEST(OpenAINodeClient, ChatAndCompletionsStreamedAndWholeWithAnApiKey) {
       run_shell("cd '" + node_dir + "' && PIPELINE_BASE_URL=" + server.base_url() +
                 "/v1 PIPELINE_MODEL=stories260K PIPELINE_API_KEY=node-test-key timeout 120 node "
                 "openai_client.mjs");
-  EXPECT_EQ(client.exit_code, 0) << client.output << "\nserver stderr:\n" << server.stderr_text();
-  EXPECT_NE(client.output.find("checks passed"), std::string::npos) << client.output;
+  EXPECT_EQ(client.exit_code, 0) << client.out << "\nserver stderr:\n" << server.stderr_text();
+  EXPECT_NE(client.out.find("checks passed"), std::string::npos) << client.out;
   EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
 }
 

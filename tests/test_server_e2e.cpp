@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/server_process.h"
+#include "tests/support/command.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
@@ -187,19 +188,12 @@ std::string story_prompt(int i) {
 // ---- `pipeline generate`, the reference for greedy text
 
 json generate_reference(const std::string& prompt, int max_tokens) {
-  const std::string command = pipeline::testing::pipeline_binary().string() +
-                              " generate --model '" +
-                              pipeline::testing::shared_path("models/stories260K").string() +
-                              "' --device cpu --temperature 0 --json --max-tokens " +
-                              std::to_string(max_tokens) + " --prompt '" + prompt + "'";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run " + command);
-  std::string out;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-  const int status = pclose(pipe);
-  if (status != 0) throw std::runtime_error(command + " failed: " + std::to_string(status));
-  return json::parse(out);
+  const auto result = pipeline::testing::run_pipeline(
+      {"generate", "--model", pipeline::testing::shared_path("models/stories260K").string(),
+       "--device", "cpu", "--temperature", "0", "--json", "--max-tokens",
+       std::to_string(max_tokens), "--prompt", prompt});
+  if (result.exit_code != 0) throw std::runtime_error("pipeline generate failed: " + result.err);
+  return json::parse(result.out);
 }
 
 // ---- One shared server for most tests (batch window 200 ms, the default)

@@ -1,0 +1,131 @@
+// The `pipeline` command as a user runs it: make-model writes a loadable, clearly labelled
+// random checkpoint; generate honours end-of-sequence ids exactly where the golden file stops;
+// usage mistakes name the option and exit 2.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/tokenizer.h"
+#include "model/llama_weights.h"
+#include "tests/support/command.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::run_pipeline;
+using testing::shared_path;
+
+class MakeModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::make_temp_dir("make-model-test"); }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(MakeModelTest, TinyShapeLoadsGeneratesAndSaysItIsRandom) {
+  const auto made = run_pipeline({"make-model", "--shape", "tiny", "--out", (dir_ / "m").string()});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+
+  const auto weights = LlamaWeights::load(dir_ / "m");
+  EXPECT_EQ(weights.config.hidden_size, 128);
+  EXPECT_EQ(weights.config.num_kv_heads, 2);
+  EXPECT_EQ(weights.embed.dtype, DType::BF16);
+  const Tokenizer tokenizer(dir_ / "m" / "tokenizer.model");
+  EXPECT_EQ(tokenizer.vocab_size(), weights.config.vocab_size);
+
+  const json config = json::parse(std::ifstream(dir_ / "m" / "config.json"));
+  EXPECT_NE(config.at("llm_pipeline_random_weights").get<std::string>().find("RANDOM WEIGHTS"),
+            std::string::npos);
+  std::stringstream readme;
+  readme << std::ifstream(dir_ / "m" / "README.md").rdbuf();
+  EXPECT_NE(readme.str().find("RANDOM WEIGHTS"), std::string::npos);
+
+  const auto generated = run_pipeline({"generate", "--model", (dir_ / "m").string(), "--prompt",
+                                       "Hello", "--max-tokens", "12", "--ignore-eos", "--json"});
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  const json out = json::parse(generated.out);
+  EXPECT_EQ(out["generated_ids"].size(), 12u);
+  EXPECT_EQ(out["finish_reason"], "length");
+}
+
+TEST_F(MakeModelTest, SameSeedSameBytesOtherSeedOtherWeights) {
+  for (const char* name : {"a", "b"})
+    ASSERT_EQ(run_pipeline({"make-model", "--shape", "tiny", "--dtype", "f32", "--seed", "7",
+                            "--out", (dir_ / name).string()})
+                  .exit_code,
+              0);
+  ASSERT_EQ(run_pipeline({"make-model", "--shape", "tiny", "--dtype", "f32", "--seed", "8",
+                          "--out", (dir_ / "c").string()})
+                .exit_code,
+            0);
+  const auto bytes = [&](const char* name) {
+    std::stringstream s;
+    s << std::ifstream(dir_ / name / "model.safetensors", std::ios::binary).rdbuf();
+    return s.str();
+  };
+  EXPECT_EQ(bytes("a"), bytes("b"));
+  EXPECT_NE(bytes("a"), bytes("c"));
+  EXPECT_EQ(LlamaWeights::load(dir_ / "a").embed.dtype, DType::F32);
+}
+
+TEST_F(MakeModelTest, UnknownShapeAndDtypeAreUsageErrors) {
+  auto result = run_pipeline({"make-model", "--shape", "llama9", "--out", dir_.string()});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--shape: unknown shape 'llama9'"), std::string::npos) << result.err;
+  result = run_pipeline({"make-model", "--shape", "tiny", "--dtype", "int8", "--out", dir_.string()});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--dtype"), std::string::npos) << result.err;
+  result = run_pipeline({"make-model", "--out", dir_.string()});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--shape is required"), std::string::npos) << result.err;
+}
+
+// With end-of-sequence honoured, greedy generation stops exactly where the independent
+// implementation stopped (stories260K ends a story with BOS, which generation_config.json
+// lists beside EOS), or runs to the end of the 512-position context where it never stops.
+TEST(GenerateCommand, StopsWhereTheGoldenFileStops) {
+  const auto golden =
+      json::parse(std::ifstream(shared_path("golden/stories260K_greedy.json")));
+  const auto model = shared_path("models/stories260K");
+  const Tokenizer tokenizer(model / "tokenizer.model");
+  for (const auto& c : golden["cases"]) {
+    const auto prompt = c["prompt"].get<std::string>();
+    const auto result = run_pipeline({"generate", "--model", model.string(), "--prompt", prompt,
+                                      "--temperature", "0", "--max-tokens", "0", "--json"});
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    const json out = json::parse(result.out);
+    EXPECT_EQ(out["prompt_ids"], c["prompt_ids_sentencepiece"]) << prompt;
+    const auto ids = out["generated_ids"].get<std::vector<int32_t>>();
+    if (c["until_first_stop"].is_null()) {
+      EXPECT_EQ(out["finish_reason"], "length") << prompt;
+      EXPECT_EQ(c["prompt_ids_sentencepiece"].size() + ids.size(), 512u) << prompt;
+    } else {
+      EXPECT_EQ(out["finish_reason"], "stop") << prompt;
+      EXPECT_EQ(out["generated_ids"], c["until_first_stop"]["generated_ids_including_stop"])
+          << prompt;
+    }
+    EXPECT_EQ(out["text"], tokenizer.decode(ids)) << prompt;
+  }
+}
+
+TEST(GenerateCommand, UsageErrorsNameTheOption) {
+  auto result = run_pipeline({"generate", "--prompt", "x"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--model is required"), std::string::npos) << result.err;
+  result = run_pipeline({"generate", "--model", "m", "--prompt", "x", "--top-k", "many"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--top-k: expected an integer"), std::string::npos) << result.err;
+  result = run_pipeline({"generate", "--model", "m", "--prompt", "x", "--temprature", "1"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("unknown option --temprature"), std::string::npos) << result.err;
+  result = run_pipeline({"generate", "--model", "/nonexistent", "--prompt", "x"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("/nonexistent"), std::string::npos) << result.err;
+}
+
+}  // namespace
+}  // namespace pipeline
