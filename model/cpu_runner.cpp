@@ -1,8 +1,11 @@
 #include "model/cpu_runner.h"
 
 #include <oneapi/tbb/task_arena.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -11,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -20,6 +24,7 @@ namespace pipeline {
 namespace {
 
 using cpu::MatmulMode;
+using cpu::PackedMatrix;
 using cpu::WeightMatrix;
 
 WeightMatrix as_matrix(const TensorView& t, int64_t rows, int64_t cols) {
@@ -29,6 +34,16 @@ WeightMatrix as_matrix(const TensorView& t, int64_t rows, int64_t cols) {
                                 std::to_string(cols) + "]");
   }
   return WeightMatrix{t.data, t.dtype, int(rows), int(cols)};
+}
+
+// Drops this process's pages of a tensor's file mapping once it has been repacked, so the
+// weights are resident once, not twice. The mapping is private and read-only: a later read (the
+// embedding's rows, when lm_head is tied to it) faults the page back in from the file.
+void release_mapped_pages(const TensorView& t) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes()) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 // Norm weights are tiny and read for every token: widen them to float32 once.
@@ -109,7 +124,10 @@ class CpuRunner final : public ModelRunner {
  private:
   struct Layer {
     std::vector<float> attn_norm, mlp_norm;
-    WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    PackedMatrix qkv;  // [q | k | v], each part on a panel boundary
+    PackedMatrix wo;
+    PackedMatrix gate_up;  // gate and up interleaved panel by panel
+    PackedMatrix down;
   };
 
   void check_batch(const Batch& batch) const;
@@ -117,13 +135,24 @@ class CpuRunner final : public ModelRunner {
   void run_layer(int layer);
   void compute_logits(Logits& logits);
   cpu::PagedKvLayer kv_layer(int layer);
+  // A checkpoint tensor and the [rows, cols] shape the config gives it.
+  struct ExpectedTensor {
+    const TensorView& tensor;
+    int64_t rows, cols;
+  };
+  enum class Fuse { Stack, Interleave };  // see PackedMatrix::stack and ::interleave
+  // Packs the tensors (after checking their shapes) into one matrix and, when they live in the
+  // checkpoint's file mappings, releases their mapped pages.
+  PackedMatrix pack_weights(std::initializer_list<ExpectedTensor> tensors,
+                            Fuse fuse = Fuse::Stack) const;
 
   std::shared_ptr<const LlamaWeights> weights_;
   const LlamaConfig& config_;
   KvCacheShape shape_;
   cpu::RopeTable rope_;
   std::optional<tbb::task_arena> arena_;
-  WeightMatrix embed_, lm_head_;
+  WeightMatrix embed_;  // read in place: one row per token
+  PackedMatrix lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   std::unique_ptr<float[]> k_pool_, v_pool_;  // [layer][block][slot][kv_head][head_dim]
@@ -132,7 +161,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<int32_t> tokens_, positions_;
   std::vector<cpu::AttentionSequence> seqs_;
   std::vector<int> logit_rows_;  // which packed rows produce logits
-  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, final_;
+  std::vector<float> x_, xn_, qkv_, att_, gate_up_, mlp_, final_;
 };
 
 CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
@@ -144,29 +173,49 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
   const LlamaConfig& c = config_;
   const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
   embed_ = as_matrix(weights_->embed, c.vocab_size, hidden);
-  lm_head_ = as_matrix(weights_->lm_head, c.vocab_size, hidden);
   final_norm_ = as_float_vector(weights_->final_norm, hidden);
   if (int(weights_->layers.size()) != c.num_layers) {
     throw std::invalid_argument("make_cpu_runner: " + std::to_string(weights_->layers.size()) +
                                 " layers of weights for num_hidden_layers " +
                                 std::to_string(c.num_layers));
   }
-  for (const LayerWeights& w : weights_->layers) {
-    Layer& layer = layers_.emplace_back();
-    layer.attn_norm = as_float_vector(w.attn_norm, hidden);
-    layer.mlp_norm = as_float_vector(w.mlp_norm, hidden);
-    layer.wq = as_matrix(w.wq, c.q_dim(), hidden);
-    layer.wk = as_matrix(w.wk, c.kv_dim(), hidden);
-    layer.wv = as_matrix(w.wv, c.kv_dim(), hidden);
-    layer.wo = as_matrix(w.wo, hidden, c.q_dim());
-    layer.w_gate = as_matrix(w.w_gate, ffn, hidden);
-    layer.w_up = as_matrix(w.w_up, ffn, hidden);
-    layer.w_down = as_matrix(w.w_down, hidden, ffn);
+  // The largest tensor first, so that its mapped pages are gone before the layers are packed.
+  const auto run = [&] {
+    lm_head_ = pack_weights({{weights_->lm_head, c.vocab_size, hidden}});
+    for (const LayerWeights& w : weights_->layers) {
+      Layer& layer = layers_.emplace_back();
+      layer.attn_norm = as_float_vector(w.attn_norm, hidden);
+      layer.mlp_norm = as_float_vector(w.mlp_norm, hidden);
+      layer.qkv = pack_weights(
+          {{w.wq, c.q_dim(), hidden}, {w.wk, c.kv_dim(), hidden}, {w.wv, c.kv_dim(), hidden}});
+      layer.wo = pack_weights({{w.wo, hidden, c.q_dim()}});
+      layer.gate_up =
+          pack_weights({{w.w_gate, ffn, hidden}, {w.w_up, ffn, hidden}}, Fuse::Interleave);
+      layer.down = pack_weights({{w.w_down, hidden, ffn}});
+    }
+  };
+  if (arena_) {
+    arena_->execute(run);
+  } else {
+    run();
   }
   const size_t pool =
       size_t(c.num_layers) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
   k_pool_.reset(new float[pool]);  // uninitialised on purpose: attention reads only written slots
   v_pool_.reset(new float[pool]);
+}
+
+PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tensors,
+                                     Fuse fuse) const {
+  std::vector<WeightMatrix> parts;
+  for (const ExpectedTensor& t : tensors) parts.push_back(as_matrix(t.tensor, t.rows, t.cols));
+  PackedMatrix packed = fuse == Fuse::Interleave
+                            ? PackedMatrix::interleave(parts.at(0), parts.at(1))
+                            : PackedMatrix::stack(parts);
+  if (weights_->checkpoint) {
+    for (const ExpectedTensor& t : tensors) release_mapped_pages(t.tensor);
+  }
+  return packed;
 }
 
 cpu::PagedKvLayer CpuRunner::kv_layer(int layer) {
@@ -235,12 +284,10 @@ void CpuRunner::pack(const Batch& batch) {
   };
   grow(x_, rows * c.hidden_size);
   grow(xn_, rows * c.hidden_size);
-  grow(q_, rows * c.q_dim());
-  grow(k_, rows * c.kv_dim());
-  grow(v_, rows * c.kv_dim());
+  grow(qkv_, rows * layers_[0].qkv.out_cols());
   grow(att_, rows * c.q_dim());
-  grow(gate_, rows * c.intermediate_size);
-  grow(up_, rows * c.intermediate_size);
+  grow(gate_up_, rows * layers_[0].gate_up.out_cols());
+  grow(mlp_, rows * c.intermediate_size);
   grow(final_, logit_rows_.size() * c.hidden_size);
 }
 
@@ -250,26 +297,29 @@ void CpuRunner::run_layer(int layer) {
   const int rows = int(tokens_.size());
 
   // Attention block: x += o_proj(attention(rope(q), rope(k), v)) over rmsnorm(x).
+  const size_t ld_qkv = size_t(w.qkv.out_cols());
+  float* q = qkv_.data();
+  float* k = q + w.qkv.part_offset(1);
+  const float* v = q + w.qkv.part_offset(2);
   cpu::rmsnorm(x_.data(), w.attn_norm.data(), rows, c.hidden_size, c.rms_norm_eps, xn_.data());
-  cpu::matmul(xn_.data(), rows, w.wq, q_.data());
-  cpu::matmul(xn_.data(), rows, w.wk, k_.data());
-  cpu::matmul(xn_.data(), rows, w.wv, v_.data());
-  cpu::apply_rope(rope_, positions_, c.num_heads, q_.data(), size_t(c.q_dim()));
-  cpu::apply_rope(rope_, positions_, c.num_kv_heads, k_.data(), size_t(c.kv_dim()));
+  cpu::matmul(xn_.data(), rows, w.qkv, q, ld_qkv);
+  cpu::apply_rope(rope_, positions_, c.num_heads, q, ld_qkv);
+  cpu::apply_rope(rope_, positions_, c.num_kv_heads, k, ld_qkv);
   const cpu::PagedKvLayer kv = kv_layer(layer);
   for (const cpu::AttentionSequence& s : seqs_) {
-    const size_t at = size_t(s.first_row) * c.kv_dim();
-    cpu::store_kv(kv, s.block_table, s.start_pos, s.num_queries, k_.data() + at, v_.data() + at);
+    const size_t at = size_t(s.first_row) * ld_qkv;
+    cpu::store_kv(kv, s.block_table, s.start_pos, s.num_queries, k + at, v + at, ld_qkv);
   }
-  cpu::paged_attention(kv, seqs_, c.num_heads, q_.data(), att_.data());
-  cpu::matmul(att_.data(), rows, w.wo, x_.data(), MatmulMode::Accumulate);
+  cpu::paged_attention(kv, seqs_, c.num_heads, q, ld_qkv, att_.data());
+  cpu::matmul(att_.data(), rows, w.wo, x_.data(), size_t(c.hidden_size), MatmulMode::Accumulate);
 
   // MLP block: x += down(silu(gate(h)) · up(h)), h = rmsnorm(x).
+  const size_t ld_gate_up = size_t(w.gate_up.out_cols());
   cpu::rmsnorm(x_.data(), w.mlp_norm.data(), rows, c.hidden_size, c.rms_norm_eps, xn_.data());
-  cpu::matmul(xn_.data(), rows, w.w_gate, gate_.data());
-  cpu::matmul(xn_.data(), rows, w.w_up, up_.data());
-  cpu::silu_mul(gate_.data(), up_.data(), size_t(rows) * c.intermediate_size);
-  cpu::matmul(gate_.data(), rows, w.w_down, x_.data(), MatmulMode::Accumulate);
+  cpu::matmul(xn_.data(), rows, w.gate_up, gate_up_.data(), ld_gate_up);
+  cpu::silu_mul_interleaved(gate_up_.data(), ld_gate_up, rows, c.intermediate_size,
+                            cpu::kPanelWidth, mlp_.data());
+  cpu::matmul(mlp_.data(), rows, w.down, x_.data(), size_t(c.hidden_size), MatmulMode::Accumulate);
 }
 
 // Final norm and lm_head, only on the rows the batch asked logits for.
@@ -284,7 +334,7 @@ void CpuRunner::compute_logits(Logits& logits) {
                final_.data());
   logits.vocab = config_.vocab_size;
   logits.data.resize(size_t(rows) * config_.vocab_size);
-  cpu::matmul(final_.data(), rows, lm_head_, logits.data.data());
+  cpu::matmul(final_.data(), rows, lm_head_, logits.data.data(), size_t(config_.vocab_size));
 }
 
 void CpuRunner::forward(const Batch& batch, Logits& logits) {

@@ -1,5 +1,12 @@
 // The LLaMA forward pass on the CPU, exactly as Hugging Face's LlamaForCausalLM computes it
-// (float32 activations and accumulation; weights read in place in their checkpoint dtype).
+// (float32 activations and accumulation; weights kept in their checkpoint dtype).
+//
+// Weights: at construction every projection is repacked into the matmul's panel layout (see
+// kernels/cpu/packed_matmul.h), q/k/v and gate/up each fused into one matrix, and the lm_head
+// too; the embedding stays in the checkpoint and is read a row per token. When the weights come
+// from a checkpoint's file mappings (LlamaWeights::checkpoint set), the mapped pages of each
+// repacked tensor are released as soon as it is packed, so the weights are resident once: peak
+// memory stays near the file size, not twice it.
 //
 // KV pool: float32 in host memory, per layer K and V each [num_blocks][block_size][num_kv_heads]
 // [head_dim]. With RunnerOptions::kv_cache_blocks = 0 the runner sizes it for max_num_seqs full

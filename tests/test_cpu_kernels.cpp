@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "io/dtype.h"
@@ -16,6 +17,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -58,7 +60,7 @@ TestWeights make_weights(int rows, int cols, DType dtype, std::mt19937& rng) {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> isas;
-  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
     if (isa_supported(isa)) isas.push_back(isa);
   }
   return isas;
@@ -66,6 +68,7 @@ std::vector<Isa> supported_isas() {
 
 TEST(CpuFeatures, BestIsaIsSupported) {
   EXPECT_TRUE(isa_supported(best_isa()));
+  EXPECT_TRUE(isa_supported(best_matmul_isa()));
   EXPECT_TRUE(isa_supported(Isa::Portable));
 }
 
@@ -116,6 +119,140 @@ TEST(Matmul, DefaultPathEqualsForcedBestIsa) {
   matmul(x.data(), 3, w.view, a.data());
   matmul(best_isa(), x.data(), 3, w.view, b.data());
   EXPECT_EQ(a, b);
+}
+
+// Y = X·Wᵀ in double over the float values the stored weights really hold.
+double reference_dot(const TestWeights& w, int row, const float* x, int cols, double* magnitude) {
+  double sum = 0.0;
+  for (int i = 0; i < cols; ++i) {
+    const double p = double(w.values[size_t(row) * cols + i]) * x[i];
+    sum += p;
+    *magnitude += std::abs(p);
+  }
+  return sum;
+}
+
+TEST(PackedMatmul, StackedPartsMatchReferenceOnEveryIsaAndDtype) {
+  std::mt19937 rng(11);
+  // (batch, in, rows of each part): odd in_features, parts that end mid-panel, batches that
+  // cover the decode tile (<= 4 rows), the wide tile (12) and its ragged tails.
+  struct Case {
+    int batch, in;
+    std::vector<int> parts;
+  };
+  const Case cases[] = {{1, 37, {13}},         {1, 64, {8, 3, 3}}, {3, 67, {40}},
+                        {5, 16, {4, 20}},      {13, 300, {21}},    {26, 5, {3}},
+                        {2, 129, {33, 17, 5}}, {4, 130, {64, 16}}, {30, 64, {70}}};
+  for (Isa isa : supported_isas()) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (const Case& c : cases) {
+        std::vector<TestWeights> parts;
+        std::vector<WeightMatrix> views;
+        for (int rows : c.parts) parts.push_back(make_weights(rows, c.in, dtype, rng));
+        for (const TestWeights& t : parts) views.push_back(t.view);
+        const PackedMatrix packed = PackedMatrix::stack(views);
+        const std::vector<float> x = random_floats(size_t(c.batch) * c.in, rng);
+        const size_t ldy = size_t(packed.out_cols()) + 3;
+        for (MatmulMode mode : {MatmulMode::Overwrite, MatmulMode::Accumulate}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " " + dtype_name(dtype) + " batch " +
+                       std::to_string(c.batch) + " in " + std::to_string(c.in) +
+                       (mode == MatmulMode::Accumulate ? " +=" : " ="));
+          const std::vector<float> y0 = random_floats(size_t(c.batch) * ldy, rng);
+          std::vector<float> y = y0;
+          matmul(isa, x.data(), c.batch, packed, y.data(), ldy, mode);
+          for (int b = 0; b < c.batch; ++b) {
+            for (size_t part = 0; part < parts.size(); ++part) {
+              for (int r = 0; r < c.parts[part]; ++r) {
+                const size_t at = size_t(b) * ldy + size_t(packed.part_offset(int(part)) + r);
+                double magnitude = mode == MatmulMode::Accumulate ? std::abs(y0[at]) : 0.0;
+                const double dot =
+                    reference_dot(parts[part], r, x.data() + size_t(b) * c.in, c.in, &magnitude);
+                const double ref = (mode == MatmulMode::Accumulate ? y0[at] : 0.0) + dot;
+                ASSERT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-6)
+                    << "row " << b << " part " << part << " output " << r;
+              }
+            }
+            // Past the last output column nothing is written.
+            for (size_t col = size_t(packed.out_cols()); col < ldy; ++col) {
+              ASSERT_EQ(y[size_t(b) * ldy + col], y0[size_t(b) * ldy + col]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PackedMatmul, InterleavesTwoMatricesPanelByPanel) {
+  std::mt19937 rng(12);
+  for (Isa isa : supported_isas()) {
+    const TestWeights a = make_weights(37, 29, DType::BF16, rng);
+    const TestWeights b = make_weights(37, 29, DType::BF16, rng);
+    const PackedMatrix packed = PackedMatrix::interleave(a.view, b.view);
+    ASSERT_EQ(packed.out_cols(), 2 * 48);
+    const int batch = 6;
+    const std::vector<float> x = random_floats(size_t(batch) * 29, rng);
+    std::vector<float> y(size_t(batch) * packed.out_cols());
+    matmul(isa, x.data(), batch, packed, y.data(), size_t(packed.out_cols()));
+    for (int row = 0; row < batch; ++row) {
+      for (int r = 0; r < 37; ++r) {
+        const size_t at = size_t(row) * packed.out_cols() + size_t(r / 16) * 32 + size_t(r % 16);
+        double ma = 0.0, mb = 0.0;
+        const double ref_a = reference_dot(a, r, x.data() + size_t(row) * 29, 29, &ma);
+        const double ref_b = reference_dot(b, r, x.data() + size_t(row) * 29, 29, &mb);
+        EXPECT_NEAR(y[at], ref_a, 1e-5 * ma);
+        EXPECT_NEAR(y[at + 16], ref_b, 1e-5 * mb);
+      }
+    }
+  }
+}
+
+// A row's result must not depend on the batch around it (continuous batching relies on it), so
+// every tile shape must accumulate in the same order.
+TEST(PackedMatmul, RowResultsDoNotDependOnBatchSize) {
+  std::mt19937 rng(13);
+  for (Isa isa : supported_isas()) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      const TestWeights w = make_weights(150, 95, dtype, rng);
+      const PackedMatrix packed = PackedMatrix::stack(std::span(&w.view, 1));
+      const int batch = 29;
+      const std::vector<float> x = random_floats(size_t(batch) * 95, rng);
+      std::vector<float> all(size_t(batch) * 150);
+      matmul(isa, x.data(), batch, packed, all.data(), 150);
+      for (int row = 0; row < batch; ++row) {
+        std::vector<float> alone(150);
+        matmul(isa, x.data() + size_t(row) * 95, 1, packed, alone.data(), 150);
+        ASSERT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + size_t(row) * 150))
+            << isa_name(isa) << " " << dtype_name(dtype) << " row " << row;
+      }
+    }
+  }
+}
+
+TEST(PackedMatmul, DefaultPathEqualsForcedBestIsa) {
+  std::mt19937 rng(14);
+  const TestWeights w = make_weights(40, 45, DType::BF16, rng);
+  const PackedMatrix packed = PackedMatrix::stack(std::span(&w.view, 1));
+  const std::vector<float> x = random_floats(3 * 45, rng);
+  std::vector<float> a(3 * 40), b(3 * 40);
+  matmul(x.data(), 3, packed, a.data(), 40);
+  matmul(best_matmul_isa(), x.data(), 3, packed, b.data(), 40);
+  EXPECT_EQ(a, b);
+}
+
+TEST(PackedMatmul, RejectsMismatchedPartsAndShortLdy) {
+  std::mt19937 rng(15);
+  const TestWeights a = make_weights(4, 8, DType::BF16, rng);
+  const TestWeights b = make_weights(4, 9, DType::BF16, rng);
+  const TestWeights c = make_weights(5, 8, DType::F32, rng);
+  const WeightMatrix ab[] = {a.view, b.view};
+  const WeightMatrix ac[] = {a.view, c.view};
+  EXPECT_THROW(PackedMatrix::stack(ab), std::invalid_argument);
+  EXPECT_THROW(PackedMatrix::stack(ac), std::invalid_argument);
+  EXPECT_THROW(PackedMatrix::interleave(a.view, c.view), std::invalid_argument);
+  const PackedMatrix packed = PackedMatrix::stack(std::span(&a.view, 1));
+  std::vector<float> x(8), y(4);
+  EXPECT_THROW(matmul(x.data(), 1, packed, y.data(), 3), std::invalid_argument);
 }
 
 TEST(RmsNorm, MatchesReference) {
@@ -173,16 +310,23 @@ TEST(Rope, RejectsOddHeadDim) {
   EXPECT_THROW(RopeTable(7, 16, 10000.0), std::invalid_argument);
 }
 
-TEST(SiluMul, MatchesReference) {
+TEST(SiluMul, ReadsInterleavedGateAndUpBlocks) {
   std::mt19937 rng(5);
-  for (size_t n : {size_t(1), size_t(13), size_t(40000)}) {
-    std::vector<float> gate = random_floats(n, rng, 20.0f);
-    const std::vector<float> up = random_floats(n, rng);
-    const std::vector<float> g0 = gate;
-    silu_mul(gate.data(), up.data(), n);
-    for (size_t i = 0; i < n; ++i) {
-      const double g = g0[i];
-      EXPECT_NEAR(gate[i], g / (1.0 + std::exp(-g)) * up[i], 1e-5 * (1 + std::abs(g)));
+  const int block = 16;
+  for (int units : {1, 13, 16, 40, 3000}) {
+    const int rows = 3;
+    const size_t ld = size_t((units + block - 1) / block) * 2 * block + 5;
+    const std::vector<float> gate_up = random_floats(rows * ld, rng, 20.0f);
+    std::vector<float> out(size_t(rows) * units);
+    silu_mul_interleaved(gate_up.data(), ld, rows, units, block, out.data());
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < units; ++i) {
+        const size_t at = size_t(r) * ld + size_t(i / block) * 2 * block + size_t(i % block);
+        const double g = gate_up[at], u = gate_up[at + block];
+        EXPECT_NEAR(out[size_t(r) * units + i], g / (1.0 + std::exp(-g)) * u,
+                    1e-5 * (1 + std::abs(g)))
+            << "row " << r << " unit " << i;
+      }
     }
   }
 }
@@ -236,9 +380,11 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
   return out;
 }
 
-TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
+// One batch of paged attention against the dense reference, for one head size.
+void check_paged_attention(int head_dim) {
+  SCOPED_TRACE("head_dim " + std::to_string(head_dim));
   std::mt19937 rng(7);
-  const int num_heads = 6, num_kv_heads = 2, head_dim = 12, block_size = 5, num_blocks = 64;
+  const int num_heads = 6, num_kv_heads = 2, block_size = 5, num_blocks = 64;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
   std::vector<float> k_pool(size_t(num_blocks) * block_size * kv_dim, std::nanf(""));
   std::vector<float> v_pool(k_pool.size(), std::nanf(""));  // unwritten slots must never be read
@@ -275,15 +421,23 @@ TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
     ks.push_back(random_floats(size_t(positions) * kv_dim, rng, 2.0f));
     vs.push_back(random_floats(size_t(positions) * kv_dim, rng));
     qs.push_back(random_floats(size_t(cases[s].num_queries) * q_dim, rng, 2.0f));
-    store_kv(kv, tables[s], 0, positions, ks[s].data(), vs[s].data());
+    store_kv(kv, tables[s], 0, positions, ks[s].data(), vs[s].data(), size_t(kv_dim));
     seqs.push_back({rows, cases[s].num_queries, cases[s].start_pos, tables[s]});
     rows += cases[s].num_queries;
   }
-  std::vector<float> q(size_t(rows) * q_dim), out(q.size());
+  // q rows padded (as in the fused q/k/v output) for one call, packed for the other.
+  const size_t q_stride = size_t(q_dim) + 7;
+  std::vector<float> q(size_t(rows) * q_dim), q_padded(size_t(rows) * q_stride, std::nanf(""));
   for (size_t s = 0; s < cases.size(); ++s) {
     std::copy(qs[s].begin(), qs[s].end(), q.begin() + size_t(seqs[s].first_row) * q_dim);
   }
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(q.begin() + size_t(r) * q_dim, q_dim, q_padded.begin() + size_t(r) * q_stride);
+  }
+  std::vector<float> out(q.size()), out_strided(q.size());
   paged_attention(kv, seqs, num_heads, q.data(), out.data());
+  paged_attention(kv, seqs, num_heads, q_padded.data(), q_stride, out_strided.data());
+  EXPECT_EQ(out, out_strided);
 
   for (size_t s = 0; s < cases.size(); ++s) {
     const std::vector<double> ref =
@@ -296,15 +450,23 @@ TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
   }
 }
 
+// 12 takes the generic kernel; 64 and 128 (LLaMA's head sizes) the AVX-512 one where it runs.
+TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
+  for (int head_dim : {12, 64, 128}) check_paged_attention(head_dim);
+}
+
 TEST(PagedKv, StoresEachPositionInItsBlockSlot) {
   const PagedKvLayer shape{nullptr, nullptr, 4, 2, 3};
   std::vector<float> k(size_t(8) * 4 * 6, 0.0f), v(k.size(), 0.0f);
   const PagedKvLayer kv{k.data(), v.data(), 4, 2, 3};
   const std::vector<int32_t> table = {6, 1, 3};
-  std::vector<float> rows(3 * 6), vrows(3 * 6);
-  std::iota(rows.begin(), rows.end(), 1.0f);
-  std::iota(vrows.begin(), vrows.end(), 100.0f);
-  store_kv(kv, table, 3, 3, rows.data(), vrows.data());  // positions 3, 4, 5
+  // Rows of 8 floats whose first 6 are the keys (values), as in the fused projection's output.
+  std::vector<float> rows(3 * 8, -1.0f), vrows(3 * 8, -1.0f);
+  for (int i = 0; i < 3; ++i) {
+    std::iota(rows.begin() + 8 * i, rows.begin() + 8 * i + 6, 1.0f + 6 * i);
+    std::iota(vrows.begin() + 8 * i, vrows.begin() + 8 * i + 6, 100.0f + 6 * i);
+  }
+  store_kv(kv, table, 3, 3, rows.data(), vrows.data(), 8);  // positions 3, 4, 5
   EXPECT_EQ(k[shape.slot_offset(6, 3)], 1.0f);
   EXPECT_EQ(k[shape.slot_offset(1, 0)], 7.0f);
   EXPECT_EQ(k[shape.slot_offset(1, 1) + 5], 18.0f);

@@ -4,6 +4,7 @@
 // Softmax is online (running max and sum, rescaled once per chunk of keys), all float32.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -24,9 +25,13 @@ struct AttentionSequence {
   std::span<const int32_t> block_table;
 };
 
-// q, out: [rows, num_heads · head_dim]. Query head h reads KV head h / (num_heads / num_kv_heads).
-// Scores are scaled by 1/sqrt(head_dim). Parallel over (sequence, head) and, for long prompts,
-// over chunks of queries.
+// q: [rows, q_stride], the heads in each row's first num_heads · head_dim floats (so q can be
+// a slice of the fused q/k/v projection's output); out: [rows, num_heads · head_dim]. Query head
+// h reads KV head h / (num_heads / num_kv_heads). Scores are scaled by 1/sqrt(head_dim).
+// Parallel over (sequence, head) and, for long prompts, over chunks of queries.
+void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
+                     const float* q, size_t q_stride, float* out);
+// The same with q packed: q_stride = num_heads · head_dim.
 void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
                      const float* q, float* out);
 

@@ -5,14 +5,18 @@
 namespace pipeline::cpu {
 
 enum class Isa {
-  Portable,  // plain C++, any CPU
-  Avx2,      // AVX2 + FMA + F16C
-  Avx512,    // AVX-512 F, BW and VL (plus everything Avx2 needs)
+  Portable,    // plain C++, any CPU
+  Avx2,        // AVX2 + FMA + F16C
+  Avx512,      // AVX-512 F, BW and VL (plus everything Avx2 needs)
+  Avx512Bf16,  // Avx512 plus AVX512_BF16's vdpbf16ps (bf16 pair dot products); only the packed
+               // matmul has code for it, everything else runs its Avx512 code
 };
 
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);
-// The widest supported Isa, detected once.
+// The widest vector instruction set supported (Portable, Avx2 or Avx512), detected once.
 Isa best_isa();
+// What the packed matmul runs by default: Avx512Bf16 where the CPU has it, else best_isa().
+Isa best_matmul_isa();
 
 }  // namespace pipeline::cpu

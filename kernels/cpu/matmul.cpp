@@ -28,6 +28,7 @@ RowsFn rows_function(Isa isa) {
     case Isa::Avx2:
       return detail::matmul_rows_avx2;
     case Isa::Avx512:
+    case Isa::Avx512Bf16:  // no bf16-dot variant of the unpacked kernel
       return detail::matmul_rows_avx512;
   }
   return detail::matmul_rows_portable;

@@ -23,9 +23,10 @@ struct PagedKvLayer {
   }
 };
 
-// Stores rows i = 0..count-1 of k_rows and v_rows ([count, kv_dim] contiguous) as the keys and
-// values of positions start_pos + i, in the slots `block_table` maps those positions to.
+// Stores rows i = 0..count-1 of k_rows and v_rows ([count, row_stride], the keys or values in
+// each row's first kv_dim floats) as the keys and values of positions start_pos + i, in the
+// slots `block_table` maps those positions to.
 void store_kv(const PagedKvLayer& kv, std::span<const int32_t> block_table, int32_t start_pos,
-              int count, const float* k_rows, const float* v_rows);
+              int count, const float* k_rows, const float* v_rows, size_t row_stride);
 
 }  // namespace pipeline::cpu

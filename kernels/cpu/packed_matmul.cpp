@@ -1,0 +1,275 @@
+#include "kernels/cpu/packed_matmul.h"
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/packed_tiles.h"
+
+namespace pipeline::cpu {
+namespace {
+
+constexpr std::align_val_t kPanelAlignment{64};
+
+// Panels one task takes at least: the AVX-512 kernel's widest group.
+constexpr int kPanelsPerUnit = 4;
+// Weight bytes a task should stream at least, or scheduling costs more than it saves.
+constexpr size_t kMinBytesPerTask = size_t(32) << 10;
+// Tasks per thread: more than one, so that a thread the (shared) machine slows down hands its
+// remaining work to the other.
+constexpr int kTasksPerThread = 4;
+
+void check_parts(std::span<const WeightMatrix> parts) {
+  if (parts.empty()) throw std::invalid_argument("PackedMatrix: no matrices to pack");
+  for (const WeightMatrix& p : parts) {
+    if (p.data == nullptr || p.rows <= 0 || p.cols <= 0) {
+      throw std::invalid_argument("PackedMatrix: empty matrix (" + std::to_string(p.rows) + " x " +
+                                  std::to_string(p.cols) + ")");
+    }
+    if (p.cols != parts[0].cols || p.dtype != parts[0].dtype) {
+      throw std::invalid_argument(
+          "PackedMatrix: matrices packed together must share in_features and dtype, got " +
+          std::to_string(p.cols) + " " + dtype_name(p.dtype) + " and " +
+          std::to_string(parts[0].cols) + " " + dtype_name(parts[0].dtype));
+    }
+  }
+}
+
+const std::byte* row_of(const WeightMatrix& m, int r) {
+  return static_cast<const std::byte*>(m.data) + size_t(r) * size_t(m.cols) * dtype_size(m.dtype);
+}
+
+// Writes one panel from its 16 source rows (nullptr: zeros); see the layout in the header.
+void pack_panel(DType dtype, int cols, const std::byte* const* rows, std::byte* out) {
+  const int pairs = (cols + 1) / 2;
+  const size_t esize = dtype_size(dtype);
+  std::memset(out, 0, size_t(pairs) * 2 * kPanelWidth * esize);
+  for (int lane = 0; lane < kPanelWidth; ++lane) {
+    const std::byte* row = rows[lane];
+    if (row == nullptr) continue;
+    if (dtype == DType::BF16) {
+      uint16_t values[2];
+      for (int j = 0; j < pairs; ++j) {
+        const int n = std::min(2, cols - 2 * j);
+        values[1] = 0;
+        std::memcpy(values, row + size_t(2 * j) * 2, size_t(n) * 2);
+        const uint32_t lane_bits = uint32_t(values[0]) << 16 | values[1];
+        std::memcpy(out + (size_t(j) * kPanelWidth + lane) * 4, &lane_bits, 4);
+      }
+    } else {
+      for (int k = 0; k < cols; ++k) {
+        const size_t slot = size_t(k / 2) * 2 * kPanelWidth + size_t(k % 2) * kPanelWidth + lane;
+        std::memcpy(out + slot * esize, row + size_t(k) * esize, esize);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PackedMatrix::Free::operator()(std::byte* p) const {
+  ::operator delete[](p, kPanelAlignment);
+}
+
+PackedMatrix PackedMatrix::pack(DType dtype, int cols, int out_cols,
+                                std::span<const std::byte* const> source) {
+  PackedMatrix m;
+  m.dtype_ = dtype;
+  m.cols_ = cols;
+  m.out_cols_ = out_cols;
+  m.num_panels_ = int(source.size()) / kPanelWidth;
+  m.panel_bytes_ = size_t((cols + 1) / 2) * 2 * kPanelWidth * dtype_size(dtype);
+  m.data_.reset(static_cast<std::byte*>(::operator new[](m.bytes(), kPanelAlignment)));
+  tbb::parallel_for(0, m.num_panels_, [&](int p) {
+    pack_panel(dtype, cols, source.data() + size_t(p) * kPanelWidth,
+               m.data_.get() + size_t(p) * m.panel_bytes_);
+  });
+  return m;
+}
+
+PackedMatrix PackedMatrix::stack(std::span<const WeightMatrix> parts) {
+  check_parts(parts);
+  std::vector<int> offsets;
+  std::vector<const std::byte*> source;
+  for (const WeightMatrix& part : parts) {
+    offsets.push_back(int(source.size()));
+    for (int r = 0; r < part.rows; ++r) source.push_back(row_of(part, r));
+    source.resize(size_t(panel_round_up(int(source.size()))), nullptr);
+  }
+  PackedMatrix m = pack(parts[0].dtype, parts[0].cols, offsets.back() + parts.back().rows, source);
+  m.part_offsets_ = std::make_unique<int[]>(offsets.size());
+  std::copy(offsets.begin(), offsets.end(), m.part_offsets_.get());
+  return m;
+}
+
+PackedMatrix PackedMatrix::interleave(const WeightMatrix& a, const WeightMatrix& b) {
+  const WeightMatrix parts[] = {a, b};
+  check_parts(parts);
+  if (a.rows != b.rows) {
+    throw std::invalid_argument("PackedMatrix::interleave: matrices have " +
+                                std::to_string(a.rows) + " and " + std::to_string(b.rows) +
+                                " rows");
+  }
+  const int width = panel_round_up(a.rows);
+  std::vector<const std::byte*> source(size_t(2 * width), nullptr);
+  for (int r = 0; r < a.rows; ++r) {
+    const size_t column = size_t(r / kPanelWidth) * 2 * kPanelWidth + size_t(r % kPanelWidth);
+    source[column] = row_of(a, r);
+    source[column + kPanelWidth] = row_of(b, r);
+  }
+  PackedMatrix m = pack(a.dtype, a.cols, 2 * width, source);
+  m.part_offsets_ = std::make_unique<int[]>(2);
+  m.part_offsets_[0] = 0;
+  m.part_offsets_[1] = kPanelWidth;
+  return m;
+}
+
+namespace {
+
+// x as the bf16 pairs the Avx512Bf16 kernel multiplies (see PackedArgs::x_pairs), in a buffer
+// of the calling thread that only grows, so steady decoding does not allocate.
+const uint32_t* split_into_bf16_pairs(const float* x, int batch, int cols) {
+  thread_local std::vector<uint32_t> pairs;
+  const int per_row = (cols + 1) / 2;
+  const size_t needed = size_t(batch) * per_row * 2;
+  if (pairs.size() < needed) pairs.resize(needed);
+  for (int b = 0; b < batch; ++b) {
+    const float* row = x + size_t(b) * cols;
+    uint32_t* out = pairs.data() + size_t(b) * per_row * 2;
+    for (int j = 0; j < per_row; ++j) {
+      uint16_t hi[2] = {0, 0}, lo[2] = {0, 0};
+      for (int i = 0; i < 2 && 2 * j + i < cols; ++i) {
+        const float v = row[2 * j + i];
+        hi[i] = f32_to_bf16(v);
+        lo[i] = f32_to_bf16(v - bf16_to_f32(hi[i]));
+      }
+      out[2 * j] = uint32_t(hi[0]) << 16 | hi[1];
+      out[2 * j + 1] = uint32_t(lo[0]) << 16 | lo[1];
+    }
+  }
+  return pairs.data();
+}
+
+using PanelsFn = void (*)(const detail::PackedArgs&, int, int);
+
+PanelsFn panels_function(Isa isa, bool bf16_dot) {
+  switch (isa) {
+    case Isa::Portable:
+      return detail::packed_panels_portable;
+    case Isa::Avx2:
+      return detail::packed_panels_avx2;
+    case Isa::Avx512:
+      return detail::packed_panels_avx512;
+    case Isa::Avx512Bf16:
+      return bf16_dot ? detail::packed_panels_avx512bf16 : detail::packed_panels_avx512;
+  }
+  return detail::packed_panels_portable;
+}
+
+}  // namespace
+
+void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
+            MatmulMode mode) {
+  matmul(best_matmul_isa(), x, batch, w, y, ldy, mode);
+}
+
+void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
+            MatmulMode mode) {
+  if (!isa_supported(isa)) {
+    throw std::invalid_argument(std::string("matmul: instruction set ") + isa_name(isa) +
+                                " is not supported by this CPU");
+  }
+  if (batch <= 0 || w.num_panels() == 0) return;
+  if (ldy < size_t(w.out_cols())) {
+    throw std::invalid_argument("matmul: ldy " + std::to_string(ldy) + " is below the " +
+                                std::to_string(w.out_cols()) + " output columns");
+  }
+  // vdpbf16ps multiplies bf16 by bf16: only bf16 weights have a use for it.
+  const bool bf16_dot = isa == Isa::Avx512Bf16 && w.dtype() == DType::BF16;
+  const detail::PackedArgs args{x,
+                                batch,
+                                &w,
+                                y,
+                                ldy,
+                                mode == MatmulMode::Accumulate,
+                                bf16_dot ? split_into_bf16_pairs(x, batch, w.cols()) : nullptr};
+  const PanelsFn panels_fn = panels_function(isa, bf16_dot);
+  const int panels = w.num_panels();
+  const int units = (panels + kPanelsPerUnit - 1) / kPanelsPerUnit;
+  const size_t unit_bytes = kPanelsPerUnit * w.panel_bytes();
+  const int min_units = int((kMinBytesPerTask + unit_bytes - 1) / unit_bytes);
+  const int tasks = kTasksPerThread * tbb::this_task_arena::max_concurrency();
+  const int grain = std::max(min_units, (units + tasks - 1) / tasks);
+  const auto run_units = [&](const tbb::blocked_range<int>& r) {
+    panels_fn(args, r.begin() * kPanelsPerUnit, std::min(panels, r.end() * kPanelsPerUnit));
+  };
+  if (grain >= units) {
+    run_units(tbb::blocked_range<int>(0, units));
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int>(0, units, grain), run_units, tbb::simple_partitioner());
+}
+
+namespace detail {
+namespace {
+
+// Weight (lane, k) of a panel, as float.
+template <DType T>
+float panel_value(const std::byte* panel, int lane, int k) {
+  if constexpr (T == DType::BF16) {
+    uint32_t bits;
+    std::memcpy(&bits, panel + (size_t(k / 2) * kPanelWidth + lane) * 4, 4);
+    return std::bit_cast<float>(k % 2 == 0 ? bits & 0xffff0000u : bits << 16);
+  } else {
+    const size_t slot = size_t(k / 2) * 2 * kPanelWidth + size_t(k % 2) * kPanelWidth + lane;
+    return load_f32<T>(panel, slot);
+  }
+}
+
+template <DType T>
+void panels_portable(const PackedArgs& a, int panel_begin, int panel_end) {
+  const PackedMatrix& w = *a.w;
+  const int cols = w.cols();
+  for (int p = panel_begin; p < panel_end; ++p) {
+    const std::byte* panel = w.panel(p);
+    const int first = p * kPanelWidth;
+    const int lanes = std::min(kPanelWidth, w.out_cols() - first);
+    for (int b = 0; b < a.batch; ++b) {
+      const float* x = a.x + size_t(b) * cols;
+      float acc[kPanelWidth] = {};
+      for (int k = 0; k < cols; ++k) {
+        for (int lane = 0; lane < kPanelWidth; ++lane)
+          acc[lane] += panel_value<T>(panel, lane, k) * x[k];
+      }
+      float* y = a.y + size_t(b) * a.ldy + first;
+      for (int lane = 0; lane < lanes; ++lane)
+        y[lane] = a.accumulate ? y[lane] + acc[lane] : acc[lane];
+    }
+  }
+}
+
+}  // namespace
+
+void packed_panels_portable(const PackedArgs& args, int panel_begin, int panel_end) {
+  switch (args.w->dtype()) {
+    case DType::F32:
+      return panels_portable<DType::F32>(args, panel_begin, panel_end);
+    case DType::BF16:
+      return panels_portable<DType::BF16>(args, panel_begin, panel_end);
+    case DType::F16:
+      return panels_portable<DType::F16>(args, panel_begin, panel_end);
+  }
+}
+
+}  // namespace detail
+}  // namespace pipeline::cpu

@@ -1,0 +1,91 @@
+// The projections' matmul on weights repacked once at load: Y[b, c] = X[b, :] · W[c, :], with W
+// stored as panels of kPanelWidth output columns so that one vector load brings the weights of
+// 16 outputs and the kernel broadcasts activations against them (no horizontal sums, and each
+// weight vector is widened once for up to 12 batch rows held in registers).
+//
+// Panel layout: panel p holds output columns [16p, 16p + 16); inside it, k runs in pairs, and
+// the pair (2j, 2j+1) is one block of 32 values:
+//   bf16: 16 32-bit lanes, lane i = W[16p+i, 2j] << 16 | W[16p+i, 2j+1], so the even k is the
+//         lane with its low half masked off and the odd k the lane shifted left by 16: two
+//         single-uop widenings per 32 weights.
+//   f16, f32: 16 values for k = 2j, then 16 for k = 2j+1.
+// Missing columns and the odd k past the end are zeros.
+//
+// Kernels: AVX-512 and AVX2 widen the weights in registers and use float32 FMAs; on CPUs with
+// AVX512_BF16, bf16 weights go through vdpbf16ps instead (packed_matmul_avx512bf16.cpp), which
+// needs no widening; a portable loop runs anywhere else.
+//
+// Every output column is accumulated in float32 by fused multiply-adds in k order, whatever the
+// batch size or register tile, so a sequence's results never depend on what it is batched with.
+//
+// Several matrices that read the same input pack into one (the fused q/k/v and gate/up
+// projections) and come out of one pass over the weights.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "io/dtype.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+
+namespace pipeline::cpu {
+
+constexpr int kPanelWidth = 16;
+
+// Rounds n up to whole panels.
+constexpr int panel_round_up(int n) {
+  return (n + kPanelWidth - 1) / kPanelWidth * kPanelWidth;
+}
+
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+
+  // Stacks `parts` (same cols and dtype) along the output axis, each starting on a panel
+  // boundary: part i's row r is output column part_offset(i) + r.
+  static PackedMatrix stack(std::span<const WeightMatrix> parts);
+  // Interleaves two equally shaped matrices panel by panel: a's row r is output column
+  // (r / 16) · 32 + r % 16, b's the same plus 16. Used for gate/up, so that one 32-column stretch
+  // of the output holds the gate and up values of the same 16 MLP units.
+  static PackedMatrix interleave(const WeightMatrix& a, const WeightMatrix& b);
+
+  DType dtype() const { return dtype_; }
+  int cols() const { return cols_; }          // in_features: K
+  int out_cols() const { return out_cols_; }  // output columns written per row of Y
+  int num_panels() const { return num_panels_; }
+  int part_offset(int part) const { return part_offsets_[size_t(part)]; }
+  // Bytes of one panel: ceil(K / 2) blocks of 32 values.
+  size_t panel_bytes() const { return panel_bytes_; }
+  const std::byte* panel(int p) const { return data_.get() + size_t(p) * panel_bytes_; }
+  size_t bytes() const { return size_t(num_panels_) * panel_bytes_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  // source[c]: the row of output column c, or nullptr for a zero column.
+  static PackedMatrix pack(DType dtype, int cols, int out_cols,
+                           std::span<const std::byte* const> source);
+
+  DType dtype_ = DType::F32;
+  int cols_ = 0;
+  int out_cols_ = 0;
+  int num_panels_ = 0;
+  size_t panel_bytes_ = 0;
+  std::unique_ptr<int[]> part_offsets_;
+  std::unique_ptr<std::byte[], Free> data_;
+};
+
+// y[b · ldy + c] (=|+=) Σ_k x[b · w.cols() + k] · W[c, k] for c < w.out_cols(). Runs in the
+// calling task arena; threads take disjoint panel ranges, each streaming its weights once per
+// call however large the batch.
+void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
+            MatmulMode mode = MatmulMode::Overwrite);
+// The same on a chosen instruction set (which must be supported), for tests and benchmarks.
+void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
+            MatmulMode mode = MatmulMode::Overwrite);
+
+}  // namespace pipeline::cpu
