@@ -1,13 +1,16 @@
-// The CPU kernels that dominate a forward pass, on the llama2-110m shapes, with the operands
-// streamed from memory as in a real decode step (a model's weights and KV cache do not stay in
-// the caches from one step to the next):
+// The CPU kernels that dominate a forward pass, as the CPU runner calls them, on the
+// llama2-110m shapes, with the operands streamed from memory as in a real decode step (a model's
+// weights and KV cache do not stay in the caches from one step to the next):
 //
-//   Matmul/<dtype>/<matrix>/<batch>   Y = X·Wᵀ for W in bf16 or f32 and a batch of 1 or 16 rows.
-//                                     Each call takes the next copy of W from a 1 GiB pool, so W
-//                                     comes from DRAM, as it does in decode.
+//   Matmul/<dtype>/<matrix>/<batch>   the packed matmul (kernels/cpu/packed_matmul.h) on one of
+//                                     the runner's packed matrices, W in bf16 or f32, for a batch
+//                                     of 1 or 16 rows. Each call takes the next packed copy of W
+//                                     from a pool of at least 1 GiB, so W comes from DRAM, as it
+//                                     does in decode.
 //   AttentionDecode/<layout>/<batch>  one query per sequence over a 1024-token context in the
-//                                     paged KV pool (blocks scattered at random); each call reads
-//                                     the next "layer" of a KV pool of at least 1 GiB.
+//                                     paged KV pool (blocks scattered at random), q read with the
+//                                     fused q/k/v projection's row stride as in the runner; each
+//                                     call reads the next "layer" of a KV pool of at least 1 GiB.
 //
 // Threads: $PIPELINE_BENCH_THREADS (default 2), in a oneTBB arena of that size.
 // Counters: GB/s (operand bytes read per second), GFLOP/s, and bw_floor / flop_floor: the
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <span>
@@ -30,8 +34,9 @@
 #include "bench/bench_support.h"
 #include "io/dtype.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
+#include "kernels/cpu/weight_matrix.h"
 
 namespace pipeline::bench {
 namespace {
@@ -74,27 +79,71 @@ void fill_uniform(float* data, size_t count) {
   parallel_fill(count, [&](size_t i) { data[i] = hashed_uniform(i); });
 }
 
-// kStreamBytes of weights in one dtype (made on first use, kept for every matrix shape).
-const std::vector<std::byte>& weight_pool(DType dtype) {
-  static std::vector<std::byte> pools[3];
-  std::vector<std::byte>& pool = pools[int(dtype)];
-  if (pool.empty()) {
-    pool.resize(kStreamBytes);
-    std::byte* data = pool.data();
-    parallel_fill(kStreamBytes / dtype_size(dtype), [&](size_t i) {
-      const float value = 0.05f * hashed_uniform(i);
-      switch (dtype) {
-        case DType::F32:
-          reinterpret_cast<float*>(data)[i] = value;
-          break;
-        case DType::BF16:
-          reinterpret_cast<uint16_t*>(data)[i] = f32_to_bf16(value);
-          break;
-        case DType::F16:
-          reinterpret_cast<uint16_t*>(data)[i] = f32_to_f16(value);
-          break;
-      }
-    });
+// A projection as the runner packs it (model/cpu_runner.cpp): `parts` matrices of [rows, cols]
+// stacked along the output axis, or two interleaved panel by panel (gate/up). `mode` is the one
+// the runner multiplies with: o_proj and down_proj add into the residual.
+struct MatrixShape {
+  const char* name;
+  int parts, rows, cols;
+  bool interleave;
+  cpu::MatmulMode mode;
+};
+
+// The projections of llama2-110m (hidden 768, FFN 2048, vocab 32000).
+constexpr MatrixShape kMatrices[] = {
+    {"qkv_2304x768", 3, 768, 768, false, cpu::MatmulMode::Overwrite},
+    {"o_768x768", 1, 768, 768, false, cpu::MatmulMode::Accumulate},
+    {"gate_up_4096x768", 2, 2048, 768, true, cpu::MatmulMode::Overwrite},
+    {"down_768x2048", 1, 768, 2048, false, cpu::MatmulMode::Accumulate},
+    {"lm_head_32000x768", 1, 32000, 768, false, cpu::MatmulMode::Overwrite},
+};
+
+// One source matrix of random weights in `dtype`, packed as `shape` into copies that together
+// fill at least kStreamBytes. Every copy packs the same values: the timing depends only on where
+// the bytes come from.
+std::vector<cpu::PackedMatrix> make_packed_pool(const MatrixShape& shape, DType dtype) {
+  const size_t count = size_t(shape.rows) * size_t(shape.cols);
+  std::vector<std::byte> source(count * dtype_size(dtype));
+  std::byte* data = source.data();
+  parallel_fill(count, [&](size_t i) {
+    const float value = 0.05f * hashed_uniform(i);
+    switch (dtype) {
+      case DType::F32:
+        reinterpret_cast<float*>(data)[i] = value;
+        break;
+      case DType::BF16:
+        reinterpret_cast<uint16_t*>(data)[i] = f32_to_bf16(value);
+        break;
+      case DType::F16:
+        reinterpret_cast<uint16_t*>(data)[i] = f32_to_f16(value);
+        break;
+    }
+  });
+  const cpu::WeightMatrix part{data, dtype, shape.rows, shape.cols};
+  const std::vector<cpu::WeightMatrix> parts(size_t(shape.parts), part);
+  std::vector<cpu::PackedMatrix> pool;
+  size_t bytes = 0;
+  arena().execute([&] {
+    while (bytes < kStreamBytes) {
+      pool.push_back(shape.interleave ? cpu::PackedMatrix::interleave(part, part)
+                                      : cpu::PackedMatrix::stack(parts));
+      bytes += pool.back().bytes();
+    }
+  });
+  return pool;
+}
+
+// The pool of the shape and dtype asked for. Only the last one is kept: the batches of one
+// matrix run one after the other, and a pool per matrix would hold gigabytes.
+const std::vector<cpu::PackedMatrix>& packed_pool(const MatrixShape& shape, DType dtype) {
+  static const MatrixShape* pool_shape = nullptr;
+  static DType pool_dtype = DType::F32;
+  static std::vector<cpu::PackedMatrix> pool;
+  if (pool_shape != &shape || pool_dtype != dtype) {
+    pool.clear();  // free the last pool before packing the next
+    pool = make_packed_pool(shape, dtype);
+    pool_shape = &shape;
+    pool_dtype = dtype;
   }
   return pool;
 }
@@ -108,24 +157,27 @@ void set_floor_counters(benchmark::State& state, double bytes, double flops,
   state.counters["flop_floor"] = flops / machine().fma_flops_per_s / seconds_per_call;
 }
 
-void BM_Matmul(benchmark::State& state, DType dtype, int rows, int cols, int batch) {
+void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, int batch) {
   try {
-    const std::vector<std::byte>& pool = weight_pool(dtype);
-    const size_t matrix_bytes = size_t(rows) * cols * dtype_size(dtype);
-    const size_t copies = pool.size() / matrix_bytes;
-    std::vector<float> x(size_t(batch) * cols), y(size_t(batch) * rows);
+    const std::vector<cpu::PackedMatrix>& pool = packed_pool(shape, dtype);
+    const cpu::PackedMatrix& first = pool.front();
+    const size_t ldy = size_t(first.out_cols());
+    std::vector<float> x(size_t(batch) * size_t(first.cols())), y(size_t(batch) * ldy);
     fill_uniform(x.data(), x.size());
+    fill_uniform(y.data(), y.size());
     size_t next = 0;
     double seconds = 0.0;
     arena().execute([&] {
       seconds = time_passes(state, [&] {
-        const cpu::WeightMatrix w{pool.data() + next * matrix_bytes, dtype, rows, cols};
-        cpu::matmul(x.data(), batch, w, y.data());
-        next = (next + 1) % copies;
+        cpu::matmul(x.data(), batch, pool[next], y.data(), ldy, shape.mode);
+        next = (next + 1) % pool.size();
       });
     });
     benchmark::DoNotOptimize(y.data());
-    set_floor_counters(state, double(matrix_bytes), 2.0 * rows * cols * batch, seconds);
+    // Bytes: the packed panels (their zero padding too, which the kernel streams); FLOPs: the
+    // real outputs only.
+    const double outputs = double(shape.parts) * shape.rows;
+    set_floor_counters(state, double(first.bytes()), 2.0 * outputs * shape.cols * batch, seconds);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -158,9 +210,12 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
                                            size_t(blocks_per_seq));
       seqs.push_back({s, 1, kContext - 1, table});
     }
+    // q is the first part of each row of the fused q/k/v projection's output, as in the runner.
     const int q_dim = layout.num_heads * layout.head_dim;
-    std::vector<float> q(size_t(batch) * q_dim), out(q.size());
-    fill_uniform(q.data(), q.size());
+    const int kv_dim = layout.num_kv_heads * layout.head_dim;
+    const size_t ld_qkv = size_t(cpu::panel_round_up(q_dim) + 2 * cpu::panel_round_up(kv_dim));
+    std::vector<float> qkv(size_t(batch) * ld_qkv), out(size_t(batch) * q_dim);
+    fill_uniform(qkv.data(), qkv.size());
 
     size_t layer = 0;
     double seconds = 0.0;
@@ -169,7 +224,7 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
         float* k = pool.data() + layer * 2 * layer_floats;
         const cpu::PagedKvLayer kv{k, k + layer_floats, kBlockSize, layout.num_kv_heads,
                                    layout.head_dim};
-        cpu::paged_attention(kv, seqs, layout.num_heads, q.data(), out.data());
+        cpu::paged_attention(kv, seqs, layout.num_heads, qkv.data(), ld_qkv, out.data());
         layer = (layer + 1) % layers;
       });
     });
@@ -181,25 +236,13 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
   }
 }
 
-// The projections of llama2-110m (hidden 768, FFN 2048, vocab 32000), [out, in].
-struct MatrixShape {
-  const char* name;
-  int rows, cols;
-};
-constexpr MatrixShape kMatrices[] = {
-    {"qkvo_768x768", 768, 768},
-    {"gate_up_2048x768", 2048, 768},
-    {"down_768x2048", 768, 2048},
-    {"lm_head_32000x768", 32000, 768},
-};
-
 void register_benchmarks() {
   for (DType dtype : {DType::BF16, DType::F32}) {
     for (const MatrixShape& m : kMatrices) {
       for (int batch : {1, 16}) {
         const std::string name =
             std::string("Matmul/") + dtype_name(dtype) + "/" + m.name + "/" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, dtype, m.rows, m.cols, batch)
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, std::cref(m), dtype, batch)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

@@ -13,12 +13,12 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/silu_mul.h"
+#include "kernels/cpu/weight_matrix.h"
 
 namespace pipeline {
 namespace {

@@ -16,12 +16,12 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/silu_mul.h"
+#include "kernels/cpu/weight_matrix.h"
 
 namespace pipeline::cpu {
 namespace {
@@ -70,55 +70,6 @@ TEST(CpuFeatures, BestIsaIsSupported) {
   EXPECT_TRUE(isa_supported(best_isa()));
   EXPECT_TRUE(isa_supported(best_matmul_isa()));
   EXPECT_TRUE(isa_supported(Isa::Portable));
-}
-
-struct MatmulShape {
-  int batch, in, out;
-};
-
-TEST(Matmul, MatchesReferenceOnEveryIsaAndDtype) {
-  std::mt19937 rng(1);
-  const MatmulShape shapes[] = {{1, 37, 13},  {1, 64, 8}, {5, 67, 9},  {7, 16, 4},
-                                {3, 300, 21}, {9, 5, 3},  {2, 129, 33}};
-  for (Isa isa : supported_isas()) {
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (const MatmulShape& s : shapes) {
-        for (MatmulMode mode : {MatmulMode::Overwrite, MatmulMode::Accumulate}) {
-          SCOPED_TRACE(std::string(isa_name(isa)) + " " + dtype_name(dtype) + " batch " +
-                       std::to_string(s.batch) + " in " + std::to_string(s.in) + " out " +
-                       std::to_string(s.out) + (mode == MatmulMode::Accumulate ? " +=" : " ="));
-          const TestWeights w = make_weights(s.out, s.in, dtype, rng);
-          const std::vector<float> x = random_floats(size_t(s.batch) * s.in, rng);
-          const std::vector<float> y0 = random_floats(size_t(s.batch) * s.out, rng);
-          std::vector<float> y = y0;
-          matmul(isa, x.data(), s.batch, w.view, y.data(), mode);
-          for (int b = 0; b < s.batch; ++b) {
-            for (int o = 0; o < s.out; ++o) {
-              double ref = mode == MatmulMode::Accumulate ? y0[size_t(b) * s.out + o] : 0.0;
-              double magnitude = std::abs(ref);
-              for (int i = 0; i < s.in; ++i) {
-                const double p = double(w.values[size_t(o) * s.in + i]) * x[size_t(b) * s.in + i];
-                ref += p;
-                magnitude += std::abs(p);
-              }
-              ASSERT_NEAR(y[size_t(b) * s.out + o], ref, 1e-5 * magnitude + 1e-6)
-                  << "row " << b << " col " << o;
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-TEST(Matmul, DefaultPathEqualsForcedBestIsa) {
-  std::mt19937 rng(2);
-  const TestWeights w = make_weights(11, 45, DType::BF16, rng);
-  const std::vector<float> x = random_floats(3 * 45, rng);
-  std::vector<float> a(3 * 11), b(3 * 11);
-  matmul(x.data(), 3, w.view, a.data());
-  matmul(best_isa(), x.data(), 3, w.view, b.data());
-  EXPECT_EQ(a, b);
 }
 
 // Y = X·Wᵀ in double over the float values the stored weights really hold.
@@ -425,7 +376,7 @@ void check_paged_attention(int head_dim) {
     seqs.push_back({rows, cases[s].num_queries, cases[s].start_pos, tables[s]});
     rows += cases[s].num_queries;
   }
-  // q rows padded (as in the fused q/k/v output) for one call, packed for the other.
+  // q rows packed for one call, padded (as in the fused q/k/v output) for the other.
   const size_t q_stride = size_t(q_dim) + 7;
   std::vector<float> q(size_t(rows) * q_dim), q_padded(size_t(rows) * q_stride, std::nanf(""));
   for (size_t s = 0; s < cases.size(); ++s) {
@@ -435,7 +386,7 @@ void check_paged_attention(int head_dim) {
     std::copy_n(q.begin() + size_t(r) * q_dim, q_dim, q_padded.begin() + size_t(r) * q_stride);
   }
   std::vector<float> out(q.size()), out_strided(q.size());
-  paged_attention(kv, seqs, num_heads, q.data(), out.data());
+  paged_attention(kv, seqs, num_heads, q.data(), size_t(q_dim), out.data());
   paged_attention(kv, seqs, num_heads, q_padded.data(), q_stride, out_strided.data());
   EXPECT_EQ(out, out_strided);
 

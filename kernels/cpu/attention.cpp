@@ -41,11 +41,12 @@ constexpr int kQueryChunk = 16;
 }
 
 // out[0, head_dim) = softmax(q · K[0..num_keys)ᵀ · scale) · V for one query of one head, any
-// head_dim. Compiled for AVX2 and baseline (the loops over head_dim vectorise), the widest
-// picked at load time; AVX-512 CPUs run attend_avx512 below for LLaMA's head sizes.
-__attribute__((target_clones("avx2", "default"))) void attend_generic(
-    const PagedKvLayer& kv, std::span<const int32_t> block_table, int kv_head, int num_keys,
-    float scale, const float* q, float* out) {
+// head_dim. Always inlined into attend_generic_avx2/_portable below (the loops over head_dim
+// vectorise for each); AVX-512 CPUs run attend_avx512 further down for LLaMA's head sizes.
+[[gnu::always_inline]] inline void attend_generic(const PagedKvLayer& kv,
+                                                  std::span<const int32_t> block_table, int kv_head,
+                                                  int num_keys, float scale, const float* q,
+                                                  float* out) {
   const int head_dim = kv.head_dim;
   float acc[kMaxAttentionHeadDim];
   std::fill_n(acc, head_dim, 0.0f);
@@ -81,6 +82,19 @@ __attribute__((target_clones("avx2", "default"))) void attend_generic(
   }
   const float inv_sum = 1.0f / running_sum;
   for (int d = 0; d < head_dim; ++d) out[d] = acc[d] * inv_sum;
+}
+
+// Chosen at run time in attend_function rather than with GCC's target_clones, whose ifunc
+// resolvers run before ThreadSanitizer's runtime is up and crash a -fsanitize=thread build.
+__attribute__((target("avx2"))) void attend_generic_avx2(const PagedKvLayer& kv,
+                                                         std::span<const int32_t> block_table,
+                                                         int kv_head, int num_keys, float scale,
+                                                         const float* q, float* out) {
+  attend_generic(kv, block_table, kv_head, num_keys, scale, q, out);
+}
+void attend_generic_portable(const PagedKvLayer& kv, std::span<const int32_t> block_table,
+                             int kv_head, int num_keys, float scale, const float* q, float* out) {
+  attend_generic(kv, block_table, kv_head, num_keys, scale, q, out);
 }
 
 #define PIPELINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -145,15 +159,11 @@ AttendFn attend_function(int head_dim) {
     if (head_dim == 64) return attend_avx512<4>;
     if (head_dim == 128) return attend_avx512<8>;
   }
-  return attend_generic;
+  static const bool avx2 = isa_supported(Isa::Avx2);
+  return avx2 ? attend_generic_avx2 : attend_generic_portable;
 }
 
 }  // namespace
-
-void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
-                     const float* q, float* out) {
-  paged_attention(kv, seqs, num_heads, q, size_t(num_heads) * kv.head_dim, out);
-}
 
 void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
                      const float* q, size_t q_stride, float* out) {

@@ -31,8 +31,5 @@ struct AttentionSequence {
 // Parallel over (sequence, head) and, for long prompts, over chunks of queries.
 void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
                      const float* q, size_t q_stride, float* out);
-// The same with q packed: q_stride = num_heads · head_dim.
-void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
-                     const float* q, float* out);
 
 }  // namespace pipeline::cpu

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <span>
 
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/weight_matrix.h"
 
 namespace pipeline::cpu {
 

@@ -29,11 +29,16 @@
 
 #include "io/dtype.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/weight_matrix.h"
 
 namespace pipeline::cpu {
 
 constexpr int kPanelWidth = 16;
+
+enum class MatmulMode {
+  Overwrite,   // Y = X·Wᵀ
+  Accumulate,  // Y += X·Wᵀ (fuses a residual add)
+};
 
 // Rounds n up to whole panels.
 constexpr int panel_round_up(int n) {
