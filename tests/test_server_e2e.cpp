@@ -19,8 +19,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/support/server_process.h"
 #include "tests/support/command.h"
+#include "tests/support/server_process.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
@@ -96,6 +96,8 @@ void parse_events(Stream& stream, std::string& pending, Clock::time_point now) {
   }
 }
 
+// Posts a streaming request and parses its events as the bytes come in, keeping each event's
+// arrival time; an error answer keeps its raw JSON body.
 Stream post_stream(int port, const std::string& path, json body) {
   body["stream"] = true;
   httplib::Client client("127.0.0.1", port);
@@ -107,43 +109,21 @@ Stream post_stream(int port, const std::string& path, json body) {
   request.path = path;
   request.body = body.dump();
   request.set_header("Content-Type", "application/json");
-  request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-    stream.raw.append(data, size);
-    pending.append(data, size);
-    return true;
-  };
   request.response_handler = [&](const httplib::Response& response) {
     stream.status = response.status;
     stream.content_type = response.get_header_value("Content-Type");
     return true;
   };
-  httplib::Result result = client.send(request);
-  if (!result) throw std::runtime_error("POST " + path + ": " + httplib::to_string(result.error()));
-  if (stream.status == 200) parse_events(stream, pending, Clock::now());
-  return stream;
-}
-
-// Keeps the arrival time of every event: parses as the bytes come in.
-Stream post_stream_timed(int port, const std::string& path, json body) {
-  body["stream"] = true;
-  httplib::Client client("127.0.0.1", port);
-  client.set_read_timeout(60);
-  Stream stream;
-  std::string pending;
-  httplib::Request request;
-  request.method = "POST";
-  request.path = path;
-  request.body = body.dump();
-  request.set_header("Content-Type", "application/json");
   request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
     stream.raw.append(data, size);
-    pending.append(data, size);
-    parse_events(stream, pending, Clock::now());
+    if (stream.status == 200) {
+      pending.append(data, size);
+      parse_events(stream, pending, Clock::now());
+    }
     return true;
   };
   httplib::Result result = client.send(request);
   if (!result) throw std::runtime_error("POST " + path + ": " + httplib::to_string(result.error()));
-  stream.status = result->status;
   return stream;
 }
 
@@ -484,15 +464,13 @@ TEST(ServerE2EContinuousBatching, ANewcomerGetsItsFirstTokenWhileOthersAreStillD
 
   std::vector<std::future<Stream>> running;
   for (int i = 0; i < kLong; ++i)
-    running.push_back(std::async(std::launch::async, [&, i] {
-      return post_stream_timed(port, "/v1/completions", long_body(i));
-    }));
+    running.push_back(std::async(
+        std::launch::async, [&, i] { return post_stream(port, "/v1/completions", long_body(i)); }));
   // Once they decode (some tokens are out), the newcomer arrives.
   const auto decoding_deadline = Clock::now() + std::chrono::seconds(20);
   while (metric(port, "pipeline_running_sequences") < kLong && Clock::now() < decoding_deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  const Stream newcomer =
-      post_stream_timed(port, "/v1/completions", completion_body("The cat sat", 8));
+  const Stream newcomer = post_stream(port, "/v1/completions", completion_body("The cat sat", 8));
   ASSERT_EQ(newcomer.status, 200) << newcomer.raw;
   EXPECT_EQ(newcomer.text, newcomer_solo);
 
@@ -584,9 +562,8 @@ TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
   ServerProcess server(stories_config("scheduler:\n  window_ms: 0\n"));
   json body = completion_body("Once upon a time", 400);
   body["ignore_eos"] = true;
-  auto in_flight = std::async(std::launch::async, [&] {
-    return post_stream_timed(server.port(), "/v1/completions", body);
-  });
+  auto in_flight = std::async(std::launch::async,
+                              [&] { return post_stream(server.port(), "/v1/completions", body); });
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   while (metric(server.port(), "pipeline_running_sequences") < 1 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
