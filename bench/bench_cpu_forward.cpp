@@ -318,19 +318,9 @@ void register_benchmarks() {
 }  // namespace pipeline::bench
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  try {
-    pipeline::bench::check_models_dir();
-    using namespace pipeline::bench;
-    machine() = probe_machine_floors(bench_threads());
-    report_floors(machine());
-    pipeline::bench::register_benchmarks();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_cpu_forward: %s\n", e.what());
-    return 1;
-  }
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  using namespace pipeline::bench;
+  return run_cpu_benchmarks(argc, argv, "bench_cpu_forward", machine(), [] {
+    check_models_dir();
+    register_benchmarks();
+  });
 }

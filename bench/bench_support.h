@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -82,6 +83,25 @@ double time_passes(benchmark::State& state, Pass pass) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   return state.iterations() > 0 ? seconds / double(state.iterations()) : 0.0;
+}
+
+// The main of a CPU benchmark executable: Google Benchmark's flags, the machine's floors probed
+// into `floors` and reported, `register_benchmarks` (which may throw on missing inputs), the run.
+inline int run_cpu_benchmarks(int argc, char** argv, const char* name, MachineFloors& floors,
+                              const std::function<void()>& register_benchmarks) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  try {
+    floors = probe_machine_floors(bench_threads());
+    report_floors(floors);
+    register_benchmarks();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 // Peak resident set size in bytes (VmHWM). It is read from /proc rather than getrusage because
