@@ -1,23 +1,25 @@
 // Paged-attention decode, flash-decoding style: each sequence's cached positions are cut into
 // partitions of kDecodePartition; one block scores one partition for all query heads that
-// share a KV head (grouped-query attention reads each K/V row once), keeps a normalised partial
-// output with its max and sum, and a second kernel merges the partials of every head.
+// share a KV head (grouped-query attention reads each K/V row once) in a single pass over K and
+// V with an online softmax, keeps a normalised partial output with its max and sum, and a
+// second kernel merges the partials of every head.
 //
-// The grid always spans `max_splits` partitions so a captured CUDA graph serves any context
-// length; blocks past a sequence's length exit at once.
+// The grid spans `splits` partitions, enough for the batch's longest context, so a captured
+// CUDA graph serves every step whose contexts fit; blocks past a sequence's length exit at once.
+// Scores are kept in log2 units (q is pre-scaled by log2(e) / sqrt(head_dim)) so every
+// exponential is one exp2f.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.h"
-#include "kernels/cuda/reduce.cuh"
 
 namespace pipeline::cuda {
 namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxGroup = 8;         // query heads per KV head
-constexpr int kMaxGroupDims = 1024;  // query heads per KV head * head_dim
+constexpr int kMaxGroup = 8;  // query heads per KV head
 constexpr int kMaxHeadDim = 256;
 constexpr int kUnroll = 4;  // K/V rows each thread has in flight before using them
+constexpr float kLog2e = 1.4426950408889634f;
 
 // A thread group of `group_threads` lanes (a power of two, at most 32) covers one cached row
 // of head_dim bf16 with one 16-byte load per lane.
@@ -37,14 +39,45 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float* out) {
   }
 }
 
+// exp2(x - max) for a softmax term whose running max may still be -inf (nothing seen yet).
+__device__ __forceinline__ float scaled_exp2(float x, float max) {
+  return x == -INFINITY ? 0.0f : exp2f(x - max);
+}
+
+// The online-softmax state of some rows for one query head and this lane's 8 output columns.
+template <int kGroup>
+struct SoftmaxState {
+  float max[kGroup];
+  float sum[kGroup];
+  float acc[kGroup][8];
+};
+
+// Folds `other` (another thread's state for the same heads and columns) into `s`.
+template <int kGroup>
+__device__ __forceinline__ void merge_state(SoftmaxState<kGroup>& s, int offset) {
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, s.max[g], offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, s.sum[g], offset);
+    const float m = fmaxf(s.max[g], other_max);
+    const float mine = scaled_exp2(s.max[g], m), theirs = scaled_exp2(other_max, m);
+    s.sum[g] = s.sum[g] * mine + other_sum * theirs;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float other_acc = __shfl_xor_sync(0xffffffffu, s.acc[g][j], offset);
+      s.acc[g][j] = s.acc[g][j] * mine + other_acc * theirs;
+    }
+    s.max[g] = m;
+  }
+}
+
+template <int kGroup>
 __global__ void __launch_bounds__(kThreads)
     decode_partition_kernel(const bf16* q, int q_stride, PagedKv kv, const int32_t* context_lens,
                             int num_heads, int max_splits, DecodeScratch scratch) {
-  __shared__ __align__(16) float q_s[kMaxGroupDims];
-  __shared__ float p_s[kMaxGroup * kDecodePartition];
-  __shared__ __align__(16) float red_s[kWarps * kMaxGroupDims];
-  __shared__ float stat_s[32];
-  __shared__ float max_s[kMaxGroup], sum_s[kMaxGroup];
+  __shared__ __align__(16) float q_s[kGroup * kMaxHeadDim];
+  __shared__ float warp_max_s[kWarps][kGroup], warp_sum_s[kWarps][kGroup];
+  __shared__ float warp_acc_s[kWarps][kGroup * kMaxHeadDim];
 
   const int split = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
   const int context = context_lens[seq];
@@ -53,11 +86,10 @@ __global__ void __launch_bounds__(kThreads)
   const int n = min(kDecodePartition, context - begin);
 
   const int D = kv.head_dim;
-  const int group = num_heads / kv.num_kv_heads;
-  const int first_head = kv_head * group;
-  const float scale = rsqrtf(float(D));
+  const int first_head = kv_head * kGroup;
+  const float scale = kLog2e * rsqrtf(float(D));
   const bf16* q_row = q + size_t(seq) * q_stride + size_t(first_head) * D;
-  for (int i = threadIdx.x; i < group * D; i += kThreads)
+  for (int i = threadIdx.x; i < kGroup * D; i += kThreads)
     q_s[i] = __bfloat162float(q_row[i]) * scale;
   __syncthreads();
 
@@ -70,131 +102,112 @@ __global__ void __launch_bounds__(kThreads)
   const size_t slot_stride = size_t(kv.num_kv_heads) * D;
   const int32_t* table = kv.block_tables + size_t(seq) * kv.max_blocks_per_seq;
 
-  // Element offset of partition row i (position begin + i) for this lane, in K and V alike.
-  auto row_offset = [&](int i) {
-    const int position = begin + i;
-    const size_t block = size_t(table[position / kv.block_size]);
-    const size_t slot = block * kv.block_size + position % kv.block_size;
-    return slot * slot_stride + size_t(kv_head) * D + d0;
-  };
+  float q_r[kGroup][8];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q_r[g][j] = lane_active ? q_s[g * D + d0 + j] : 0.0f;
 
-  // Pass 1: scores q.k for every row of the partition and every query head of the group.
+  SoftmaxState<kGroup> state;
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    state.max[g] = -INFINITY;
+    state.sum[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) state.acc[g][j] = 0.0f;
+  }
+
+  // Each row group (row_threads lanes) walks rows row_in_pass, + rows_per_pass, ...; K and V
+  // of kUnroll rows are loaded before any is used.
   for (int base = 0; base < n; base += rows_per_pass * kUnroll) {
-    uint4 raw[kUnroll];
+    uint4 k_raw[kUnroll], v_raw[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base + u * rows_per_pass + row_in_pass;
-      raw[u] = make_uint4(0, 0, 0, 0);
-      if (i < n && lane_active) raw[u] = *reinterpret_cast<const uint4*>(kv.k + row_offset(i));
+      k_raw[u] = v_raw[u] = make_uint4(0, 0, 0, 0);
+      if (i < n && lane_active) {
+        const int position = begin + i;
+        const size_t block = size_t(table[position / kv.block_size]);
+        const size_t offset = (block * kv.block_size + position % kv.block_size) * slot_stride +
+                              size_t(kv_head) * D + d0;
+        k_raw[u] = *reinterpret_cast<const uint4*>(kv.k + offset);
+        v_raw[u] = *reinterpret_cast<const uint4*>(kv.v + offset);
+      }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * rows_per_pass + row_in_pass;
-      float k[8];
-      unpack8(raw[u], k);
+    for (int g = 0; g < kGroup; ++g) {
+      float scores[kUnroll];
+      float tile_max = state.max[g];
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g >= group) break;  // uniform: every lane takes part in the shuffles below
+      for (int u = 0; u < kUnroll; ++u) {
+        float k[8];
+        unpack8(k_raw[u], k);
         float dot = 0.0f;
-        if (lane_active) {
-          const float4 qa = *reinterpret_cast<const float4*>(q_s + g * D + d0);
-          const float4 qb = *reinterpret_cast<const float4*>(q_s + g * D + d0 + 4);
-          dot = qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] + qb.x * k[4] + qb.y * k[5] +
-                qb.z * k[6] + qb.w * k[7];
-        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot += q_r[g][j] * k[j];
+        // Every lane of the warp takes part; lanes row_threads apart hold other rows.
         for (int offset = row_threads / 2; offset > 0; offset >>= 1)
           dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (lane == 0 && i < n) p_s[g * kDecodePartition + i] = dot;
+        const bool valid = base + u * rows_per_pass + row_in_pass < n;
+        scores[u] = valid ? dot : -INFINITY;
+        tile_max = fmaxf(tile_max, scores[u]);
       }
-    }
-  }
-  __syncthreads();
-
-  // Softmax statistics of the partition, one query head at a time.
-  for (int g = 0; g < group; ++g) {
-    float local_max = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += kThreads)
-      local_max = fmaxf(local_max, p_s[g * kDecodePartition + i]);
-    const float m = block_max(local_max, stat_s);
-    float local_sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float p = expf(p_s[g * kDecodePartition + i] - m);
-      p_s[g * kDecodePartition + i] = p;
-      local_sum += p;
-    }
-    const float l = block_sum(local_sum, stat_s);
-    if (threadIdx.x == 0) {
-      max_s[g] = m;
-      sum_s[g] = l;
-    }
-  }
-  __syncthreads();
-
-  // Pass 2: acc[g][:] = sum_i p[g][i] * v[i][d0 .. d0+7].
-  float acc[kMaxGroup][8];
+      const float correction = scaled_exp2(state.max[g], tile_max);
+      state.sum[g] *= correction;
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
+      for (int j = 0; j < 8; ++j) state.acc[g][j] *= correction;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
-  for (int base = 0; base < n; base += rows_per_pass * kUnroll) {
-    uint4 raw[kUnroll];
+      for (int u = 0; u < kUnroll; ++u) {
+        const float p = scaled_exp2(scores[u], tile_max);
+        float v[8];
+        unpack8(v_raw[u], v);
+        state.sum[g] += p;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * rows_per_pass + row_in_pass;
-      raw[u] = make_uint4(0, 0, 0, 0);
-      if (i < n && lane_active) raw[u] = *reinterpret_cast<const uint4*>(kv.v + row_offset(i));
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * rows_per_pass + row_in_pass;
-      if (i >= n) continue;
-      float v[8];
-      unpack8(raw[u], v);
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g >= group) break;
-        const float p = p_s[g * kDecodePartition + i];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[g][j] += p * v[j];
+        for (int j = 0; j < 8; ++j) state.acc[g][j] += p * v[j];
       }
+      state.max[g] = tile_max;
     }
   }
 
   // Merge the row groups of each warp (lanes row_threads apart hold the same columns), then
   // the warps through shared memory.
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g >= group) break;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      for (int offset = row_threads; offset < 32; offset <<= 1)
-        acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], offset);
-  }
+  for (int offset = row_threads; offset < 32; offset <<= 1) merge_state(state, offset);
   const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 < row_threads && lane_active) {
+  if (threadIdx.x % 32 < row_threads) {
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= group) break;
+    for (int g = 0; g < kGroup; ++g) {
+      if (lane == 0) {
+        warp_max_s[warp][g] = state.max[g];
+        warp_sum_s[warp][g] = state.sum[g];
+      }
+      if (lane_active)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) red_s[warp * group * D + g * D + d0 + j] = acc[g][j];
+        for (int j = 0; j < 8; ++j) warp_acc_s[warp][g * D + d0 + j] = state.acc[g][j];
     }
   }
   __syncthreads();
 
   const size_t head_base = size_t(seq) * num_heads + first_head;
-  for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
-    float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += red_s[w * group * D + idx];
+  for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads) {
     const int g = idx / D, d = idx % D;
-    scratch.out[((head_base + g) * max_splits + split) * D + d] = total / sum_s[g];
-  }
-  if (threadIdx.x < group) {
-    scratch.max[(head_base + threadIdx.x) * max_splits + split] = max_s[threadIdx.x];
-    scratch.sum[(head_base + threadIdx.x) * max_splits + split] = sum_s[threadIdx.x];
+    float m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max_s[w][g]);
+    float sum = 0.0f, acc = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = scaled_exp2(warp_max_s[w][g], m);
+      sum += warp_sum_s[w][g] * weight;
+      acc += warp_acc_s[w][idx] * weight;
+    }
+    scratch.out[((head_base + g) * max_splits + split) * D + d] = acc / sum;
+    if (d == 0) {
+      scratch.max[(head_base + g) * max_splits + split] = m;
+      scratch.sum[(head_base + g) * max_splits + split] = sum;
+    }
   }
 }
 
-// One block per (head, sequence): out = sum_p w_p * out_p / sum_p w_p, w_p = sum_p * e^(max_p - M).
+// One block per (head, sequence): out = sum_p w_p * out_p / sum_p w_p,
+// w_p = sum_p * 2^(max_p - M) (maxes in log2 units).
 __global__ void decode_merge_kernel(const int32_t* context_lens, int num_heads, int head_dim,
                                     int max_splits, DecodeScratch scratch, bf16* out) {
   const int head = blockIdx.x, seq = blockIdx.y;
@@ -204,15 +217,23 @@ __global__ void decode_merge_kernel(const int32_t* context_lens, int num_heads, 
   for (int p = 0; p < splits; ++p) global_max = fmaxf(global_max, scratch.max[base + p]);
   float total_weight = 0.0f;
   for (int p = 0; p < splits; ++p)
-    total_weight += scratch.sum[base + p] * expf(scratch.max[base + p] - global_max);
+    total_weight += scratch.sum[base + p] * exp2f(scratch.max[base + p] - global_max);
   bf16* dst = out + (size_t(seq) * num_heads + head) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float acc = 0.0f;
     for (int p = 0; p < splits; ++p)
       acc += scratch.out[(base + p) * head_dim + d] * scratch.sum[base + p] *
-             expf(scratch.max[base + p] - global_max);
+             exp2f(scratch.max[base + p] - global_max);
     dst[d] = __float2bfloat16(acc / total_weight);
   }
+}
+
+template <int kGroup>
+void launch_partitions(const dim3& grid, cudaStream_t stream, const bf16* q, int q_stride,
+                       const PagedKv& kv, const int32_t* context_lens, int num_heads,
+                       int max_splits, const DecodeScratch& scratch) {
+  decode_partition_kernel<kGroup><<<grid, kThreads, 0, stream>>>(q, q_stride, kv, context_lens,
+                                                                 num_heads, max_splits, scratch);
 }
 
 }  // namespace
@@ -229,21 +250,37 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
   if (head_dim % 8 != 0 || head_dim > kMaxHeadDim)
     return fail("head_dim " + std::to_string(head_dim) +
                 " is not a multiple of 8 up to 256, as the CUDA attention kernels need");
-  if (group > kMaxGroup || group * head_dim > kMaxGroupDims)
-    return fail(std::to_string(group) + " query heads per KV head of head_dim " +
-                std::to_string(head_dim) + " exceed the CUDA decode kernel's " +
-                std::to_string(kMaxGroup) + " heads / " + std::to_string(kMaxGroupDims) +
-                " values");
+  if (group != 1 && group != 2 && group != 4 && group != kMaxGroup)
+    return fail(std::to_string(group) +
+                " query heads per KV head; the CUDA decode kernel is built for 1, 2, 4 or 8");
   return true;
 }
 
 void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
-                            const int32_t* context_lens, int num_seqs, int num_heads,
+                            const int32_t* context_lens, int num_seqs, int num_heads, int splits,
                             int max_splits, const DecodeScratch& scratch, bf16* out,
                             cudaStream_t stream) {
-  const dim3 grid(max_splits, kv.num_kv_heads, num_seqs);
-  decode_partition_kernel<<<grid, kThreads, 0, stream>>>(q, q_stride, kv, context_lens, num_heads,
-                                                         max_splits, scratch);
+  const dim3 grid(splits, kv.num_kv_heads, num_seqs);
+  switch (num_heads / kv.num_kv_heads) {
+    case 1:
+      launch_partitions<1>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
+                           scratch);
+      break;
+    case 2:
+      launch_partitions<2>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
+                           scratch);
+      break;
+    case 4:
+      launch_partitions<4>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
+                           scratch);
+      break;
+    case 8:
+      launch_partitions<8>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
+                           scratch);
+      break;
+    default:
+      throw std::invalid_argument("paged_decode_attention: unsupported group size");
+  }
   PIPELINE_CUDA_CHECK_LAUNCH();
   decode_merge_kernel<<<dim3(num_heads, num_seqs), 128, 0, stream>>>(
       context_lens, num_heads, kv.head_dim, max_splits, scratch, out);

@@ -6,9 +6,10 @@
 // KV write -> paged attention (decode: flash-decoding split; prefill: tiled causal) -> output
 // GEMM -> residual add + RMSNorm -> one fused gate/up GEMM -> SiLU*mul -> down GEMM.
 //
-// Decode steps (one token per sequence) are captured as a CUDA graph per batch size the second
-// time that size is seen and replayed afterwards; all inputs reach the graph through one packed
-// index buffer at a fixed device address. Prefill runs eagerly.
+// Decode steps (one token per sequence) are captured as a CUDA graph per batch size and
+// attention grid (the partitions the longest context needs, rounded up) the
+// second time that pair is seen, and replayed afterwards; all inputs reach the graph through
+// one packed index buffer at a fixed device address. Prefill runs eagerly.
 #include "kernels/cuda/cuda_runner.h"
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -142,6 +144,7 @@ class CudaRunner final : public ModelRunner {
 
  private:
   void ensure_capacity(int tokens, int seqs, int logit_rows);
+  int decode_splits(const StepShape& shape) const;
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
   void enqueue_attention(const StepShape& shape, int layer);
@@ -156,9 +159,11 @@ class CudaRunner final : public ModelRunner {
   DeviceWeights device_weights_;
   DeviceBuffer<bf16> k_cache_, v_cache_;
   std::unique_ptr<Workspace> workspace_;
-  PinnedBuffer<int32_t> staging_;                            // host image of workspace_->indices
-  std::map<int, int> decode_sightings_;                      // batch size -> eager runs
-  std::map<int, std::unique_ptr<GraphExec>> decode_graphs_;  // batch size -> captured step
+  PinnedBuffer<int32_t> staging_;       // host image of workspace_->indices
+  PinnedBuffer<float> logits_staging_;  // host landing of workspace_->logits
+  // (batch size, decode_splits) -> eager runs, and the captured step.
+  std::map<std::pair<int, int>, int> decode_sightings_;
+  std::map<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_;
 };
 
 void check_options(const RunnerOptions& o) {
@@ -254,6 +259,7 @@ void CudaRunner::ensure_capacity(int tokens, int seqs, int logit_rows) {
   workspace_.reset();
   workspace_ = std::make_unique<Workspace>(config_, grown, max_blocks_per_seq_, max_splits_);
   staging_ = PinnedBuffer<int32_t>(workspace_->layout.total);
+  logits_staging_ = PinnedBuffer<float>(workspace_->logits.size());
 }
 
 void CudaRunner::forward(const Batch& batch, Logits& logits) {
@@ -270,21 +276,34 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
   } else {
     enqueue_forward(shape);
   }
-  logits.vocab = config_.vocab_size;
-  logits.data.resize(size_t(shape.logit_rows) * config_.vocab_size);
-  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits.data.data(), ws.logits.data(),
-                                      logits.data.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                      stream));
+  // Through pinned memory: a direct copy into pageable memory is staged by the driver at a
+  // fraction of the bus speed, and a step's logits are megabytes at large batches.
+  const size_t count = size_t(shape.logit_rows) * config_.vocab_size;
+  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits_staging_.data(), ws.logits.data(),
+                                      count * sizeof(float), cudaMemcpyDeviceToHost, stream));
   PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  logits.vocab = config_.vocab_size;
+  logits.data.assign(logits_staging_.data(), logits_staging_.data() + count);
 }
 
-// First sight of a batch size runs eagerly; the second captures the step into a graph; later
-// ones replay it. Sizes seen once (the tail of a draining batch) never pay for a capture.
+// Decode attention partitions launched per sequence: enough for the longest context, rounded
+// up (to a power of two up to 4, then to a multiple of 4) so that few graphs cover every
+// length and few blocks find nothing to do.
+int CudaRunner::decode_splits(const StepShape& shape) const {
+  const int needed = (shape.max_context + kDecodePartition - 1) / kDecodePartition;
+  const int rounded = needed <= 4 ? round_up_pow2(needed) : (needed + 3) / 4 * 4;
+  return std::min(rounded, max_splits_);
+}
+
+// First sight of a (batch size, splits) pair runs eagerly; the second captures the step into
+// a graph; later ones replay it. Pairs seen once (the tail of a draining batch) never pay for
+// a capture.
 void CudaRunner::run_decode(const StepShape& shape) {
   cudaStream_t stream = stream_.get();
-  auto found = decode_graphs_.find(shape.seqs);
+  const std::pair<int, int> key{shape.seqs, decode_splits(shape)};
+  auto found = decode_graphs_.find(key);
   if (found == decode_graphs_.end()) {
-    if (++decode_sightings_[shape.seqs] < 2) {
+    if (++decode_sightings_[key] < 2) {
       enqueue_forward(shape);
       return;
     }
@@ -302,7 +321,7 @@ void CudaRunner::run_decode(const StepShape& shape) {
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     PIPELINE_CUDA_CHECK(instantiated);
-    found = decode_graphs_.emplace(shape.seqs, std::make_unique<GraphExec>(exec)).first;
+    found = decode_graphs_.emplace(key, std::make_unique<GraphExec>(exec)).first;
   }
   NvtxRange range{"decode_graph"};
   found->second->launch(stream);
@@ -370,7 +389,8 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   if (shape.decode) {
     const DecodeScratch scratch{ws.decode_out.data(), ws.decode_max.data(), ws.decode_sum.data()};
     paged_decode_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.context_lens), shape.seqs,
-                           c.num_heads, max_splits_, scratch, ws.attn.data(), stream_.get());
+                           c.num_heads, decode_splits(shape), max_splits_, scratch, ws.attn.data(),
+                           stream_.get());
   } else {
     prefill_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.tiles), shape.tiles,
                       ws.index(at.q_offsets), ws.index(at.q_lens), ws.index(at.start_positions),

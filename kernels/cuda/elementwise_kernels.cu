@@ -11,6 +11,7 @@ namespace pipeline::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
+constexpr int kMaxRopeHalf = 128;  // head_dim up to 256, as attention_supports() allows
 
 int grid_for(size_t n, int threads) {
   const size_t blocks = (n + threads - 1) / threads;
@@ -62,9 +63,11 @@ __global__ void add_rmsnorm_kernel(float* residual, const bf16* delta, const bf1
 
 // One block per token. Pairs (i, i + head_dim/2) of every q and k head rotate by
 // position * theta^(-2i/head_dim), computed in float32 as Hugging Face's LlamaRotaryEmbedding.
+// The head_dim/2 angles are the same for every head: computed once per token into shared memory.
 __global__ void rope_write_kv_kernel(bf16* qkv, const int32_t* positions, const int32_t* slots,
                                      int num_heads, int num_kv_heads, int head_dim,
                                      float rope_theta, bf16* k_cache, bf16* v_cache) {
+  __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
   const int t = blockIdx.x;
   const int half = head_dim / 2;
   const int qkv_stride = (num_heads + 2 * num_kv_heads) * head_dim;
@@ -76,19 +79,21 @@ __global__ void rope_write_kv_kernel(bf16* qkv, const int32_t* positions, const 
   bf16* k_dst = k_cache + slot_offset;
   bf16* v_dst = v_cache + slot_offset;
 
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float inv_freq = 1.0f / powf(rope_theta, float(2 * i) / float(head_dim));
+    sincosf(position * inv_freq, &sin_s[i], &cos_s[i]);
+  }
+  __syncthreads();
   for (int idx = threadIdx.x; idx < (num_heads + num_kv_heads) * half; idx += blockDim.x) {
     const int head = idx / half, i = idx % half;
-    const float inv_freq = 1.0f / powf(rope_theta, float(2 * i) / float(head_dim));
-    float sin_a, cos_a;
-    sincosf(position * inv_freq, &sin_a, &cos_a);
     const bool is_q = head < num_heads;
     const size_t base = is_q ? size_t(head) * head_dim : size_t(head - num_heads) * head_dim;
     const bf16* src = is_q ? q : k;
     const float x1 = __bfloat162float(src[base + i]);
     const float x2 = __bfloat162float(src[base + i + half]);
     bf16* dst = is_q ? q : k_dst;
-    dst[base + i] = __float2bfloat16(x1 * cos_a - x2 * sin_a);
-    dst[base + i + half] = __float2bfloat16(x2 * cos_a + x1 * sin_a);
+    dst[base + i] = __float2bfloat16(x1 * cos_s[i] - x2 * sin_s[i]);
+    dst[base + i + half] = __float2bfloat16(x2 * cos_s[i] + x1 * sin_s[i]);
   }
   for (int idx = threadIdx.x; idx < num_kv_heads * head_dim; idx += blockDim.x) v_dst[idx] = v[idx];
 }

@@ -1,6 +1,7 @@
 #include "kernels/cuda/gemm.h"
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"
 
 namespace pipeline::cuda {
 
@@ -10,7 +11,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 }  // namespace
 
-Gemm::Gemm(cudaStream_t stream) : workspace_(kWorkspaceBytes) {
+Gemm::Gemm(cudaStream_t stream) : stream_(stream), workspace_(kWorkspaceBytes) {
   PIPELINE_CUBLAS_CHECK(cublasCreate(&handle_));
   try {
     PIPELINE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
@@ -27,11 +28,13 @@ Gemm::~Gemm() {
 
 void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                   int in, int out) {
+  if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
   run(x, w, y, CUDA_R_16BF, rows, in, out);
 }
 
 void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                       int out) {
+  if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
   run(x, w, y, CUDA_R_32F, rows, in, out);
 }
 

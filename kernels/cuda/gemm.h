@@ -1,6 +1,7 @@
-// The projections of the forward pass through cuBLAS: y = x . W^T with x [rows, in] and W in
-// Hugging Face's [out, in] layout, bf16 operands, float32 accumulation. One handle per stream,
-// with its own workspace so the calls can be captured into CUDA graphs.
+// The projections of the forward pass: y = x . W^T with x [rows, in] and W in Hugging Face's
+// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), the
+// rest through cuBLAS: one handle per stream, with its own workspace so the calls can be
+// captured into CUDA graphs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -31,6 +32,7 @@ class Gemm {
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,
            int in, int out);
 
+  cudaStream_t stream_;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::byte> workspace_;
 };

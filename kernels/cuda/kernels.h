@@ -60,19 +60,20 @@ struct PagedKv {
 bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::string* why);
 
 // Decode keys are split into partitions of this many positions (flash-decoding); a sequence
-// of n positions uses ceil(n / kDecodePartition) of the `max_splits` partitions.
-constexpr int kDecodePartition = 256;
+// of n positions uses ceil(n / kDecodePartition) partitions.
+constexpr int kDecodePartition = 128;
 
 // One query per sequence: q row s at q + s * q_stride (its heads contiguous), attending to
-// context_lens[s] cached positions. Partials are float32 scratch of num_seqs * num_heads *
-// max_splits * (head_dim + 2) floats; out is [num_seqs, num_heads * head_dim].
+// context_lens[s] cached positions. `splits` partitions are launched per sequence and KV head,
+// at least ceil(longest context / kDecodePartition); the float32 partials have room for
+// max_splits >= splits. out is [num_seqs, num_heads * head_dim].
 struct DecodeScratch {
-  float* out = nullptr;  // [seq][head][split][head_dim], normalised per partition
-  float* max = nullptr;  // [seq][head][split]
-  float* sum = nullptr;  // [seq][head][split]
+  float* out = nullptr;  // [seq][head][max_splits][head_dim], normalised per partition
+  float* max = nullptr;  // [seq][head][max_splits], in log2 units
+  float* sum = nullptr;  // [seq][head][max_splits]
 };
 void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
-                            const int32_t* context_lens, int num_seqs, int num_heads,
+                            const int32_t* context_lens, int num_seqs, int num_heads, int splits,
                             int max_splits, const DecodeScratch& scratch, bf16* out,
                             cudaStream_t stream);
 

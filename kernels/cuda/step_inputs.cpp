@@ -68,6 +68,7 @@ StepShape pack_step(const Batch& batch, const StepLayout& layout, int block_size
     const int n = int(chunk.tokens.size());
     const int end = chunk.start_pos + n;
     packed[layout.context_lens + s] = end;
+    shape.max_context = std::max(shape.max_context, end);
     packed[layout.q_offsets + s] = t;
     packed[layout.q_lens + s] = n;
     packed[layout.start_positions + s] = chunk.start_pos;

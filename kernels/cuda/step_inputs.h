@@ -39,6 +39,7 @@ struct StepShape {
   int seqs = 0;
   int logit_rows = 0;
   int tiles = 0;
+  int max_context = 0;         // the longest sequence's positions, new tokens included
   bool decode = false;         // one token per sequence
   size_t packed_elements = 0;  // prefix of the packed buffer this step fills
 };

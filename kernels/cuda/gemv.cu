@@ -1,0 +1,105 @@
+// y = x . W^T for a single row x: the projections of a one-sequence decode step. cuBLAS streams
+// the smaller of them well below the device's bandwidth. Here kWarpsPerColumn warps share each
+// output column, each streaming its slice of the weight row with 16-byte loads, kUnroll in flight
+// per lane; the slices are small and many, so the last wave of blocks leaves little of the
+// device idle.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace pipeline::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerColumn = 4;
+constexpr int kColumnsPerBlock = kThreads / 32 / kWarpsPerColumn;
+constexpr int kUnroll = 4;
+constexpr int kVector = 8;  // bf16 per 16-byte load
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 af = __bfloat1622float2(a2[j]), bf = __bfloat1622float2(b2[j]);
+    sum += af.x * bf.x + af.y * bf.y;
+  }
+  return sum;
+}
+
+__device__ __forceinline__ void store(float* y, float v) {
+  *y = v;
+}
+__device__ __forceinline__ void store(bf16* y, float v) {
+  *y = __float2bfloat16(v);
+}
+
+// `in` is a multiple of kVector; x and the weight rows are 16-byte aligned.
+template <typename Out>
+__global__ void __launch_bounds__(kThreads)
+    gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y, int in,
+                int out) {
+  __shared__ float partial[kThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int column = blockIdx.x * kColumnsPerBlock + warp / kWarpsPerColumn;
+  const int vectors = in / kVector;
+  const int per_warp = (vectors + kWarpsPerColumn - 1) / kWarpsPerColumn;
+  const int begin = (warp % kWarpsPerColumn) * per_warp;
+  const int end = min(vectors, begin + per_warp);
+
+  float acc = 0.0f;
+  if (column < out) {
+    const uint4* w_row = reinterpret_cast<const uint4*>(w + size_t(column) * in);
+    const uint4* x_vec = reinterpret_cast<const uint4*>(x);
+    for (int base = begin + lane; base < end; base += 32 * kUnroll) {
+      uint4 w_raw[kUnroll], x_raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = base + 32 * u;
+        w_raw[u] = x_raw[u] = make_uint4(0, 0, 0, 0);
+        if (v < end) {
+          w_raw[u] = __ldcs(w_row + v);  // streamed: each weight is read once per step
+          x_raw[u] = x_vec[v];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) acc += dot8(w_raw[u], x_raw[u]);
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) partial[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x < kColumnsPerBlock) {
+    const int c = blockIdx.x * kColumnsPerBlock + threadIdx.x;
+    float total = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kWarpsPerColumn; ++p) total += partial[threadIdx.x * kWarpsPerColumn + p];
+    if (c < out) store(y + c, total);
+  }
+}
+
+template <typename Out>
+void launch(const bf16* x, const bf16* w, Out* y, int in, int out, cudaStream_t stream) {
+  const int blocks = (out + kColumnsPerBlock - 1) / kColumnsPerBlock;
+  gemv_kernel<<<blocks, kThreads, 0, stream>>>(x, w, y, in, out);
+  PIPELINE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool gemv_applies(int rows, int in) {
+  return rows == 1 && in % kVector == 0;
+}
+
+void gemv(const bf16* x, const bf16* w, bf16* y, int in, int out, cudaStream_t stream) {
+  launch(x, w, y, in, out, stream);
+}
+
+void gemv(const bf16* x, const bf16* w, float* y, int in, int out, cudaStream_t stream) {
+  launch(x, w, y, in, out, stream);
+}
+
+}  // namespace pipeline::cuda
