@@ -63,7 +63,6 @@ struct Request {
   int max_tokens = 0;  // 0: up to the end of the context
   std::vector<std::string> stop;
   bool ignore_eos = false;
-  bool logprobs = false;
   std::shared_ptr<RequestSink> sink;
   // Set by the client side (a disconnect); the scheduler drops the sequence at its next step.
   std::atomic<bool> cancelled{false};

@@ -55,21 +55,24 @@ Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
 SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) throw std::invalid_argument("Sampler::sample: empty logits");
   SampledToken out;
-  const double log_z = log_normaliser(logits);
-  report_alternatives(logits, log_z, out);
+  // The normaliser costs an exp per vocabulary entry, as much as the rest of a greedy step:
+  // only logprobs need it.
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  if (!std::isfinite(max_logit))
+    throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
+  const bool report = params_.logprobs || params_.top_logprobs > 0;
+  const double log_z = report ? log_normaliser(logits, max_logit) : 0.0;
+  if (report) report_alternatives(logits, log_z, out);
 
   scratch_.assign(logits.begin(), logits.end());
   apply_penalties(history);
   out.token = params_.temperature == 0.0f ? argmax() : draw();
-  out.logprob = float(double(logits[out.token]) - log_z);
+  if (report) out.logprob = float(double(logits[out.token]) - log_z);
   return out;
 }
 
 // log(sum(exp(logits))) of the raw logits: the model's own distribution, which logprobs report.
-double Sampler::log_normaliser(std::span<const float> logits) {
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  if (!std::isfinite(max_logit))
-    throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
+double Sampler::log_normaliser(std::span<const float> logits, float max_logit) {
   double sum = 0.0;  // float exp (fast, and exact to an ulp), summed in double
   for (float logit : logits) sum += std::exp(logit - max_logit);
   return max_logit + std::log(sum);

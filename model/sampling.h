@@ -21,6 +21,7 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // over the same window as repetition_penalty
   float frequency_penalty = 0.0f;   // over the same window as repetition_penalty
   std::optional<uint64_t> seed;     // same seed, same logits: same tokens
+  bool logprobs = false;            // report the chosen token's logprob
   int top_logprobs = 0;             // alternatives to report beside the chosen token
 };
 
@@ -37,7 +38,7 @@ struct TokenLogprob {
 
 struct SampledToken {
   int32_t token = 0;
-  float logprob = 0.0f;           // log-softmax of the model's raw logits at `token`
+  float logprob = 0.0f;           // log-softmax of the raw logits at `token`; 0 unless asked
   std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, most likely first
 };
 
@@ -58,7 +59,7 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  static double log_normaliser(std::span<const float> logits);
+  static double log_normaliser(std::span<const float> logits, float max_logit);
   void report_alternatives(std::span<const float> logits, double log_z, SampledToken& out);
   void apply_penalties(std::span<const int32_t> history);
   int32_t argmax() const;

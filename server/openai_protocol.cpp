@@ -198,14 +198,14 @@ ResponseOptions read_response_options(const json& body) {
 // Completions: logprobs is itself the number of alternatives (0..5).
 void read_logprobs(Endpoint endpoint, const json& body, Request& request) {
   if (endpoint == Endpoint::ChatCompletions) {
-    request.logprobs = read_bool(body, "logprobs", false);
+    request.sampling.logprobs = read_bool(body, "logprobs", false);
     const json* top = find_field(body, "top_logprobs");
-    if (top && !request.logprobs)
+    if (top && !request.sampling.logprobs)
       throw invalid("top_logprobs", "top_logprobs requires logprobs to be true");
     request.sampling.top_logprobs = read_int(body, "top_logprobs", 0, 0, 20);
   } else {
     const json* value = find_field(body, "logprobs");
-    request.logprobs = value != nullptr;
+    request.sampling.logprobs = value != nullptr;
     request.sampling.top_logprobs = read_int(body, "logprobs", 0, 0, 5);
   }
 }
@@ -314,7 +314,7 @@ ResponseBuilder::ResponseBuilder(const Request& request, const ResponseOptions& 
                                  std::string model, TokenTextFn token_text)
     : id_(request.id),
       chat_(request.chat),
-      logprobs_(request.logprobs),
+      logprobs_(request.sampling.logprobs),
       include_usage_(options.include_usage),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())

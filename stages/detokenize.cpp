@@ -37,8 +37,9 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   std::optional<FinishReason> finish = token.finish;
 
   Delta delta;
-  if (seq->request->logprobs)
-    delta.tokens.push_back({id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
+  if (seq->request->sampling.logprobs)
+    delta.tokens.push_back(
+        {id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
   // The end-of-sequence id that stopped generation is not text.
   const bool is_final_eos = finish == FinishReason::Stop;
   auto pushed = state.stops.push(is_final_eos ? std::string() : state.decoder.push(id));

@@ -1,7 +1,12 @@
 #include "stages/model_step.h"
 
+#include <oneapi/tbb/parallel_for.h>
+
 #include <chrono>
 #include <exception>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "graph/log.h"
 
@@ -36,20 +41,28 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     return result;
   }
   const auto now = Clock::now();
+  // Each sequence samples from its own row with its own sampler: in parallel, since a large
+  // batch's sampling would otherwise stall the device between steps.
+  std::vector<SampledToken> sampled(seqs.size());
+  std::vector<std::optional<std::string>> sampling_errors(seqs.size());
+  tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
+    try {
+      sampled[i] = seqs[i]->sampler->sample(logits.row(int(i)), seqs[i]->tokens);
+    } catch (const std::exception& e) {
+      sampling_errors[i] = e.what();
+    }
+  });
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& seq = *seqs[i];
-    SampledToken sampled;
-    try {
-      sampled = seq.sampler->sample(logits.row(int(i)), seq.tokens);
-    } catch (const std::exception& e) {
-      seq.stream.fail(server_error(std::string("sampling failed: ") + e.what()));
+    if (sampling_errors[i]) {
+      seq.stream.fail(server_error("sampling failed: " + *sampling_errors[i]));
       result.failed.push_back(seqs[i]);
       continue;
     }
-    seq.tokens.push_back(sampled.token);
+    seq.tokens.push_back(sampled[i].token);
     const int index = seq.generated() - 1;
     std::optional<FinishReason> finish;
-    if (!seq.request->ignore_eos && ctx.model.is_eos(sampled.token))
+    if (!seq.request->ignore_eos && ctx.model.is_eos(sampled[i].token))
       finish = FinishReason::Stop;
     else if (seq.generated() >= seq.max_tokens)
       finish = FinishReason::Length;
@@ -58,7 +71,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     else
       ctx.metrics.inter_token_latency.observe(seconds_since(seq.last_token_at, now));
     seq.last_token_at = now;
-    result.outputs.push_back({seqs[i], index, std::move(sampled), finish});
+    result.outputs.push_back({seqs[i], index, std::move(sampled[i]), finish});
   }
   ctx.metrics.generated_tokens.add(result.outputs.size());
   result.seconds = seconds_since(start, Clock::now());

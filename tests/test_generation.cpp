@@ -135,6 +135,7 @@ TEST(Generation, GreedyFollowsTheModelUpToMaxTokens) {
   Generator generator(runner, 0);
   GenerationRequest request = greedy({1, 5, 9}, 10);
   request.ignore_eos = true;
+  request.sampling.logprobs = true;
   const std::vector<GenerationResult> results =
       generator.run(std::vector<GenerationRequest>{request});
   ASSERT_EQ(results.size(), 1u);

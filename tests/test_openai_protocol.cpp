@@ -70,7 +70,7 @@ TEST(ParseRequest, ChatTakesMessagesAndServerDefaults) {
   EXPECT_FLOAT_EQ(request.sampling.top_p, 0.9f);
   EXPECT_FLOAT_EQ(request.sampling.repetition_penalty, 1.1f);
   EXPECT_FALSE(request.sampling.seed.has_value());
-  EXPECT_FALSE(request.logprobs);
+  EXPECT_FALSE(request.sampling.logprobs);
   EXPECT_FALSE(request.ignore_eos);
   EXPECT_TRUE(request.stop.empty());
   EXPECT_EQ(request.sink, nullptr);
@@ -132,7 +132,7 @@ TEST(ParseRequest, EveryParameterReachesTheRequest) {
   EXPECT_EQ(request.sampling.seed, 1234u);
   EXPECT_EQ(request.stop, (std::vector<std::string>{"\n", "The end"}));
   EXPECT_TRUE(request.ignore_eos);
-  EXPECT_TRUE(request.logprobs);
+  EXPECT_TRUE(request.sampling.logprobs);
   EXPECT_EQ(request.sampling.top_logprobs, 3);
   EXPECT_TRUE(parsed.options.stream);
   EXPECT_TRUE(parsed.options.include_usage);
@@ -167,10 +167,10 @@ TEST(ParseRequest, SingleStopStringAndNegativeSeed) {
 
 TEST(ParseRequest, CompletionLogprobsIsTheNumberOfAlternatives) {
   const ParsedRequest parsed = parse_completion(with(completion_body(), "logprobs", 2));
-  EXPECT_TRUE(parsed.request->logprobs);
+  EXPECT_TRUE(parsed.request->sampling.logprobs);
   EXPECT_EQ(parsed.request->sampling.top_logprobs, 2);
   const ParsedRequest zero = parse_completion(with(completion_body(), "logprobs", 0));
-  EXPECT_TRUE(zero.request->logprobs);
+  EXPECT_TRUE(zero.request->sampling.logprobs);
   EXPECT_EQ(zero.request->sampling.top_logprobs, 0);
 }
 

@@ -308,13 +308,17 @@ TEST(Sampling, LogprobAndAlternativesComeFromTheRawLogits) {
       EXPECT_NEAR(sampled.top[rank].logprob, std::log(p[expected_ids[rank]]), 1e-6);
     }
   }
-  // Greedy reports the same raw logprob, and no alternatives unless asked.
+  // Greedy reports the same raw logprob when asked, and no alternatives unless asked.
   SamplingParams greedy;
   greedy.temperature = 0.0f;
+  greedy.logprobs = true;
   const SampledToken sampled = Sampler(greedy, 0).sample(logits, {});
   EXPECT_EQ(sampled.token, 2);
   EXPECT_NEAR(sampled.logprob, std::log(p[2]), 1e-6);
   EXPECT_TRUE(sampled.top.empty());
+  // Not asked: no normaliser is computed and the logprob stays 0.
+  greedy.logprobs = false;
+  EXPECT_EQ(Sampler(greedy, 0).sample(logits, {}).logprob, 0.0f);
   // More alternatives than the vocabulary: all of it.
   greedy.top_logprobs = 20;
   EXPECT_EQ(Sampler(greedy, 0).sample(logits, {}).top.size(), logits.size());
