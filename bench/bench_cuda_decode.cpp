@@ -23,6 +23,7 @@
 #ifdef PIPELINE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "bench/cuda_probes.h"
 #include "kernels/cuda/cuda_runner.h"
 
 namespace pipeline {
@@ -31,39 +32,6 @@ namespace {
 constexpr int kMaxBatch = 64;
 constexpr int kContext = 1024;
 constexpr int kPrefillSeqsPerBatch = 8;
-
-void check(cudaError_t error, const char* what) {
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
-}
-
-// Copy bandwidth in bytes/s over a 1 GiB buffer (read + write counted), median of 5 timings.
-double measure_bandwidth() {
-  const size_t bytes = size_t(1) << 30;
-  void *src = nullptr, *dst = nullptr;
-  check(cudaMalloc(&src, bytes), "cudaMalloc");
-  check(cudaMalloc(&dst, bytes), "cudaMalloc");
-  check(cudaMemset(src, 0x5a, bytes), "cudaMemset");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<float> ms;
-  for (int i = 0; i < 6; ++i) {
-    check(cudaEventRecord(start), "cudaEventRecord");
-    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    if (i > 0) ms.push_back(t);  // the first is a warm-up
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * double(bytes) / (double(ms[ms.size() / 2]) * 1e-3);
-}
 
 // bf16 bytes of every matrix a decode step streams (all but the embedding, which is gathered).
 double decode_weight_bytes(const LlamaConfig& c) {
@@ -95,7 +63,7 @@ DecodeSetup make_setup() {
     s.skip_reason = "set PIPELINE_BENCH_MODEL to a model folder";
     return s;
   }
-  s.bandwidth = measure_bandwidth();
+  s.bandwidth = bench::measure_device_bandwidth();
   s.weights = std::make_shared<const LlamaWeights>(LlamaWeights::load(model));
   const LlamaConfig& c = s.weights->config;
   s.context = std::min(kContext, c.max_position_embeddings - 1);

@@ -8,11 +8,13 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -22,9 +24,15 @@
 #include "model/cpu_runner.h"
 #include "model/kv_cache.h"
 #include "model/llama_weights.h"
+#include "tests/support/command.h"
 #include "tests/support/shared_data.h"
 #ifdef PIPELINE_HAVE_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
 #include "kernels/cuda/cuda_runner.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
 #endif
 
 namespace pipeline {
@@ -57,8 +65,8 @@ RunnerOptions test_options(int blocks = 256) {
   return options;
 }
 
-std::shared_ptr<const LlamaWeights> load_model(const std::string& relative) {
-  return std::make_shared<const LlamaWeights>(LlamaWeights::load(shared_path(relative)));
+std::shared_ptr<const LlamaWeights> load_model(const std::filesystem::path& dir) {
+  return std::make_shared<const LlamaWeights>(LlamaWeights::load(dir));
 }
 
 json read_json(const std::string& relative) {
@@ -138,7 +146,7 @@ std::vector<int32_t> random_h128_ids() {
 }
 
 // A 300-token prompt of stories260K's vocabulary (the golden random-h128 ids use the same one).
-void expect_matches_cpu(const std::string& model) {
+void expect_matches_cpu(const std::filesystem::path& model) {
   const auto weights = load_model(model);
   const auto cuda = make_cuda_runner(weights, test_options());
   const auto cpu = make_cpu_runner(weights, test_options());
@@ -159,18 +167,31 @@ void expect_matches_cpu(const std::string& model) {
 
 TEST(CudaRunner, LogitsMatchCpuOnStories260K) {
   SKIP_WITHOUT_CUDA();
-  expect_matches_cpu("models/stories260K");
+  expect_matches_cpu(shared_path("models/stories260K"));
 }
 
 TEST(CudaRunner, LogitsMatchCpuOnRandomH128) {
   SKIP_WITHOUT_CUDA();
-  expect_matches_cpu("models/random-h128-bf16");
+  expect_matches_cpu(shared_path("models/random-h128-bf16"));
+}
+
+// The demo shape (hidden 128, 4 query / 2 key-value heads of 32) as `pipeline make-model`
+// writes it, in bf16.
+TEST(CudaRunner, LogitsMatchCpuOnMakeModelTiny) {
+  SKIP_WITHOUT_CUDA();
+  const auto dir = testing::make_temp_dir("cuda-tiny");
+  const auto made = testing::run_pipeline(
+      {"make-model", "--shape", "tiny", "--dtype", "bf16", "--out", (dir / "tiny").string()});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  expect_matches_cpu(dir / "tiny");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CudaRunner, LogitsMatchFloat64GoldenOnRandomH128) {
   SKIP_WITHOUT_CUDA();
   const json golden = read_json("golden/random-h128_logits.json");
-  const auto cuda = make_cuda_runner(load_model("models/random-h128-bf16"), test_options());
+  const auto cuda =
+      make_cuda_runner(load_model(shared_path("models/random-h128-bf16")), test_options());
   BlockManager blocks(cuda->kv_shape().num_blocks);
   const Logits logits = prefill_all(*cuda, blocks, golden["ids"].get<std::vector<int32_t>>());
   for (int pos : golden["positions"].get<std::vector<int>>()) {
@@ -185,7 +206,8 @@ TEST(CudaRunner, LogitsMatchFloat64GoldenOnRandomH128) {
 // emulation of this runner's rounding puts random-h128 at ~1e-2 from float32).
 TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
   SKIP_WITHOUT_CUDA();
-  const auto cuda = make_cuda_runner(load_model("models/random-h128-bf16"), test_options());
+  const auto cuda =
+      make_cuda_runner(load_model(shared_path("models/random-h128-bf16")), test_options());
   BlockManager blocks(cuda->kv_shape().num_blocks);
   const std::vector<int32_t> ids = random_h128_ids();
   const Logits all = prefill_all(*cuda, blocks, ids);
@@ -202,7 +224,7 @@ TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
 
 TEST(CudaRunner, GreedyTokensMatchStories260KGolden) {
   SKIP_WITHOUT_CUDA();
-  const auto cuda = make_cuda_runner(load_model("models/stories260K"), test_options());
+  const auto cuda = make_cuda_runner(load_model(shared_path("models/stories260K")), test_options());
   const int block_size = cuda->kv_shape().block_size;
   for (const json& c : read_json("golden/stories260K_greedy.json")["cases"]) {
     const auto expected = c["generated_ids"].get<std::vector<int32_t>>();
@@ -230,7 +252,8 @@ TEST(CudaRunner, GreedyTokensMatchStories260KGolden) {
 // the golden continuations, so both runs see the same tokens), against each sequence alone.
 TEST(CudaRunner, BatchOfEightMatchesSolo) {
   SKIP_WITHOUT_CUDA();
-  const auto cuda = make_cuda_runner(load_model("models/stories260K"), test_options(512));
+  const auto cuda =
+      make_cuda_runner(load_model(shared_path("models/stories260K")), test_options(512));
   const int block_size = cuda->kv_shape().block_size;
   const json cases = read_json("golden/stories260K_greedy.json")["cases"];
   std::vector<std::vector<int32_t>> prompts, continuations;
@@ -284,9 +307,61 @@ TEST(CudaRunner, BatchOfEightMatchesSolo) {
   std::cout << "batch of 8 vs solo: worst relative L2 " << worst << "\n";
 }
 
+#ifdef PIPELINE_HAVE_CUDA
+// The projections at one row (the GEMV kernel) and more (cuBLAS), bf16 and float32 results,
+// against a float64 product of the same bf16 values.
+TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  const int in = 1000, out = 300;  // not multiples of the kernels' tiles
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto random_bf16 = [&](size_t n) {
+    std::vector<__nv_bfloat16> v(n);
+    for (auto& x : v) x = __float2bfloat16(uniform(rng));
+    return v;
+  };
+  const auto w = random_bf16(size_t(out) * in);
+  cuda::DeviceBuffer<__nv_bfloat16> w_d(w.size());
+  ASSERT_EQ(cudaMemcpy(w_d.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    cuda::Gemm gemm(stream);
+    for (int rows : {1, 2, 3, 5, 8, 9, 16}) {
+      const auto x = random_bf16(size_t(rows) * in);
+      std::vector<float> ref(size_t(rows) * out);
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < out; ++c) {
+          double sum = 0.0;
+          for (int k = 0; k < in; ++k)
+            sum += double(__bfloat162float(x[size_t(r) * in + k])) *
+                   double(__bfloat162float(w[size_t(c) * in + k]));
+          ref[size_t(r) * out + c] = float(sum);
+        }
+      cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(ref.size());
+      cuda::DeviceBuffer<float> y32_d(ref.size());
+      ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, in, out);
+      gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, in, out);
+      std::vector<__nv_bfloat16> y16(ref.size());
+      std::vector<float> y32(ref.size()), y16_as_float(ref.size());
+      ASSERT_EQ(cudaMemcpy(y16.data(), y16_d.data(), y16.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(y32.data(), y32_d.data(), y32.size() * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (size_t i = 0; i < y16.size(); ++i) y16_as_float[i] = __bfloat162float(y16[i]);
+      EXPECT_LT(relative_l2(y32, ref), 1e-5) << rows << " rows, float32 result";
+      EXPECT_LT(relative_l2(y16_as_float, ref), 5e-3) << rows << " rows, bf16 result";
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+#endif
+
 TEST(CudaRunner, RejectsBadBatchesAndOversizedPools) {
   SKIP_WITHOUT_CUDA();
-  const auto weights = load_model("models/stories260K");
+  const auto weights = load_model(shared_path("models/stories260K"));
   const auto cuda = make_cuda_runner(weights, test_options(8));
   EXPECT_EQ(cuda->kv_shape().num_blocks, 8);
   EXPECT_EQ(cuda->device_name(), "cuda");

@@ -1,5 +1,6 @@
 #include "tests/support/shared_data.h"
 
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
 
@@ -9,8 +10,19 @@ std::filesystem::path source_dir() {
   return PIPELINE_SOURCE_DIR;
 }
 
+namespace {
+
+// The value of environment variable `name`, or `fallback` when it is unset or empty.
+std::filesystem::path from_env(const char* name, const std::filesystem::path& fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::filesystem::path(value) : fallback;
+}
+
+}  // namespace
+
 std::filesystem::path shared_path(const std::string& relative) {
-  const auto path = source_dir().parent_path() / "shared" / relative;
+  const auto path =
+      from_env("PIPELINE_SHARED_DIR", source_dir().parent_path() / "shared") / relative;
   if (!std::filesystem::exists(path))
     throw std::runtime_error("shared test data missing: " + path.string() +
                              " (the tests expect ../shared beside the repository)");
@@ -18,7 +30,7 @@ std::filesystem::path shared_path(const std::string& relative) {
 }
 
 std::filesystem::path pipeline_binary() {
-  return PIPELINE_BINARY;
+  return from_env("PIPELINE_BINARY", PIPELINE_BINARY);
 }
 
 std::filesystem::path make_temp_dir(const std::string& prefix) {

@@ -1,5 +1,7 @@
 // Where tests find the shared test data (../shared from the repository root) and the built
-// `pipeline` command. Missing data fails the test loudly; it never skips.
+// `pipeline` command. Missing data fails the test loudly; it never skips. The environment
+// variables PIPELINE_SHARED_DIR and PIPELINE_BINARY override both, for test executables run
+// away from the tree that built them (scripts/gpu_check.sh on a GPU machine).
 #pragma once
 
 #include <filesystem>
@@ -9,9 +11,10 @@ namespace pipeline::testing {
 
 // The repository root.
 std::filesystem::path source_dir();
-// ../shared/<relative>; throws std::runtime_error naming the path when it does not exist.
+// ../shared/<relative> (or $PIPELINE_SHARED_DIR/<relative>); throws std::runtime_error naming the
+// path when it does not exist.
 std::filesystem::path shared_path(const std::string& relative);
-// The built `pipeline` executable.
+// The built `pipeline` executable (or $PIPELINE_BINARY).
 std::filesystem::path pipeline_binary();
 // A fresh empty directory under the system temp dir; the caller removes it.
 std::filesystem::path make_temp_dir(const std::string& prefix);

@@ -1,0 +1,212 @@
+// The CUDA decode step's parts alone, on LLaMA-2-7B's shapes: each projection at 1 row (the GEMV
+// kernel), 16 and 64 rows (cuBLAS), and paged decode attention over 1024-token contexts at
+// batch 1, 16 and 64. Their sum over 32 layers against `bench_cuda_decode`'s step time says where a
+// step goes.
+//
+// Operands are random bf16; each call reads the next copy of its weights (or the next layer's
+// KV) from a pool of at least 1 GiB, so they come from device memory as in a real step, not
+// from the 60 MB L2. Times come from CUDA events around 20 calls, so a launch's latency is
+// amortised as in a captured graph.
+//
+// Counters: GB/s (weight or KV bytes read per second), bw_floor (bytes moved / the device's
+// copy bandwidth, measured in this process, / the time: 1.0 is the bandwidth floor) and, for
+// the projections, TFLOP/s.
+#include <benchmark/benchmark.h>
+
+#ifdef PIPELINE_HAVE_CUDA
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_probes.h"
+#include "kernels/cuda/cuda_runner.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kernels.h"
+
+namespace pipeline::bench {
+namespace {
+
+using cuda::bf16;
+using cuda::DeviceBuffer;
+
+// LLaMA-2-7B.
+constexpr int kHidden = 4096;
+constexpr int kHeads = 32;
+constexpr int kHeadDim = 128;
+constexpr int kMaxPositions = 4096;
+constexpr int kBlockSize = 16;
+constexpr int kContext = 1024;
+
+constexpr size_t kPoolBytes = size_t(1) << 30;
+constexpr int kCallsPerIteration = 20;
+
+// The device, its stream and copy bandwidth, set up once for every benchmark.
+struct Device {
+  std::string skip_reason;  // non-empty: no benchmark can run here
+  double bandwidth = 0.0;   // bytes/s
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm;
+};
+
+Device make_device() {
+  Device d;
+  std::string why;
+  if (!cuda_device_available(&why)) {
+    d.skip_reason = "no CUDA device: " + why;
+    return d;
+  }
+  d.bandwidth = measure_device_bandwidth();
+  cuda_check(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  d.gemm = std::make_unique<cuda::Gemm>(d.stream);
+  return d;
+}
+
+Device& device() {
+  static Device d = make_device();
+  return d;
+}
+
+// Times `call(i)` for i = 0, 1, 2, ... kCallsPerIteration calls per iteration between two events
+// and reports the time of one call.
+template <typename Call>
+void time_calls(benchmark::State& state, cudaStream_t stream, Call call) {
+  cudaEvent_t start, stop;
+  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  int next = 0;
+  for (int i = 0; i < 3; ++i) call(next++);  // warm-up: cuBLAS picks and loads its kernels
+  for (auto _ : state) {
+    cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+    for (int c = 0; c < kCallsPerIteration; ++c) call(next++);
+    cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    state.SetIterationTime(double(ms) * 1e-3 / kCallsPerIteration);
+  }
+  cuda_check(cudaGetLastError(), "kernel launch");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+// y [rows, out] = x [rows, in] . W^T for one of the 7B projections; W [out, in] rotates through
+// copies filling at least kPoolBytes.
+void BM_CudaProjection(benchmark::State& state, int out, int in) {
+  Device& d = device();
+  if (!d.skip_reason.empty()) {
+    state.SkipWithError(d.skip_reason.c_str());
+    return;
+  }
+  const int rows = int(state.range(0));
+  const size_t weight_elems = size_t(out) * in;
+  const size_t copies = std::max<size_t>(2, kPoolBytes / (weight_elems * sizeof(bf16)) + 1);
+  DeviceBuffer<bf16> weights(copies * weight_elems), x(size_t(rows) * in), y(size_t(rows) * out);
+  fill_random_bf16(weights.data(), weights.size(), 0.02f, 1);
+  fill_random_bf16(x.data(), x.size(), 1.0f, 2);
+  time_calls(state, d.stream, [&](int i) {
+    d.gemm->linear(x.data(), weights.data() + size_t(i) % copies * weight_elems, y.data(), rows, in,
+                   out);
+  });
+  const double weight_bytes = double(weight_elems) * sizeof(bf16);
+  const double moved = weight_bytes + double(rows) * (in + out) * sizeof(bf16);
+  using benchmark::Counter;
+  state.counters["GB/s"] = Counter(weight_bytes * 1e-9, Counter::kIsIterationInvariantRate);
+  state.counters["bw_floor"] = Counter(moved / d.bandwidth, Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP/s"] =
+      Counter(2.0 * rows * double(weight_elems) * 1e-12, Counter::kIsIterationInvariantRate);
+}
+
+// Rows (projections) or sequences (attention): 1, 16 and 64, timed by CUDA events. A fixed
+// count of iterations: the library would otherwise size them by the per-call time it is
+// given, and run twenty times as long as it means to.
+void rows_1_16_64(benchmark::internal::Benchmark* b) {
+  b->Arg(1)->Arg(16)->Arg(64)->UseManualTime()->Iterations(25)->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK_CAPTURE(BM_CudaProjection, qkv_12288x4096, 3 * kHidden, kHidden)->Apply(rows_1_16_64);
+BENCHMARK_CAPTURE(BM_CudaProjection, o_4096x4096, kHidden, kHidden)->Apply(rows_1_16_64);
+BENCHMARK_CAPTURE(BM_CudaProjection, gate_up_22016x4096, 2 * 11008, kHidden)->Apply(rows_1_16_64);
+BENCHMARK_CAPTURE(BM_CudaProjection, down_4096x11008, kHidden, 11008)->Apply(rows_1_16_64);
+BENCHMARK_CAPTURE(BM_CudaProjection, lm_head_32000x4096, 32000, kHidden)->Apply(rows_1_16_64);
+
+// One layer's decode attention for `batch` sequences of kContext cached positions, their blocks
+// scattered at random through the layer's pool; each call reads the next layer of the pool.
+void BM_CudaDecodeAttention(benchmark::State& state) {
+  Device& d = device();
+  if (!d.skip_reason.empty()) {
+    state.SkipWithError(d.skip_reason.c_str());
+    return;
+  }
+  const int batch = int(state.range(0));
+  const int blocks_per_seq = kContext / kBlockSize;
+  const int max_blocks_per_seq = kMaxPositions / kBlockSize;
+  const int max_splits = kMaxPositions / cuda::kDecodePartition;
+  const size_t layer_elems = size_t(batch) * blocks_per_seq * kBlockSize * kHidden;
+  const size_t layers = std::max<size_t>(1, kPoolBytes / (2 * layer_elems * sizeof(bf16)));
+
+  DeviceBuffer<bf16> k(layers * layer_elems), v(layers * layer_elems);
+  DeviceBuffer<bf16> q(size_t(batch) * 3 * kHidden), out(size_t(batch) * kHidden);
+  fill_random_bf16(k.data(), k.size(), 1.0f, 3);
+  fill_random_bf16(v.data(), v.size(), 1.0f, 4);
+  fill_random_bf16(q.data(), q.size(), 1.0f, 5);
+
+  std::vector<int32_t> blocks(size_t(batch) * blocks_per_seq);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937(6));
+  std::vector<int32_t> tables(size_t(batch) * max_blocks_per_seq, 0);
+  for (int s = 0; s < batch; ++s)
+    std::copy_n(blocks.begin() + size_t(s) * blocks_per_seq, blocks_per_seq,
+                tables.begin() + size_t(s) * max_blocks_per_seq);
+  const std::vector<int32_t> lens(size_t(batch), kContext);
+  DeviceBuffer<int32_t> tables_d(tables.size()), lens_d(lens.size());
+  cuda_check(cudaMemcpy(tables_d.data(), tables.data(), tables.size() * sizeof(int32_t),
+                        cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  cuda_check(
+      cudaMemcpy(lens_d.data(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+      "cudaMemcpy");
+  const size_t partials = size_t(batch) * kHeads * max_splits;
+  DeviceBuffer<float> part_out(partials * kHeadDim), part_max(partials), part_sum(partials);
+  const cuda::DecodeScratch scratch{part_out.data(), part_max.data(), part_sum.data()};
+
+  cuda::PagedKv kv;
+  kv.block_tables = tables_d.data();
+  kv.max_blocks_per_seq = max_blocks_per_seq;
+  kv.block_size = kBlockSize;
+  kv.num_kv_heads = kHeads;
+  kv.head_dim = kHeadDim;
+  time_calls(state, d.stream, [&](int i) {
+    kv.k = k.data() + size_t(i) % layers * layer_elems;
+    kv.v = v.data() + size_t(i) % layers * layer_elems;
+    cuda::paged_decode_attention(q.data(), 3 * kHidden, kv, lens_d.data(), batch, kHeads,
+                                 kContext / cuda::kDecodePartition, max_splits, scratch, out.data(),
+                                 d.stream);
+  });
+  const double kv_bytes = 2.0 * double(layer_elems) * sizeof(bf16);
+  using benchmark::Counter;
+  state.counters["GB/s"] = Counter(kv_bytes * 1e-9, Counter::kIsIterationInvariantRate);
+  state.counters["bw_floor"] = Counter(kv_bytes / d.bandwidth, Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_CudaDecodeAttention)->Apply(rows_1_16_64);
+
+}  // namespace
+}  // namespace pipeline::bench
+
+#else  // built without the CUDA backend
+
+namespace {
+void BM_CudaKernels(benchmark::State& state) {
+  state.SkipWithError("no CUDA device: built without the CUDA backend");
+}
+BENCHMARK(BM_CudaKernels);
+}  // namespace
+
+#endif
+
+BENCHMARK_MAIN();

@@ -1,0 +1,70 @@
+// What the CUDA benchmarks are held to: the device's copy bandwidth, measured in the benchmark's
+// own process, and random bf16 data to fill device buffers with (never zeros: they can run
+// faster than real data and hide unwritten outputs).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pipeline::bench {
+
+inline void cuda_check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+// Device-to-device copy bandwidth in bytes/s over a 1 GiB buffer (bytes read + bytes written),
+// the median of 5 timed copies after a warm-up.
+inline double measure_device_bandwidth() {
+  const size_t bytes = size_t(1) << 30;
+  void *src = nullptr, *dst = nullptr;
+  cuda_check(cudaMalloc(&src, bytes), "cudaMalloc");
+  cuda_check(cudaMalloc(&dst, bytes), "cudaMalloc");
+  cuda_check(cudaMemset(src, 0x5a, bytes), "cudaMemset");
+  cudaEvent_t start, stop;
+  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> ms;
+  for (int i = 0; i < 6; ++i) {
+    cuda_check(cudaEventRecord(start), "cudaEventRecord");
+    cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+    cuda_check(cudaEventRecord(stop), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0;
+    cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    if (i > 0) ms.push_back(t);  // the first is a warm-up
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * double(bytes) / (double(ms[ms.size() / 2]) * 1e-3);
+}
+
+// Fills `count` device bf16 values with uniform values in [-scale, scale) from a 64 MiB host
+// pattern of xorshift draws, repeated (its period is far beyond any cache).
+inline void fill_random_bf16(__nv_bfloat16* device, size_t count, float scale, uint64_t seed) {
+  const size_t pattern = std::min(count, size_t(32) << 20);
+  std::vector<__nv_bfloat16> host(pattern);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& v : host) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = __float2bfloat16(scale * (float(x >> 40) * 0x1.0p-23f - 1.0f));
+  }
+  for (size_t done = 0; done < count; done += pattern)
+    cuda_check(
+        cudaMemcpy(device + done, host.data(),
+                   std::min(pattern, count - done) * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+}
+
+}  // namespace pipeline::bench
