@@ -9,6 +9,7 @@
 // Scores are kept in log2 units (q is pre-scaled by log2(e) / sqrt(head_dim)) so every
 // exponential is one exp2f.
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace pipeline::cuda {
@@ -78,6 +79,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) float q_s[kGroup * kMaxHeadDim];
   __shared__ float warp_max_s[kWarps][kGroup], warp_sum_s[kWarps][kGroup];
   __shared__ float warp_acc_s[kWarps][kGroup * kMaxHeadDim];
+  wait_for_previous_kernel();
+  allow_next_kernel();
 
   const int split = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
   const int context = context_lens[seq];
@@ -210,6 +213,8 @@ __global__ void __launch_bounds__(kThreads)
 // w_p = sum_p * 2^(max_p - M) (maxes in log2 units).
 __global__ void decode_merge_kernel(const int32_t* context_lens, int num_heads, int head_dim,
                                     int max_splits, DecodeScratch scratch, bf16* out) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int head = blockIdx.x, seq = blockIdx.y;
   const int splits = (context_lens[seq] + kDecodePartition - 1) / kDecodePartition;
   const size_t base = (size_t(seq) * num_heads + head) * max_splits;
@@ -232,8 +237,8 @@ template <int kGroup>
 void launch_partitions(const dim3& grid, cudaStream_t stream, const bf16* q, int q_stride,
                        const PagedKv& kv, const int32_t* context_lens, int num_heads,
                        int max_splits, const DecodeScratch& scratch) {
-  decode_partition_kernel<kGroup><<<grid, kThreads, 0, stream>>>(q, q_stride, kv, context_lens,
-                                                                 num_heads, max_splits, scratch);
+  launch_dependent(decode_partition_kernel<kGroup>, grid, kThreads, 0, stream, q, q_stride, kv,
+                   context_lens, num_heads, max_splits, scratch);
 }
 
 }  // namespace
@@ -281,10 +286,8 @@ void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
     default:
       throw std::invalid_argument("paged_decode_attention: unsupported group size");
   }
-  PIPELINE_CUDA_CHECK_LAUNCH();
-  decode_merge_kernel<<<dim3(num_heads, num_seqs), 128, 0, stream>>>(
-      context_lens, num_heads, kv.head_dim, max_splits, scratch, out);
-  PIPELINE_CUDA_CHECK_LAUNCH();
+  launch_dependent(decode_merge_kernel, dim3(num_heads, num_seqs), 128, 0, stream, context_lens,
+                   num_heads, kv.head_dim, max_splits, scratch, out);
 }
 
 }  // namespace pipeline::cuda

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -32,6 +33,8 @@ __global__ void convert_kernel(const Source* src, bf16* dst, size_t n) {
 
 __global__ void embedding_kernel(const bf16* embed, const int32_t* tokens, int hidden,
                                  float* residual) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int t = blockIdx.x;
   const bf16* row = embed + size_t(tokens[t]) * hidden;
   float* out = residual + size_t(t) * hidden;
@@ -41,6 +44,9 @@ __global__ void embedding_kernel(const bf16* embed, const int32_t* tokens, int h
 __global__ void add_rmsnorm_kernel(float* residual, const bf16* delta, const bf16* weight,
                                    const int32_t* rows, int hidden, float eps, bf16* out) {
   __shared__ float scratch[32];
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
   const int r = blockIdx.x;
   const size_t i = rows ? size_t(rows[r]) : size_t(r);
   float* x = residual + i * hidden;
@@ -68,6 +74,9 @@ __global__ void rope_write_kv_kernel(bf16* qkv, const int32_t* positions, const 
                                      int num_heads, int num_kv_heads, int head_dim,
                                      float rope_theta, bf16* k_cache, bf16* v_cache) {
   __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
   const int t = blockIdx.x;
   const int half = head_dim / 2;
   const int qkv_stride = (num_heads + 2 * num_kv_heads) * head_dim;
@@ -99,6 +108,9 @@ __global__ void rope_write_kv_kernel(bf16* qkv, const int32_t* positions, const 
 }
 
 __global__ void silu_mul_kernel(const bf16* gate_up, size_t n, int inter, bf16* out) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
   for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < n;
        idx += size_t(gridDim.x) * blockDim.x) {
     const size_t t = idx / inter, j = idx % inter;
@@ -132,30 +144,28 @@ void convert_to_bf16(const void* src, DType src_dtype, bf16* dst, size_t n, cuda
 
 void embedding_gather(const bf16* embed, const int32_t* tokens, int num_tokens, int hidden,
                       float* residual, cudaStream_t stream) {
-  embedding_kernel<<<num_tokens, kRowThreads, 0, stream>>>(embed, tokens, hidden, residual);
-  PIPELINE_CUDA_CHECK_LAUNCH();
+  launch_dependent(embedding_kernel, num_tokens, kRowThreads, 0, stream, embed, tokens, hidden,
+                   residual);
 }
 
 void add_rmsnorm(float* residual, const bf16* delta, const bf16* weight, const int32_t* rows,
                  int num_rows, int hidden, float eps, bf16* out, cudaStream_t stream) {
-  add_rmsnorm_kernel<<<num_rows, kRowThreads, 0, stream>>>(residual, delta, weight, rows, hidden,
-                                                           eps, out);
-  PIPELINE_CUDA_CHECK_LAUNCH();
+  launch_dependent(add_rmsnorm_kernel, num_rows, kRowThreads, 0, stream, residual, delta, weight,
+                   rows, hidden, eps, out);
 }
 
 void rope_write_kv(bf16* qkv, int num_tokens, const int32_t* positions, const int32_t* slots,
                    int num_heads, int num_kv_heads, int head_dim, float rope_theta, bf16* k_cache,
                    bf16* v_cache, cudaStream_t stream) {
-  rope_write_kv_kernel<<<num_tokens, 128, 0, stream>>>(
-      qkv, positions, slots, num_heads, num_kv_heads, head_dim, rope_theta, k_cache, v_cache);
-  PIPELINE_CUDA_CHECK_LAUNCH();
+  launch_dependent(rope_write_kv_kernel, num_tokens, 128, 0, stream, qkv, positions, slots,
+                   num_heads, num_kv_heads, head_dim, rope_theta, k_cache, v_cache);
 }
 
 void silu_mul(const bf16* gate_up, int num_tokens, int inter, bf16* out, cudaStream_t stream) {
   const size_t n = size_t(num_tokens) * inter;
   const int threads = 256;
-  silu_mul_kernel<<<grid_for(n, threads), threads, 0, stream>>>(gate_up, n, inter, out);
-  PIPELINE_CUDA_CHECK_LAUNCH();
+  launch_dependent(silu_mul_kernel, grid_for(n, threads), threads, 0, stream, gate_up, n, inter,
+                   out);
 }
 
 }  // namespace pipeline::cuda

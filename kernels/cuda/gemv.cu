@@ -4,6 +4,7 @@
 // per lane; the slices are small and many, so the last wave of blocks leaves little of the
 // device idle.
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -43,6 +44,8 @@ __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y, int in,
                 int out) {
   __shared__ float partial[kThreads / 32];
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int column = blockIdx.x * kColumnsPerBlock + warp / kWarpsPerColumn;
   const int vectors = in / kVector;
@@ -84,8 +87,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename Out>
 void launch(const bf16* x, const bf16* w, Out* y, int in, int out, cudaStream_t stream) {
   const int blocks = (out + kColumnsPerBlock - 1) / kColumnsPerBlock;
-  gemv_kernel<<<blocks, kThreads, 0, stream>>>(x, w, y, in, out);
-  PIPELINE_CUDA_CHECK_LAUNCH();
+  launch_dependent(gemv_kernel<Out>, blocks, kThreads, 0, stream, x, w, y, in, out);
 }
 
 }  // namespace
