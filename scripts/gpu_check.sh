@@ -214,31 +214,27 @@ wait "$server_pid" 2>/dev/null
 echo
 echo "==== gpu_check summary ($(seconds_since "$START") s; logs in $OUT)"
 printf '%s\n' "${SUMMARY[@]}"
-if [[ -f $OUT/kernels.json ]]; then
-  python3 - "$OUT/kernels.json" <<'PY'
-import json, sys
-runs = json.load(open(sys.argv[1]))["benchmarks"]
-print(f"{'7b parts (rows/seqs)':44} {'us':>8} {'GB/s':>7} {'floor':>6} {'TFLOP/s':>8}")
-for r in runs:
-    if r.get("error_occurred"):
-        print(f"{r['name']:44} skipped: {r.get('error_message')}")
+# The two benchmark tables: the decode step's parts, then the whole step.
+python3 - "$OUT/kernels.json" "$OUT/bench.json" <<'PY'
+import json, os, sys
+tables = [
+    (sys.argv[1], "7b parts (rows/seqs)", [("us", "real_time", 8, 1), ("GB/s", "GB/s", 7, 0),
+                                           ("floor", "bw_floor", 6, 2), ("TFLOP/s", "TFLOP/s", 8, 1)]),
+    (sys.argv[2], "decode llama2-7b bf16, ctx 1024", [("ms/step", "real_time", 9, 2),
+                                                      ("tok/s", "tok/s", 9, 0), ("floor", "floor", 7, 2)]),
+]
+for path, title, columns in tables:
+    if not os.path.exists(path):
         continue
-    print(f"{r['name'].replace('/manual_time', ''):44} {r['real_time']:8.1f} {r['GB/s']:7.0f} "
-          f"{r['bw_floor']:6.2f} {r.get('TFLOP/s', 0):8.1f}")
+    print(f"{title:44}" + "".join(f" {name:>{width}}" for name, _, width, _ in columns))
+    for r in json.load(open(path))["benchmarks"]:
+        name = r["name"].split("/iterations")[0]
+        if r.get("error_occurred"):
+            print(f"{name:44} skipped: {r.get('error_message')}")
+            continue
+        print(f"{name:44}" + "".join(f" {r.get(key, 0):{width}.{digits}f}"
+                                     for _, key, width, digits in columns))
 PY
-fi
-if [[ -f $OUT/bench.json ]]; then
-  python3 - "$OUT/bench.json" <<'PY'
-import json, sys
-runs = json.load(open(sys.argv[1]))["benchmarks"]
-print(f"{'decode llama2-7b bf16':24} {'ms/step':>9} {'tok/s':>9} {'floor':>7}  (ctx 1024; floor = bandwidth-bound time / measured)")
-for r in runs:
-    if r.get("error_occurred"):
-        print(f"{r['name']:24} skipped: {r.get('error_message')}")
-        continue
-    print(f"{r['name']:24} {r['real_time']:9.2f} {r['tok/s']:9.0f} {r['floor']:7.2f}")
-PY
-fi
 if [[ -s $OUT/metrics.txt ]]; then
   python3 - "$OUT/metrics.txt" <<'PY'
 import re, sys

@@ -233,12 +233,23 @@ __global__ void decode_merge_kernel(const int32_t* context_lens, int num_heads, 
   }
 }
 
-template <int kGroup>
-void launch_partitions(const dim3& grid, cudaStream_t stream, const bf16* q, int q_stride,
-                       const PagedKv& kv, const int32_t* context_lens, int num_heads,
-                       int max_splits, const DecodeScratch& scratch) {
-  launch_dependent(decode_partition_kernel<kGroup>, grid, kThreads, 0, stream, q, q_stride, kv,
-                   context_lens, num_heads, max_splits, scratch);
+using PartitionKernel = void (*)(const bf16*, int, PagedKv, const int32_t*, int, int,
+                                 DecodeScratch);
+
+// The partition kernel built for `group` query heads per KV head.
+PartitionKernel partition_kernel_for(int group) {
+  switch (group) {
+    case 1:
+      return decode_partition_kernel<1>;
+    case 2:
+      return decode_partition_kernel<2>;
+    case 4:
+      return decode_partition_kernel<4>;
+    case 8:
+      return decode_partition_kernel<8>;
+  }
+  throw std::invalid_argument("paged_decode_attention: " + std::to_string(group) +
+                              " query heads per KV head is not 1, 2, 4 or 8");
 }
 
 }  // namespace
@@ -266,26 +277,8 @@ void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
                             int max_splits, const DecodeScratch& scratch, bf16* out,
                             cudaStream_t stream) {
   const dim3 grid(splits, kv.num_kv_heads, num_seqs);
-  switch (num_heads / kv.num_kv_heads) {
-    case 1:
-      launch_partitions<1>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
-                           scratch);
-      break;
-    case 2:
-      launch_partitions<2>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
-                           scratch);
-      break;
-    case 4:
-      launch_partitions<4>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
-                           scratch);
-      break;
-    case 8:
-      launch_partitions<8>(grid, stream, q, q_stride, kv, context_lens, num_heads, max_splits,
-                           scratch);
-      break;
-    default:
-      throw std::invalid_argument("paged_decode_attention: unsupported group size");
-  }
+  launch_dependent(partition_kernel_for(num_heads / kv.num_kv_heads), grid, kThreads, 0, stream, q,
+                   q_stride, kv, context_lens, num_heads, max_splits, scratch);
   launch_dependent(decode_merge_kernel, dim3(num_heads, num_seqs), 128, 0, stream, context_lens,
                    num_heads, kv.head_dim, max_splits, scratch, out);
 }
