@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graph/log.h"
+#include "graph/nvtx.h"
 
 namespace pipeline {
 namespace {
@@ -45,13 +46,17 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   // batch's sampling would otherwise stall the device between steps.
   std::vector<SampledToken> sampled(seqs.size());
   std::vector<std::optional<std::string>> sampling_errors(seqs.size());
-  tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
-    try {
-      sampled[i] = seqs[i]->sampler->sample(logits.row(int(i)), seqs[i]->tokens);
-    } catch (const std::exception& e) {
-      sampling_errors[i] = e.what();
-    }
-  });
+  {
+    static const NvtxName kSampling("sampling");
+    NvtxRange range(kSampling);
+    tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
+      try {
+        sampled[i] = seqs[i]->sampler->sample(logits.row(int(i)), seqs[i]->tokens);
+      } catch (const std::exception& e) {
+        sampling_errors[i] = e.what();
+      }
+    });
+  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& seq = *seqs[i];
     if (sampling_errors[i]) {
