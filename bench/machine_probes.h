@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/huge_page_buffer.h"
 
 namespace pipeline::bench {
 
@@ -161,8 +162,10 @@ inline ProbeResult measure_read_bandwidth(int threads, size_t buffer_bytes = siz
   const cpu::Isa isa = detail::probe_isa();
   const size_t share =
       buffer_bytes / size_t(threads) / detail::kShareQuantum * detail::kShareQuantum;
-  float* buffer = static_cast<float*>(std::aligned_alloc(64, share * size_t(threads)));
-  if (!buffer) throw std::runtime_error("measure_read_bandwidth: cannot allocate the buffer");
+  // Allocated as the packed weights are (kernels/cpu/huge_page_buffer.h), so that the floor
+  // is measured with the same pages, and TLB reach, as the kernels it judges.
+  const cpu::HugePageBuffer memory = cpu::allocate_huge_page_buffer(share * size_t(threads));
+  float* buffer = reinterpret_cast<float*>(memory.get());
   std::vector<float> sums(static_cast<size_t>(threads));
   const auto part = [&](int t) { return buffer + share / sizeof(float) * size_t(t); };
   // Each thread writes its own share first, so its pages are local to it.
@@ -176,7 +179,6 @@ inline ProbeResult measure_read_bandwidth(int threads, size_t buffer_bytes = siz
     });
     rates.push_back(double(share) * threads / seconds);
   }
-  std::free(buffer);
   detail::keep(sums);
   return detail::summarise(std::move(rates), isa);
 }

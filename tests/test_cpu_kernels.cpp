@@ -16,6 +16,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/huge_page_buffer.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -204,6 +205,19 @@ TEST(PackedMatmul, RejectsMismatchedPartsAndShortLdy) {
   const PackedMatrix packed = PackedMatrix::stack(std::span(&a.view, 1));
   std::vector<float> x(8), y(4);
   EXPECT_THROW(matmul(x.data(), 1, packed, y.data(), 3), std::invalid_argument);
+}
+
+TEST(HugePageBuffer, IsHugePageAlignedZeroedAndWritable) {
+  const size_t huge_page = size_t(2) << 20;
+  const size_t bytes = 2 * huge_page + 3;  // whole huge pages and a ragged tail
+  const HugePageBuffer buffer = allocate_huge_page_buffer(bytes);
+  ASSERT_NE(buffer.get(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.get()) % huge_page, 0u);
+  EXPECT_TRUE(std::all_of(buffer.get(), buffer.get() + bytes,
+                          [](std::byte b) { return b == std::byte{0}; }));
+  std::memset(buffer.get(), 0x5a, bytes);
+  EXPECT_EQ(buffer[bytes - 1], std::byte{0x5a});
+  EXPECT_EQ(allocate_huge_page_buffer(0), nullptr);
 }
 
 TEST(RmsNorm, MatchesReference) {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,8 +17,6 @@
 
 namespace pipeline::cpu {
 namespace {
-
-constexpr std::align_val_t kPanelAlignment{64};
 
 // Panels one task takes at least: the AVX-512 kernel's widest group.
 constexpr int kPanelsPerUnit = 4;
@@ -77,10 +74,6 @@ void pack_panel(DType dtype, int cols, const std::byte* const* rows, std::byte* 
 
 }  // namespace
 
-void PackedMatrix::Free::operator()(std::byte* p) const {
-  ::operator delete[](p, kPanelAlignment);
-}
-
 PackedMatrix PackedMatrix::pack(DType dtype, int cols, int out_cols,
                                 std::span<const std::byte* const> source) {
   PackedMatrix m;
@@ -89,7 +82,7 @@ PackedMatrix PackedMatrix::pack(DType dtype, int cols, int out_cols,
   m.out_cols_ = out_cols;
   m.num_panels_ = int(source.size()) / kPanelWidth;
   m.panel_bytes_ = size_t((cols + 1) / 2) * 2 * kPanelWidth * dtype_size(dtype);
-  m.data_.reset(static_cast<std::byte*>(::operator new[](m.bytes(), kPanelAlignment)));
+  m.data_ = allocate_huge_page_buffer(m.bytes());
   tbb::parallel_for(0, m.num_panels_, [&](int p) {
     pack_panel(dtype, cols, source.data() + size_t(p) * kPanelWidth,
                m.data_.get() + size_t(p) * m.panel_bytes_);

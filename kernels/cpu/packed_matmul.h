@@ -9,7 +9,8 @@
 //         lane with its low half masked off and the odd k the lane shifted left by 16: two
 //         single-uop widenings per 32 weights.
 //   f16, f32: 16 values for k = 2j, then 16 for k = 2j+1.
-// Missing columns and the odd k past the end are zeros.
+// Missing columns and the odd k past the end are zeros. The panels live in memory advised for
+// transparent huge pages (kernels/cpu/huge_page_buffer.h).
 //
 // Kernels: AVX-512 and AVX2 widen the weights in registers and use float32 FMAs; on CPUs with
 // AVX512_BF16, bf16 weights go through vdpbf16ps instead (packed_matmul_avx512bf16.cpp), which
@@ -29,6 +30,7 @@
 
 #include "io/dtype.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/huge_page_buffer.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace pipeline::cpu {
@@ -68,9 +70,6 @@ class PackedMatrix {
   size_t bytes() const { return size_t(num_panels_) * panel_bytes_; }
 
  private:
-  struct Free {
-    void operator()(std::byte* p) const;
-  };
   // source[c]: the row of output column c, or nullptr for a zero column.
   static PackedMatrix pack(DType dtype, int cols, int out_cols,
                            std::span<const std::byte* const> source);
@@ -81,7 +80,7 @@ class PackedMatrix {
   int num_panels_ = 0;
   size_t panel_bytes_ = 0;
   std::unique_ptr<int[]> part_offsets_;
-  std::unique_ptr<std::byte[], Free> data_;
+  HugePageBuffer data_;
 };
 
 // y[b · ldy + c] (=|+=) Σ_k x[b · w.cols() + k] · W[c, k] for c < w.out_cols(). Runs in the
