@@ -167,7 +167,8 @@ int make_model_command(int argc, char** argv) {
                   "[--dtype bf16|f16|f32] [--corpus FILE]\n"
                   "shapes: tiny (the demo model), llama2-110m, tinyllama-1.1b, llama2-7b");
   if (options.help()) return 0;
-  const ModelShape& shape = find_shape(options.required("--shape"));
+  // A copy: GCC 13 takes a reference bound to find_shape's temporary argument for a dangling one.
+  const ModelShape shape = find_shape(options.required("--shape"));
   const std::filesystem::path out = options.required("--out");
   const uint64_t seed = options.integer("--seed", 0);
   const auto dtype = parse_dtype(options.get("--dtype", "bf16"));
