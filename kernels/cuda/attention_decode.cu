@@ -8,6 +8,7 @@
 // CUDA graph serves every step whose contexts fit; blocks past a sequence's length exit at once.
 // Scores are kept in log2 units (q is pre-scaled by log2(e) / sqrt(head_dim)) so every
 // exponential is one exp2f.
+#include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/kernels.h"
@@ -28,16 +29,6 @@ __device__ __forceinline__ int threads_per_row(int head_dim) {
   int t = 1;
   while (t * 8 < head_dim) t <<= 1;
   return t;
-}
-
-__device__ __forceinline__ void unpack8(const uint4& raw, float* out) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(pairs[j]);
-    out[2 * j] = f.x;
-    out[2 * j + 1] = f.y;
-  }
 }
 
 // exp2(x - max) for a softmax term whose running max may still be -inf (nothing seen yet).

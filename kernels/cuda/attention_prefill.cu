@@ -3,6 +3,7 @@
 // read from the paged cache, and keeps a running max, sum and output per query (online
 // softmax), so no [queries x keys] matrix is ever stored. Four threads share each query row:
 // they split the tile's keys for the scores and the head dimension for the output.
+#include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.h"
 
@@ -77,17 +78,8 @@ __global__ void __launch_bounds__(kThreads)
         k_raw = *reinterpret_cast<const uint4*>(kv.k + offset);
         v_raw = *reinterpret_cast<const uint4*>(kv.v + offset);
       }
-      const __nv_bfloat162* k_pairs = reinterpret_cast<const __nv_bfloat162*>(&k_raw);
-      const __nv_bfloat162* v_pairs = reinterpret_cast<const __nv_bfloat162*>(&v_raw);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 kf = __bfloat1622float2(k_pairs[j]);
-        const float2 vf = __bfloat1622float2(v_pairs[j]);
-        k_s[r * row_stride + c + 2 * j] = kf.x;
-        k_s[r * row_stride + c + 2 * j + 1] = kf.y;
-        v_s[r * row_stride + c + 2 * j] = vf.x;
-        v_s[r * row_stride + c + 2 * j + 1] = vf.y;
-      }
+      unpack8(k_raw, k_s + r * row_stride + c);
+      unpack8(v_raw, v_s + r * row_stride + c);
     }
     __syncthreads();
 

@@ -3,6 +3,7 @@
 // output column, each streaming its slice of the weight row with 16-byte loads, kUnroll in flight
 // per lane; the slices are small and many, so the last wave of blocks leaves little of the
 // device idle.
+#include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/gemv.h"
@@ -20,14 +21,12 @@ constexpr int kUnroll = 4;
 constexpr int kVector = 8;  // bf16 per 16-byte load
 
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
-  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float af[kVector], bf[kVector];
+  unpack8(a, af);
+  unpack8(b, bf);
   float sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 af = __bfloat1622float2(a2[j]), bf = __bfloat1622float2(b2[j]);
-    sum += af.x * bf.x + af.y * bf.y;
-  }
+  for (int j = 0; j < kVector; j += 2) sum += af[j] * bf[j] + af[j + 1] * bf[j + 1];
   return sum;
 }
 

@@ -1,5 +1,5 @@
-// Warp and block reductions shared by the kernels. Every thread of the block must call the
-// block reductions (they synchronise); all of them get the result.
+// Warp and block sums shared by the kernels. Every thread of the block must call block_sum
+// (it synchronises); all of them get the result.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,12 +8,6 @@ namespace pipeline::cuda {
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -26,17 +20,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   float total = 0.0f;
   for (int w = 0; w < warps; ++w) total += scratch[w];
   __syncthreads();  // scratch may be reused at once
-  return total;
-}
-
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = -INFINITY;
-  for (int w = 0; w < warps; ++w) total = fmaxf(total, scratch[w]);
-  __syncthreads();
   return total;
 }
 
