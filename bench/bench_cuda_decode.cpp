@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +24,7 @@
 
 #include "bench/cuda_probes.h"
 #include "kernels/cuda/cuda_runner.h"
+#include "kernels/cuda/device_weights.h"
 
 namespace pipeline {
 namespace {
@@ -32,14 +32,6 @@ namespace {
 constexpr int kMaxBatch = 64;
 constexpr int kContext = 1024;
 constexpr int kPrefillSeqsPerBatch = 8;
-
-// bf16 bytes of every matrix a decode step streams (all but the embedding, which is gathered).
-double decode_weight_bytes(const LlamaConfig& c) {
-  const double h = c.hidden_size;
-  const double per_layer =
-      (c.q_dim() + 2.0 * c.kv_dim()) * h + h * c.q_dim() + 3.0 * c.intermediate_size * h + 2.0 * h;
-  return 2.0 * (per_layer * c.num_layers + double(c.vocab_size) * h + h);
-}
 
 // The model, its runner and kMaxBatch sequences with their contexts prefilled, made once.
 struct DecodeSetup {
@@ -120,7 +112,7 @@ void BM_CudaDecode(benchmark::State& state) {
   const LlamaConfig& c = s.weights->config;
   const double kv_bytes =
       double(batch_size) * (s.context + 1) * c.num_layers * c.kv_dim() * 2.0 /*K,V*/ * 2.0;
-  const double floor_seconds = (decode_weight_bytes(c) + kv_bytes) / s.bandwidth;
+  const double floor_seconds = (double(cuda::decode_weight_bytes(c)) + kv_bytes) / s.bandwidth;
   state.counters["tok/s"] =
       benchmark::Counter(double(batch_size), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["floor"] =

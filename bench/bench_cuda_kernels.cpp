@@ -61,7 +61,7 @@ Device make_device() {
     return d;
   }
   d.bandwidth = measure_device_bandwidth();
-  cuda_check(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  PIPELINE_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   d.gemm = std::make_unique<cuda::Gemm>(d.stream);
   return d;
 }
@@ -76,20 +76,20 @@ Device& device() {
 template <typename Call>
 void time_calls(benchmark::State& state, cudaStream_t stream, Call call) {
   cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  PIPELINE_CUDA_CHECK(cudaEventCreate(&start));
+  PIPELINE_CUDA_CHECK(cudaEventCreate(&stop));
   int next = 0;
   for (int i = 0; i < 3; ++i) call(next++);  // warm-up: cuBLAS picks and loads its kernels
   for (auto _ : state) {
-    cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+    PIPELINE_CUDA_CHECK(cudaEventRecord(start, stream));
     for (int c = 0; c < kCallsPerIteration; ++c) call(next++);
-    cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    PIPELINE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    PIPELINE_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    PIPELINE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     state.SetIterationTime(double(ms) * 1e-3 / kCallsPerIteration);
   }
-  cuda_check(cudaGetLastError(), "kernel launch");
+  PIPELINE_CUDA_CHECK(cudaGetLastError());
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 }
@@ -164,12 +164,10 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
                 tables.begin() + size_t(s) * max_blocks_per_seq);
   const std::vector<int32_t> lens(size_t(batch), kContext);
   DeviceBuffer<int32_t> tables_d(tables.size()), lens_d(lens.size());
-  cuda_check(cudaMemcpy(tables_d.data(), tables.data(), tables.size() * sizeof(int32_t),
-                        cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-  cuda_check(
-      cudaMemcpy(lens_d.data(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
-      "cudaMemcpy");
+  PIPELINE_CUDA_CHECK(cudaMemcpy(tables_d.data(), tables.data(), tables.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice));
+  PIPELINE_CUDA_CHECK(cudaMemcpy(lens_d.data(), lens.data(), lens.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice));
   const size_t partials = size_t(batch) * kHeads * max_splits;
   DeviceBuffer<float> part_out(partials * kHeadDim), part_max(partials), part_sum(partials);
   const cuda::DecodeScratch scratch{part_out.data(), part_max.data(), part_sum.data()};

@@ -8,36 +8,31 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
-namespace pipeline::bench {
+#include "kernels/cuda/cuda_check.h"
 
-inline void cuda_check(cudaError_t error, const char* what) {
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
-}
+namespace pipeline::bench {
 
 // Device-to-device copy bandwidth in bytes/s over a 1 GiB buffer (bytes read + bytes written),
 // the median of 5 timed copies after a warm-up.
 inline double measure_device_bandwidth() {
   const size_t bytes = size_t(1) << 30;
   void *src = nullptr, *dst = nullptr;
-  cuda_check(cudaMalloc(&src, bytes), "cudaMalloc");
-  cuda_check(cudaMalloc(&dst, bytes), "cudaMalloc");
-  cuda_check(cudaMemset(src, 0x5a, bytes), "cudaMemset");
+  PIPELINE_CUDA_CHECK(cudaMalloc(&src, bytes));
+  PIPELINE_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  PIPELINE_CUDA_CHECK(cudaMemset(src, 0x5a, bytes));
   cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  PIPELINE_CUDA_CHECK(cudaEventCreate(&start));
+  PIPELINE_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<float> ms;
   for (int i = 0; i < 6; ++i) {
-    cuda_check(cudaEventRecord(start), "cudaEventRecord");
-    cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
-    cuda_check(cudaEventRecord(stop), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    PIPELINE_CUDA_CHECK(cudaEventRecord(start));
+    PIPELINE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    PIPELINE_CUDA_CHECK(cudaEventRecord(stop));
+    PIPELINE_CUDA_CHECK(cudaEventSynchronize(stop));
     float t = 0;
-    cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    PIPELINE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     if (i > 0) ms.push_back(t);  // the first is a warm-up
   }
   std::sort(ms.begin(), ms.end());
@@ -61,10 +56,9 @@ inline void fill_random_bf16(__nv_bfloat16* device, size_t count, float scale, u
     v = __float2bfloat16(scale * (float(x >> 40) * 0x1.0p-23f - 1.0f));
   }
   for (size_t done = 0; done < count; done += pattern)
-    cuda_check(
-        cudaMemcpy(device + done, host.data(),
-                   std::min(pattern, count - done) * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice),
-        "cudaMemcpy");
+    PIPELINE_CUDA_CHECK(cudaMemcpy(device + done, host.data(),
+                                   std::min(pattern, count - done) * sizeof(__nv_bfloat16),
+                                   cudaMemcpyHostToDevice));
 }
 
 }  // namespace pipeline::bench
