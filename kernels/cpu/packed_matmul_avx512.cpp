@@ -1,33 +1,23 @@
 // The AVX-512 packed matmul. Register tile: NP panels (16 output columns each, one zmm) by NB
-// batch rows, NP·NB accumulators. Per pair of k it loads one 64-byte block per panel, widens it
-// into the even-k and odd-k weight vectors (bf16: one AND and one shift), broadcasts the two
-// activations of each row and issues 2·NP·NB FMAs.
-//   decode (batch <= 4): 4 panels × up to 4 rows, so four panels' weights stream at once and
-//                        every row's FMA chains stay short of the FMA latency;
-//   larger batches:      2 panels × 12 rows, 24 accumulators, which amortises each widened
-//                        weight vector over 12 FMAs (arithmetic-bound prefill).
-// Every tile prefetches its panel streams ahead of its loads (prefetch_ahead).
+// batch rows, NP·NB accumulators (shapes and the walk over panels in packed_tiles_avx512.h). Per
+// pair of k it loads one 64-byte block per panel, widens it into the even-k and odd-k weight
+// vectors (bf16: one AND and one shift), broadcasts the two activations of each row and issues
+// 2·NP·NB FMAs. Every tile prefetches its panel streams ahead of its loads (prefetch_ahead).
 #include <immintrin.h>
 // GCC 12's AVX-512 intrinsics self-initialise their "undefined" operands (`__m512 __Y = __Y;`),
 // which -Wuninitialized flags once inlined here (GCC bug 105593); the code itself is sound.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cpu/packed_tiles.h"
-
-#define PIPELINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#include "kernels/cpu/packed_tiles_avx512.h"
 
 namespace pipeline::cpu::detail {
 namespace {
 
-constexpr int kDecodeRows = 4;
-constexpr int kDecodePanels = 4;
-constexpr int kWideRows = 12;
-constexpr int kWidePanels = 2;
+using avx512::store_tile;
 
 // Bytes of one pair block (k = 2j and 2j + 1 of the panel's 16 columns).
 template <DType T>
@@ -74,8 +64,16 @@ PIPELINE_AVX512 inline void load_pair(const std::byte* panel, int j, __m512& eve
   }
 }
 
-template <DType T, int NP, int NB>
-PIPELINE_AVX512 void tile(const PackedArgs& a, int panel0, int row0) {
+// The widening kernel for weights of type T (see packed_tiles_avx512.h).
+template <DType T>
+struct Widening {
+  template <int NP, int NB>
+  PIPELINE_AVX512 static void run(const PackedArgs& a, int panel0, int row0);
+};
+
+template <DType T>
+template <int NP, int NB>
+PIPELINE_AVX512 void Widening<T>::run(const PackedArgs& a, int panel0, int row0) {
   const PackedMatrix& w = *a.w;
   const int cols = w.cols();
   const std::byte* panel[NP];
@@ -110,53 +108,7 @@ PIPELINE_AVX512 void tile(const PackedArgs& a, int panel0, int row0) {
     }
   }
 
-  for (int p = 0; p < NP; ++p) {
-    const int first = (panel0 + p) * kPanelWidth;
-    const int lanes = std::min(kPanelWidth, w.out_cols() - first);
-    const __mmask16 mask = __mmask16((1u << lanes) - 1);
-    for (int b = 0; b < NB; ++b) {
-      float* y = a.y + size_t(row0 + b) * a.ldy + first;
-      __m512 v = acc[p][b];
-      if (a.accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), v);
-      _mm512_mask_storeu_ps(y, mask, v);
-    }
-  }
-}
-
-// tile<T, NP, n> for a run-time n in [1, NB].
-template <DType T, int NP, int NB>
-PIPELINE_AVX512 void tile_of(const PackedArgs& a, int panel0, int row0, int n) {
-  if constexpr (NB > 0) {
-    if (n == NB) return tile<T, NP, NB>(a, panel0, row0);
-    tile_of<T, NP, NB - 1>(a, panel0, row0, n);
-  }
-}
-
-// Rows [row_begin, row_end) against NP panels, NB rows at a time.
-template <DType T, int NP, int NB>
-PIPELINE_AVX512 void rows(const PackedArgs& a, int panel0, int row_begin, int row_end) {
-  int r = row_begin;
-  for (; r + NB <= row_end; r += NB) tile<T, NP, NB>(a, panel0, r);
-  if (r < row_end) tile_of<T, NP, NB - 1>(a, panel0, r, row_end - r);
-}
-
-template <DType T>
-PIPELINE_AVX512 void panels(const PackedArgs& a, int panel_begin, int panel_end) {
-  if (a.batch <= kDecodeRows) {
-    int p = panel_begin;
-    for (; p + kDecodePanels <= panel_end; p += kDecodePanels)
-      tile_of<T, kDecodePanels, kDecodeRows>(a, p, 0, a.batch);
-    for (; p < panel_end; ++p) tile_of<T, 1, kDecodeRows>(a, p, 0, a.batch);
-    return;
-  }
-  const int pass = rows_per_pass(a.w->cols(), kWideRows);
-  for (int r0 = 0; r0 < a.batch; r0 += pass) {
-    const int r1 = std::min(a.batch, r0 + pass);
-    int p = panel_begin;
-    for (; p + kWidePanels <= panel_end; p += kWidePanels)
-      rows<T, kWidePanels, kWideRows>(a, p, r0, r1);
-    for (; p < panel_end; ++p) rows<T, 1, kWideRows>(a, p, r0, r1);
-  }
+  store_tile(a, panel0, row0, acc);
 }
 
 }  // namespace
@@ -164,11 +116,11 @@ PIPELINE_AVX512 void panels(const PackedArgs& a, int panel_begin, int panel_end)
 void packed_panels_avx512(const PackedArgs& args, int panel_begin, int panel_end) {
   switch (args.w->dtype()) {
     case DType::F32:
-      return panels<DType::F32>(args, panel_begin, panel_end);
+      return avx512::panels<Widening<DType::F32>>(args, panel_begin, panel_end);
     case DType::BF16:
-      return panels<DType::BF16>(args, panel_begin, panel_end);
+      return avx512::panels<Widening<DType::BF16>>(args, panel_begin, panel_end);
     case DType::F16:
-      return panels<DType::F16>(args, panel_begin, panel_end);
+      return avx512::panels<Widening<DType::F16>>(args, panel_begin, panel_end);
   }
 }
 
