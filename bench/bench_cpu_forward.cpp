@@ -16,12 +16,15 @@
 //   kv_MB         (decode) KV-cache bytes one step reads: each sequence's 129 positions of K and
 //                 V in every layer, float32 as the CPU runner stores them
 //   bw_floor      (decode) fraction of the bandwidth floor: (weight bytes / probed read bandwidth)
-//                 / measured time. This is the floor (weights only, KV not counted)
+//                 / measured time, the bandwidth probed beside this repetition's own iterations
+//                 (bench_support.h, time_passes_beside_probe). The floor: weights only,
+//                 KV not counted
 //   flop_floor    fraction of the arithmetic floor: (FLOPs / probed float32 FMA rate) / measured
 //                 time, FLOPs = 2 per weight per token (lm_head once per logit row) plus
 //                 attention's 4 * q_dim per attended position per layer
-//   probe_GB/s, probe_GFLOP/s   the floors used: the best read bandwidth and FMA rate probed so far
-//   peak_mem_GB   peak resident memory since this model was loaded
+//   probe_GB/s    (decode) the read bandwidth bw_floor used
+//   probe_GFLOP/s the FMA rate flop_floor used: the best probed so far in the process
+//   peak_mem_GB   peak resident memory since this model was loaded, the probe's buffer not counted
 //   mem_budget    that peak / (weights' file size + the runner's KV pool); the target is <= 1.1
 #include <benchmark/benchmark.h>
 
@@ -219,14 +222,14 @@ class ShapeBench {
 fs::path models_dir;
 
 // The model of `shape`, loaded on first use. Benchmarks run shape by shape, so only one model
-// is held at a time: the previous one is dropped, the machine probed again (the floors keep the
-// best figures seen, so one probe starved by other load cannot lower them), and the peak RSS
+// is held at a time: the previous one is dropped, the machine probed again (the FMA floor keeps
+// the best figure seen, so one probe starved by other load cannot lower it), and the peak RSS
 // reset before the next model loads.
 ShapeBench& shape_bench(const std::string& shape) {
   static std::unique_ptr<ShapeBench> current;
   if (!current || current->shape() != shape) {
     current.reset();
-    machine() = best_floors(machine(), probe_machine_floors(machine().threads));
+    machine() = best_floors(machine(), probe_machine_floors());
     reset_peak_rss();
     current = std::make_unique<ShapeBench>(shape, models_dir / shape);
   }
@@ -239,9 +242,8 @@ void set_common_counters(benchmark::State& state, const ShapeBench& bench, const
       benchmark::Counter(work.tokens, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["weight_MB"] = work.weight_bytes * 1e-6;
   state.counters["flop_floor"] = work.flops / machine().fma_flops_per_s / seconds_per_pass;
-  state.counters["probe_GB/s"] = machine().read_bytes_per_s * 1e-9;
   state.counters["probe_GFLOP/s"] = machine().fma_flops_per_s * 1e-9;
-  const double peak = double(peak_rss_bytes());
+  const double peak = double(peak_rss_bytes() - int64_t(read_probe().bytes()));
   state.counters["peak_mem_GB"] = peak * 1e-9;
   state.counters["mem_budget"] = peak / bench.memory_budget_bytes();
 }
@@ -252,12 +254,15 @@ void BM_Decode(benchmark::State& state, const std::string& shape, int batch_size
     const Batch batch = bench.decode_batch(batch_size);
     Logits logits;
     bench.warm_up_decode(batch);
-    const double seconds = time_passes(state, [&] { bench.forward(batch, logits); });
+    const ProbedTiming timing =
+        time_passes_beside_probe(state, [&] { bench.forward(batch, logits); });
 
     const PassWork work = pass_work(bench.weights(), batch_size, 1, kContext);
-    set_common_counters(state, bench, work, seconds);
+    set_common_counters(state, bench, work, timing.seconds_per_pass);
     state.counters["kv_MB"] = work.kv_bytes * 1e-6;
-    state.counters["bw_floor"] = work.weight_bytes / machine().read_bytes_per_s / seconds;
+    state.counters["bw_floor"] =
+        work.weight_bytes / timing.read_bytes_per_s / timing.seconds_per_pass;
+    state.counters["probe_GB/s"] = timing.read_bytes_per_s * 1e-9;
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }

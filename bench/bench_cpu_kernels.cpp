@@ -13,8 +13,10 @@
 //                                     call reads the next "layer" of a KV pool of at least 1 GiB.
 //
 // Threads: $PIPELINE_BENCH_THREADS (default 2), in a oneTBB arena of that size.
-// Counters: GB/s (operand bytes read per second), GFLOP/s, and bw_floor / flop_floor: the
-// fraction of the read bandwidth and of the float32 FMA rate probed in this process.
+// Counters: GB/s (operand bytes read per second), GFLOP/s, bw_floor: the fraction of the read
+// bandwidth probed beside the benchmark's own iterations (probe_GB/s; bench_support.h,
+// time_passes_beside_probe), and flop_floor: the fraction of the float32 FMA rate probed at
+// the start.
 #include <benchmark/benchmark.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
@@ -149,12 +151,13 @@ const std::vector<cpu::PackedMatrix>& packed_pool(const MatrixShape& shape, DTyp
 }
 
 void set_floor_counters(benchmark::State& state, double bytes, double flops,
-                        double seconds_per_call) {
+                        const ProbedTiming& timing) {
   using benchmark::Counter;
   state.counters["GB/s"] = Counter(bytes * 1e-9, Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = Counter(flops * 1e-9, Counter::kIsIterationInvariantRate);
-  state.counters["bw_floor"] = bytes / machine().read_bytes_per_s / seconds_per_call;
-  state.counters["flop_floor"] = flops / machine().fma_flops_per_s / seconds_per_call;
+  state.counters["bw_floor"] = bytes / timing.read_bytes_per_s / timing.seconds_per_pass;
+  state.counters["flop_floor"] = flops / machine().fma_flops_per_s / timing.seconds_per_pass;
+  state.counters["probe_GB/s"] = timing.read_bytes_per_s * 1e-9;
 }
 
 void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, int batch) {
@@ -166,9 +169,9 @@ void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, i
     fill_uniform(x.data(), x.size());
     fill_uniform(y.data(), y.size());
     size_t next = 0;
-    double seconds = 0.0;
+    ProbedTiming timing;
     arena().execute([&] {
-      seconds = time_passes(state, [&] {
+      timing = time_passes_beside_probe(state, [&] {
         cpu::matmul(x.data(), batch, pool[next], y.data(), ldy, shape.mode);
         next = (next + 1) % pool.size();
       });
@@ -177,7 +180,7 @@ void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, i
     // Bytes: the packed panels (their zero padding too, which the kernel streams); FLOPs: the
     // real outputs only.
     const double outputs = double(shape.parts) * shape.rows;
-    set_floor_counters(state, double(first.bytes()), 2.0 * outputs * shape.cols * batch, seconds);
+    set_floor_counters(state, double(first.bytes()), 2.0 * outputs * shape.cols * batch, timing);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -218,9 +221,9 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     fill_uniform(qkv.data(), qkv.size());
 
     size_t layer = 0;
-    double seconds = 0.0;
+    ProbedTiming timing;
     arena().execute([&] {
-      seconds = time_passes(state, [&] {
+      timing = time_passes_beside_probe(state, [&] {
         float* k = pool.data() + layer * 2 * layer_floats;
         const cpu::PagedKvLayer kv{k, k + layer_floats, kBlockSize, layout.num_kv_heads,
                                    layout.head_dim};
@@ -230,7 +233,7 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     });
     benchmark::DoNotOptimize(out.data());
     set_floor_counters(state, 2.0 * double(layer_floats) * sizeof(float),
-                       4.0 * q_dim * double(kContext) * batch, seconds);
+                       4.0 * q_dim * double(kContext) * batch, timing);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }

@@ -13,6 +13,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bench/machine_probes.h"
 #include "kernels/cpu/cpu_features.h"
@@ -47,12 +48,20 @@ inline std::string format_fixed(double value) {
   return text;
 }
 
-// Runs both probes on `threads` threads.
-inline MachineFloors probe_machine_floors(int threads) {
+// The read-bandwidth probe of this process, on bench_threads() threads, made on first use. Its
+// buffer (1 GiB) stays resident from then on: memory figures subtract read_probe().bytes().
+inline ReadBandwidthProbe& read_probe() {
+  static ReadBandwidthProbe probe(bench_threads());
+  return probe;
+}
+
+// Runs both probes on bench_threads() threads: the best of five passes each.
+inline MachineFloors probe_machine_floors() {
+  const int threads = bench_threads();
   std::fprintf(stderr, "probing read bandwidth and FMA throughput on %d threads...\n", threads);
   MachineFloors floors;
   floors.threads = threads;
-  floors.read_bytes_per_s = measure_read_bandwidth(threads).best;
+  floors.read_bytes_per_s = read_probe().passes(5).best;
   floors.fma_flops_per_s = measure_fma_throughput(threads).best;
   return floors;
 }
@@ -85,6 +94,46 @@ double time_passes(benchmark::State& state, Pass pass) {
   return state.iterations() > 0 ? seconds / double(state.iterations()) : 0.0;
 }
 
+// A benchmark's time per pass and the read bandwidth the machine had beside it.
+struct ProbedTiming {
+  double seconds_per_pass = 0.0;
+  // The median pass of read_probe() run just before, just after and every kProbeInterval of
+  // timed work during the benchmark's iterations (timers paused). The host's bandwidth moves
+  // by a third from minute to minute while the kernels' time holds steady, so a floor probed
+  // minutes earlier would judge a repetition against another moment's machine. The median, as
+  // the time per pass is the mean of many passes: the fastest probe pass is that moment's
+  // outlier (10-15% above its median here), not the bandwidth the passes had.
+  double read_bytes_per_s = 0.0;
+};
+
+// Seconds of timed work between two probe passes (a pass over 1 GiB takes about 30 ms).
+constexpr double kProbeInterval = 0.1;
+
+// time_passes, with read_probe() run beside the iterations.
+template <typename Pass>
+ProbedTiming time_passes_beside_probe(benchmark::State& state, Pass pass) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> rates{read_probe().pass()};
+  double timed = 0.0, since_probe = 0.0;
+  for (auto _ : state) {
+    const auto begin = Clock::now();
+    pass();
+    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    timed += seconds;
+    since_probe += seconds;
+    if (since_probe >= kProbeInterval) {
+      state.PauseTiming();
+      rates.push_back(read_probe().pass());
+      state.ResumeTiming();
+      since_probe = 0.0;
+    }
+  }
+  rates.push_back(read_probe().pass());
+  std::sort(rates.begin(), rates.end());
+  const double iterations = double(std::max<benchmark::IterationCount>(1, state.iterations()));
+  return {timed / iterations, rates[rates.size() / 2]};
+}
+
 // The main of a CPU benchmark executable: Google Benchmark's flags, the machine's floors probed
 // into `floors` and reported, `register_benchmarks` (which may throw on missing inputs), the run.
 inline int run_cpu_benchmarks(int argc, char** argv, const char* name, MachineFloors& floors,
@@ -92,7 +141,7 @@ inline int run_cpu_benchmarks(int argc, char** argv, const char* name, MachineFl
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   try {
-    floors = probe_machine_floors(bench_threads());
+    floors = probe_machine_floors();
     report_floors(floors);
     register_benchmarks();
   } catch (const std::exception& e) {

@@ -1,7 +1,9 @@
 // What this machine can do at best, measured in the benchmark's own process so that every model
 // figure can be quoted as a fraction of a floor measured on the same machine at the same moment:
 //   - read bandwidth: `threads` threads sum a buffer far larger than the caches with the widest
-//     vector loads available (AVX-512 or AVX2); bytes read / seconds.
+//     vector loads available (AVX-512 or AVX2), prefetching ahead as the kernels do; bytes read /
+//     seconds. ReadBandwidthProbe keeps its buffer so a benchmark can probe again beside its own
+//     repetitions: this machine's bandwidth moves by a third from minute to minute.
 //   - float32 FMA throughput: `threads` threads run independent chains of vector FMAs that never
 //     touch memory; 2 FLOPs per lane per FMA.
 // The kernels widen bf16/f16 weights to float32 and multiply-add in float32, so float32 FMA is
@@ -41,6 +43,15 @@ constexpr int kStreams = 4;
 constexpr size_t kStreamStep = 256;
 // A thread's share is a multiple of this.
 constexpr size_t kShareQuantum = kStreams * kStreamStep;
+// Each stream is prefetched this far ahead of its loads, as the packed matmul prefetches its
+// panels (kernels/cpu/packed_matmul_avx512.cpp): a probe that reads slower than the kernels'
+// own pattern would be no floor (without it this probe read 10-15% below the kernels).
+constexpr size_t kPrefetchDistance = 1024;
+
+inline void prefetch_turn(const float* stream_at) {
+  const char* ahead = reinterpret_cast<const char*>(stream_at) + kPrefetchDistance;
+  for (size_t line = 0; line < kStreamStep; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
 
 // Through memory: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized.
 __attribute__((target("avx512f"))) inline float horizontal_sum(__m512 v) {
@@ -59,6 +70,7 @@ __attribute__((target("avx512f"))) inline float sum_avx512(const float* p, size_
   for (size_t off = 0; off < stream_floats; off += kStreamStep / sizeof(float)) {
     for (int s = 0; s < kStreams; ++s) {
       const float* q = p + s * stream_floats + off;
+      prefetch_turn(q);
       for (int i = 0; i < 4; ++i) {
         __m512& a = acc[(s * 4 + i) % 8];
         a = _mm512_add_ps(a, _mm512_load_ps(q + 16 * i));
@@ -76,6 +88,7 @@ __attribute__((target("avx2"))) inline float sum_avx2(const float* p, size_t byt
   for (size_t off = 0; off < stream_floats; off += kStreamStep / sizeof(float)) {
     for (int s = 0; s < kStreams; ++s) {
       const float* q = p + s * stream_floats + off;
+      prefetch_turn(q);
       for (int i = 0; i < 8; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_load_ps(q + 8 * i));
     }
   }
@@ -154,34 +167,55 @@ inline ProbeResult summarise(std::vector<double> rates, cpu::Isa isa) {
 
 }  // namespace detail
 
-// Read bandwidth in bytes/s over a `buffer_bytes` buffer split evenly between `threads` threads,
-// `passes` timed passes after one that pages the buffer in.
-inline ProbeResult measure_read_bandwidth(int threads, size_t buffer_bytes = size_t(1) << 30,
-                                          int passes = 5) {
-  if (threads < 1) throw std::invalid_argument("measure_read_bandwidth: threads must be >= 1");
-  const cpu::Isa isa = detail::probe_isa();
-  const size_t share =
-      buffer_bytes / size_t(threads) / detail::kShareQuantum * detail::kShareQuantum;
-  // Allocated as the packed weights are (kernels/cpu/huge_page_buffer.h), so that the floor
-  // is measured with the same pages, and TLB reach, as the kernels it judges.
-  const cpu::HugePageBuffer memory = cpu::allocate_huge_page_buffer(share * size_t(threads));
-  float* buffer = reinterpret_cast<float*>(memory.get());
-  std::vector<float> sums(static_cast<size_t>(threads));
-  const auto part = [&](int t) { return buffer + share / sizeof(float) * size_t(t); };
-  // Each thread writes its own share first, so its pages are local to it.
-  detail::timed_on_threads(
-      threads, [&](int t) { std::fill(part(t), part(t) + share / sizeof(float), 1.0f); });
-  std::vector<double> rates;
-  for (int pass = 0; pass < passes; ++pass) {
-    const double seconds = detail::timed_on_threads(threads, [&](int t) {
-      sums[size_t(t)] = isa == cpu::Isa::Avx512 ? detail::sum_avx512(part(t), share)
-                                                : detail::sum_avx2(part(t), share);
-    });
-    rates.push_back(double(share) * threads / seconds);
+// Read bandwidth in bytes/s over a buffer split evenly between `threads` threads, one timed
+// pass at a time. The buffer is allocated and paged in once, and stays resident (bytes()) for
+// the probe's life.
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(int threads, size_t buffer_bytes = size_t(1) << 30)
+      : threads_(threads), isa_(detail::probe_isa()) {
+    if (threads < 1) throw std::invalid_argument("ReadBandwidthProbe: threads must be >= 1");
+    share_ = buffer_bytes / size_t(threads) / detail::kShareQuantum * detail::kShareQuantum;
+    // Allocated as the packed weights are (kernels/cpu/huge_page_buffer.h), so that the floor
+    // is measured with the same pages, and TLB reach, as the kernels it judges.
+    memory_ = cpu::allocate_huge_page_buffer(bytes());
+    // Each thread writes its own share first, so its pages are local to it.
+    detail::timed_on_threads(
+        threads_, [&](int t) { std::fill(part(t), part(t) + share_ / sizeof(float), 1.0f); });
   }
-  detail::keep(sums);
-  return detail::summarise(std::move(rates), isa);
-}
+
+  int threads() const { return threads_; }
+  size_t bytes() const { return share_ * size_t(threads_); }
+  const char* isa() const { return cpu::isa_name(isa_); }
+
+  // One timed pass over the whole buffer: bytes/s.
+  double pass() {
+    std::vector<float> sums(static_cast<size_t>(threads_));
+    const double seconds = detail::timed_on_threads(threads_, [&](int t) {
+      sums[size_t(t)] = isa_ == cpu::Isa::Avx512 ? detail::sum_avx512(part(t), share_)
+                                                 : detail::sum_avx2(part(t), share_);
+    });
+    detail::keep(sums);
+    return double(bytes()) / seconds;
+  }
+
+  // `passes` timed passes.
+  ProbeResult passes(int passes) {
+    std::vector<double> rates;
+    for (int p = 0; p < passes; ++p) rates.push_back(pass());
+    return detail::summarise(std::move(rates), isa_);
+  }
+
+ private:
+  float* part(int t) const {
+    return reinterpret_cast<float*>(memory_.get()) + share_ / sizeof(float) * size_t(t);
+  }
+
+  int threads_;
+  cpu::Isa isa_;
+  size_t share_ = 0;
+  cpu::HugePageBuffer memory_;
+};
 
 // Float32 multiply-add throughput in FLOP/s on `threads` threads, `passes` timed passes of about
 // 0.1 s each.

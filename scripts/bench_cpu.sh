@@ -58,13 +58,14 @@ print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --
 for row in forward:
     kv = f"{row['kv_MB']:.0f}" if "kv_MB" in row else ""
     bw = f"{row['bw_floor']:.2f}" if "bw_floor" in row else ""
+    probe = f"{row['probe_GB/s']:.1f}" if "probe_GB/s" in row else ""
     print(f"| {name(row)} | {ms(row):.1f} | {ms(row, 'cpu_time'):.1f} | {row['tok/s']:.1f} | {row['weight_MB']:.0f} | {kv} | "
-          f"{bw} | {row['flop_floor']:.2f} | {row['probe_GB/s']:.1f} | {row['probe_GFLOP/s']:.0f} | "
+          f"{bw} | {row['flop_floor']:.2f} | {probe} | {row['probe_GFLOP/s']:.0f} | "
           f"{row['peak_mem_GB']:.2f} | {row['mem_budget']:.2f} |")
 
-print("\n| kernel | us | cpu us | GB/s | GFLOP/s | bw_floor | flop_floor |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("\n| kernel | us | cpu us | GB/s | GFLOP/s | bw_floor | flop_floor | probe GB/s |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for row in kernels:
     print(f"| {name(row)} | {ms(row) * 1e3:.0f} | {ms(row, 'cpu_time') * 1e3:.0f} | {row['GB/s']:.2f} | {row['GFLOP/s']:.1f} | "
-          f"{row['bw_floor']:.2f} | {row['flop_floor']:.3f} |")
+          f"{row['bw_floor']:.2f} | {row['flop_floor']:.3f} | {row['probe_GB/s']:.1f} |")
 PY
