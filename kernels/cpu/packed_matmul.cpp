@@ -1,11 +1,10 @@
 #include "kernels/cpu/packed_matmul.h"
 
-#include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/partitioner.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <stdexcept>
@@ -18,13 +17,16 @@
 namespace pipeline::cpu {
 namespace {
 
-// Panels one task takes at least: the AVX-512 kernel's widest group.
+// Panels one chunk takes at least: the AVX-512 kernel's widest group.
 constexpr int kPanelsPerUnit = 4;
-// Weight bytes a task should stream at least, or scheduling costs more than it saves.
-constexpr size_t kMinBytesPerTask = size_t(32) << 10;
-// Tasks per thread: more than one, so that a thread the (shared) machine slows down hands its
-// remaining work to the other.
-constexpr int kTasksPerThread = 4;
+// Weight bytes a chunk should stream at least, or taking it costs more than it saves.
+constexpr size_t kMinBytesPerChunk = size_t(32) << 10;
+// A thread's next chunk is this fraction of the units left divided by the thread count
+// (guided self-scheduling): the first chunks are long streams, the last ones short, so the
+// threads finish within one short chunk of each other. With TBB's fixed grain (8 equal tasks
+// on 2 threads) a thread waited up to an eighth of the matrix for the other at the end of
+// every matmul, and decode ends about sixty of them per token.
+constexpr int kChunkDivisor = 2;
 
 void check_parts(std::span<const WeightMatrix> parts) {
   if (parts.empty()) throw std::invalid_argument("PackedMatrix: no matrices to pack");
@@ -200,17 +202,27 @@ void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y,
   const int panels = w.num_panels();
   const int units = (panels + kPanelsPerUnit - 1) / kPanelsPerUnit;
   const size_t unit_bytes = kPanelsPerUnit * w.panel_bytes();
-  const int min_units = int((kMinBytesPerTask + unit_bytes - 1) / unit_bytes);
-  const int tasks = kTasksPerThread * tbb::this_task_arena::max_concurrency();
-  const int grain = std::max(min_units, (units + tasks - 1) / tasks);
-  const auto run_units = [&](const tbb::blocked_range<int>& r) {
-    panels_fn(args, r.begin() * kPanelsPerUnit, std::min(panels, r.end() * kPanelsPerUnit));
-  };
-  if (grain >= units) {
-    run_units(tbb::blocked_range<int>(0, units));
+  const int min_units = int((kMinBytesPerChunk + unit_bytes - 1) / unit_bytes);
+  const int threads = tbb::this_task_arena::max_concurrency();
+  if (threads == 1 || units <= min_units) {
+    panels_fn(args, 0, panels);
     return;
   }
-  tbb::parallel_for(tbb::blocked_range<int>(0, units, grain), run_units, tbb::simple_partitioner());
+  // Every thread takes chunks until none is left; one that starts late (or that the shared
+  // machine slows down) simply takes fewer.
+  std::atomic<int> next_unit{0};
+  const auto take_chunks = [&](int) {
+    int begin = next_unit.load(std::memory_order_relaxed);
+    while (begin < units) {
+      const int chunk = std::max(min_units, (units - begin) / (kChunkDivisor * threads));
+      if (!next_unit.compare_exchange_weak(begin, begin + chunk, std::memory_order_relaxed)) {
+        continue;  // another thread took [begin, ...): begin now holds the new next unit
+      }
+      panels_fn(args, begin * kPanelsPerUnit, std::min(panels, (begin + chunk) * kPanelsPerUnit));
+      begin = next_unit.load(std::memory_order_relaxed);
+    }
+  };
+  tbb::parallel_for(0, threads, take_chunks);
 }
 
 namespace detail {
