@@ -36,6 +36,7 @@
 #include "bench/bench_support.h"
 #include "io/dtype.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/huge_page_buffer.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/weight_matrix.h"
@@ -200,8 +201,11 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     const size_t layer_floats =
         size_t(num_blocks) * kBlockSize * layout.num_kv_heads * layout.head_dim;
     const size_t layers = std::max<size_t>(1, kStreamBytes / (2 * layer_floats * sizeof(float)));
-    std::vector<float> pool(layers * 2 * layer_floats);
-    fill_uniform(pool.data(), pool.size());
+    // Allocated as the CPU runner allocates its KV pool.
+    const cpu::HugePageBuffer memory =
+        cpu::allocate_huge_page_buffer(layers * 2 * layer_floats * sizeof(float));
+    float* const pool = reinterpret_cast<float*>(memory.get());
+    fill_uniform(pool, layers * 2 * layer_floats);
 
     // Each sequence's blocks are scattered over the pool, as a block manager's would be.
     std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
@@ -224,7 +228,7 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     ProbedTiming timing;
     arena().execute([&] {
       timing = time_passes_beside_probe(state, [&] {
-        float* k = pool.data() + layer * 2 * layer_floats;
+        float* k = pool + layer * 2 * layer_floats;
         const cpu::PagedKvLayer kv{k, k + layer_floats, kBlockSize, layout.num_kv_heads,
                                    layout.head_dim};
         cpu::paged_attention(kv, seqs, layout.num_heads, qkv.data(), ld_qkv, out.data());

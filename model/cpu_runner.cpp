@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/huge_page_buffer.h"
 #include "kernels/cpu/packed_matmul.h"
 #include "kernels/cpu/paged_kv.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -155,7 +156,9 @@ class CpuRunner final : public ModelRunner {
   PackedMatrix lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
-  std::unique_ptr<float[]> k_pool_, v_pool_;  // [layer][block][slot][kv_head][head_dim]
+  // [layer][block][kv_head][...] (kernels/cpu/paged_kv.h), in huge pages: attention reads its
+  // blocks scattered over the pool, 4 KiB pages would cost a TLB miss per block and head.
+  cpu::HugePageBuffer k_pool_, v_pool_;
 
   // Per-forward scratch; grows to the largest batch seen and is reused.
   std::vector<int32_t> tokens_, positions_;
@@ -201,8 +204,9 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
   }
   const size_t pool =
       size_t(c.num_layers) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
-  k_pool_.reset(new float[pool]);  // uninitialised on purpose: attention reads only written slots
-  v_pool_.reset(new float[pool]);
+  // Pages are touched only as blocks are written: attention reads only written slots.
+  k_pool_ = cpu::allocate_huge_page_buffer(pool * sizeof(float));
+  v_pool_ = cpu::allocate_huge_page_buffer(pool * sizeof(float));
 }
 
 PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tensors,
@@ -220,7 +224,8 @@ PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tenso
 
 cpu::PagedKvLayer CpuRunner::kv_layer(int layer) {
   const size_t offset = size_t(layer) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
-  return cpu::PagedKvLayer{k_pool_.get() + offset, v_pool_.get() + offset, shape_.block_size,
+  return cpu::PagedKvLayer{reinterpret_cast<float*>(k_pool_.get()) + offset,
+                           reinterpret_cast<float*>(v_pool_.get()) + offset, shape_.block_size,
                            shape_.num_kv_heads, shape_.head_dim};
 }
 

@@ -345,11 +345,13 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
   return out;
 }
 
-// One batch of paged attention against the dense reference, for one head size.
-void check_paged_attention(int head_dim) {
-  SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+// One batch of paged attention against the dense reference, for one layout.
+void check_paged_attention(int head_dim, int block_size, int num_heads, int num_kv_heads) {
+  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", block_size " +
+               std::to_string(block_size) + ", " + std::to_string(num_heads) + " heads over " +
+               std::to_string(num_kv_heads));
   std::mt19937 rng(7);
-  const int num_heads = 6, num_kv_heads = 2, block_size = 5, num_blocks = 64;
+  const int num_blocks = 64;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
   std::vector<float> k_pool(size_t(num_blocks) * block_size * kv_dim, std::nanf(""));
   std::vector<float> v_pool(k_pool.size(), std::nanf(""));  // unwritten slots must never be read
@@ -415,9 +417,16 @@ void check_paged_attention(int head_dim) {
   }
 }
 
-// 12 takes the generic kernel; 64 and 128 (LLaMA's head sizes) the AVX-512 one where it runs.
+// Head size 12, or a block size that is no multiple of 16, takes the generic kernel; 64 and 128
+// (LLaMA's head sizes) with blocks of 16 or 32 the AVX-512 one where it runs. Groups of 3 and of
+// 10 query heads per KV head (the latter in two passes of at most 8).
 TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
-  for (int head_dim : {12, 64, 128}) check_paged_attention(head_dim);
+  check_paged_attention(12, 5, 6, 2);
+  check_paged_attention(64, 5, 6, 2);
+  check_paged_attention(64, 16, 6, 2);
+  check_paged_attention(128, 16, 6, 2);
+  check_paged_attention(64, 32, 20, 2);
+  check_paged_attention(12, 16, 20, 2);
 }
 
 TEST(PagedKv, StoresEachPositionInItsBlockSlot) {
@@ -432,10 +441,14 @@ TEST(PagedKv, StoresEachPositionInItsBlockSlot) {
     std::iota(vrows.begin() + 8 * i, vrows.begin() + 8 * i + 6, 100.0f + 6 * i);
   }
   store_kv(kv, table, 3, 3, rows.data(), vrows.data(), 8);  // positions 3, 4, 5
-  EXPECT_EQ(k[shape.slot_offset(6, 3)], 1.0f);
-  EXPECT_EQ(k[shape.slot_offset(1, 0)], 7.0f);
-  EXPECT_EQ(k[shape.slot_offset(1, 1) + 5], 18.0f);
-  EXPECT_EQ(v[shape.slot_offset(1, 1) + 5], 117.0f);
+  // Position 3: block 6, slot 3; head 0, dimension 0. K is [head_dim][block_size] per head.
+  EXPECT_EQ(k[shape.head_block_offset(6, 0) + 3], 1.0f);
+  EXPECT_EQ(v[shape.head_block_offset(6, 0) + 3 * 3], 100.0f);
+  // Position 4: block 1, slot 0.
+  EXPECT_EQ(k[shape.head_block_offset(1, 0)], 7.0f);
+  // Position 5: block 1, slot 1; element 5 is head 1, dimension 2.
+  EXPECT_EQ(k[shape.head_block_offset(1, 1) + 2 * 4 + 1], 18.0f);
+  EXPECT_EQ(v[shape.head_block_offset(1, 1) + 1 * 3 + 2], 117.0f);
   EXPECT_EQ(std::count(k.begin(), k.end(), 0.0f), ptrdiff_t(k.size() - 18));
 }
 

@@ -1,6 +1,9 @@
 // One layer's view of the paged KV pool and the write of new tokens' keys and values into it.
-// Layout per layer: K and V each [num_blocks][block_size][num_kv_heads][head_dim] float32, so a
-// token's keys for all heads are contiguous and a block holds block_size consecutive positions.
+// Layout per layer: K and V each [num_blocks][num_kv_heads][...] float32, one KV head's share of
+// a block contiguous (block_size positions), so attention streams each head's keys and values
+// in long runs. Within a (block, head): K is [head_dim][block_size] (transposed: the keys of a
+// block's positions for one dimension are adjacent, so one vector FMA scores 16 positions), V is
+// [block_size][head_dim].
 #pragma once
 
 #include <cstddef>
@@ -17,9 +20,10 @@ struct PagedKvLayer {
   int head_dim = 0;
 
   int kv_dim() const { return num_kv_heads * head_dim; }
-  // Offset of (block, slot)'s first float in k or v.
-  size_t slot_offset(int32_t block, int slot) const {
-    return (size_t(block) * block_size + slot) * size_t(kv_dim());
+  // Offset of (block, kv_head)'s first float in k or v: key slot j, dimension d is at
+  // + d · block_size + j in k; value slot j, dimension d at + j · head_dim + d in v.
+  size_t head_block_offset(int32_t block, int kv_head) const {
+    return (size_t(block) * num_kv_heads + size_t(kv_head)) * size_t(block_size) * head_dim;
   }
 };
 
