@@ -261,7 +261,9 @@ struct HttpServer::Impl {
           }
           reply_error(res, make_error(500, message, "server_error", ""));
         });
-    server.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Counted before the response is written (the logger runs after it), so a client that
+    // reads /metrics right after an answer finds that answer counted.
+    server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       counters.count(route_label(req.path), res.status);
     });
   }

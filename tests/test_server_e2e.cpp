@@ -436,9 +436,14 @@ TEST_F(ServerE2E, ModelsHealthAndMetrics) {
   const Reply health = send(port(), "GET", "/health", "");
   EXPECT_EQ(health.status, 200);
   EXPECT_EQ(health.body["status"], "ok");
+  EXPECT_EQ(send(port(), "GET", "/no/such/route", "").status, 404);
+  // Each answer is counted before it is written, so this read finds both.
   const std::string metrics = send(port(), "GET", "/metrics", "").raw;
   EXPECT_NE(metrics.find("pipeline_kv_blocks_used"), std::string::npos);
   EXPECT_NE(metrics.find("pipeline_http_requests_total{route=\"/health\",status=\"200\"}"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pipeline_http_requests_total{route=\"other\",status=\"404\"}"),
             std::string::npos)
       << metrics;
 }
