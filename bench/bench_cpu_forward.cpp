@@ -58,8 +58,10 @@ constexpr int kMaxDecodeBatch = 64;
 constexpr int kContext = 128;
 constexpr int kMaxPrefill = 512;
 constexpr int kBlockSize = 16;
-// Setup prefills the decode contexts this many sequences per forward pass.
-constexpr int kSetupSeqsPerPass = 8;
+// Setup prefills the decode contexts this many sequences per forward pass: 512 rows, no more
+// than Prefill/512 takes, so the runner's scratch (which keeps its largest size) and the peak
+// memory are what the benchmarks themselves need.
+constexpr int kSetupSeqsPerPass = kMaxPrefill / kContext;
 
 // The floors every figure is quoted against: probed in main() and again before each model.
 MachineFloors& machine() {
