@@ -203,7 +203,7 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     const size_t layers = std::max<size_t>(1, kStreamBytes / (2 * layer_floats * sizeof(float)));
     // Allocated as the CPU runner allocates its KV pool.
     const cpu::HugePageBuffer memory =
-        cpu::allocate_huge_page_buffer(layers * 2 * layer_floats * sizeof(float));
+        cpu::allocate_page_buffer(layers * 2 * layer_floats * sizeof(float));
     float* const pool = reinterpret_cast<float*>(memory.get());
     fill_uniform(pool, layers * 2 * layer_floats);
 

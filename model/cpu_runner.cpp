@@ -38,8 +38,8 @@ WeightMatrix as_matrix(const TensorView& t, int64_t rows, int64_t cols) {
 }
 
 // Drops this process's pages of a tensor's file mapping once it has been repacked, so the
-// weights are resident once, not twice. The mapping is private and read-only: a later read (the
-// embedding's rows, when lm_head is tied to it) faults the page back in from the file.
+// weights are resident once, not twice. (When lm_head is tied to the embedding, the lookups
+// read the packed lm_head, so those pages are not faulted back in either.)
 void release_mapped_pages(const TensorView& t) {
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
@@ -152,12 +152,11 @@ class CpuRunner final : public ModelRunner {
   KvCacheShape shape_;
   cpu::RopeTable rope_;
   std::optional<tbb::task_arena> arena_;
-  WeightMatrix embed_;  // read in place: one row per token
+  WeightMatrix embed_;  // read in place, one row per token, unless lm_head is tied to it
   PackedMatrix lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
-  // [layer][block][kv_head][...] (kernels/cpu/paged_kv.h), in huge pages: attention reads its
-  // blocks scattered over the pool, 4 KiB pages would cost a TLB miss per block and head.
+  // [layer][block][kv_head][...] (kernels/cpu/paged_kv.h), page-aligned.
   cpu::HugePageBuffer k_pool_, v_pool_;
 
   // Per-forward scratch; grows to the largest batch seen and is reused.
@@ -205,8 +204,8 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
   const size_t pool =
       size_t(c.num_layers) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
   // Pages are touched only as blocks are written: attention reads only written slots.
-  k_pool_ = cpu::allocate_huge_page_buffer(pool * sizeof(float));
-  v_pool_ = cpu::allocate_huge_page_buffer(pool * sizeof(float));
+  k_pool_ = cpu::allocate_page_buffer(pool * sizeof(float));
+  v_pool_ = cpu::allocate_page_buffer(pool * sizeof(float));
 }
 
 PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tensors,
@@ -346,7 +345,11 @@ void CpuRunner::forward(const Batch& batch, Logits& logits) {
   check_batch(batch);
   pack(batch);
   const auto run = [&] {
-    cpu::embedding_lookup(embed_, tokens_, x_.data());
+    if (config_.tie_word_embeddings) {
+      cpu::embedding_lookup(lm_head_, tokens_, x_.data());
+    } else {
+      cpu::embedding_lookup(embed_, tokens_, x_.data());
+    }
     for (int layer = 0; layer < config_.num_layers; ++layer) run_layer(layer);
     compute_logits(logits);
   };

@@ -296,16 +296,21 @@ TEST(SiluMul, ReadsInterleavedGateAndUpBlocks) {
   }
 }
 
-TEST(Embedding, GathersRowsInEveryDtype) {
+// From the table in place, and from the same table packed (a tied lm_head): 37 rows span three
+// panels, the last one partly, and 7 columns leave the last pair's odd half empty.
+TEST(Embedding, GathersRowsInEveryDtypeFromTheTableOrItsPackedCopy) {
   std::mt19937 rng(6);
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    const TestWeights table = make_weights(10, 7, dtype, rng);
-    const std::vector<int32_t> tokens = {3, 0, 9, 3};
-    std::vector<float> out(tokens.size() * 7);
+    const TestWeights table = make_weights(37, 7, dtype, rng);
+    const PackedMatrix packed = PackedMatrix::stack(std::span(&table.view, 1));
+    const std::vector<int32_t> tokens = {3, 0, 36, 17, 3};
+    std::vector<float> out(tokens.size() * 7), from_packed(out.size());
     embedding_lookup(table.view, tokens, out.data());
+    embedding_lookup(packed, tokens, from_packed.data());
     for (size_t t = 0; t < tokens.size(); ++t) {
       for (int i = 0; i < 7; ++i) {
         EXPECT_EQ(out[t * 7 + i], table.values[size_t(tokens[t]) * 7 + i]) << dtype_name(dtype);
+        EXPECT_EQ(from_packed[t * 7 + i], out[t * 7 + i]) << dtype_name(dtype);
       }
     }
   }

@@ -30,4 +30,9 @@ void embedding_lookup(const WeightMatrix& table, std::span<const int32_t> tokens
   }
 }
 
+void embedding_lookup(const PackedMatrix& table, std::span<const int32_t> tokens, float* out) {
+  const size_t cols = size_t(table.cols());
+  for (size_t t = 0; t < tokens.size(); ++t) table.unpack_column(tokens[t], out + t * cols);
+}
+
 }  // namespace pipeline::cpu

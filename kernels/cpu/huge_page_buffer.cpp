@@ -44,4 +44,13 @@ HugePageBuffer allocate_huge_page_buffer(size_t bytes) {
   return HugePageBuffer(p, HugePageFree{bytes});
 }
 
+HugePageBuffer allocate_page_buffer(size_t bytes) {
+  if (bytes == 0) return HugePageBuffer(nullptr, HugePageFree{0});
+  const size_t length = round_up(bytes, page_size());
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  madvise(p, length, MADV_NOHUGEPAGE);  // advice only, as above
+  return HugePageBuffer(static_cast<std::byte*>(p), HugePageFree{bytes});
+}
+
 }  // namespace pipeline::cpu

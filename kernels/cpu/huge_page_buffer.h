@@ -1,8 +1,9 @@
-// Anonymous memory for large read-mostly buffers (the packed weights), placed so that the kernel
-// can back it with 2 MiB transparent huge pages. Decode streams every weight once per token; on
-// 4 KiB pages a 1 GiB model crosses a page, and misses the TLB, every 4 KiB of every stream,
-// which costs a visible share of the memory bandwidth. Where THP is "madvise" (or "always") the
-// buffer gets huge pages; where it is "never", this is plain anonymous memory.
+// Anonymous memory for large buffers. The read-mostly ones (the packed weights) are placed so
+// that the kernel can back them with 2 MiB transparent huge pages: decode streams every weight
+// once per token, and on 4 KiB pages a 1 GiB model crosses a page, and misses the TLB, every
+// 4 KiB of every stream, which costs a visible share of the memory bandwidth. Where THP is
+// "madvise" (or "always") those buffers get huge pages; where it is "never", they are plain
+// anonymous memory.
 #pragma once
 
 #include <cstddef>
@@ -19,5 +20,11 @@ using HugePageBuffer = std::unique_ptr<std::byte[], HugePageFree>;
 
 // `bytes` of zero-filled memory starting on a 2 MiB boundary; throws std::bad_alloc.
 HugePageBuffer allocate_huge_page_buffer(size_t bytes);
+
+// `bytes` of zero-filled memory on small pages (advised against huge pages), starting on a page
+// boundary, each page resident once first written; throws std::bad_alloc. For the KV pool,
+// which attention reads in aligned 64-byte vectors, and where huge pages would make 2 MiB
+// resident for each block first written.
+HugePageBuffer allocate_page_buffer(size_t bytes);
 
 }  // namespace pipeline::cpu

@@ -74,6 +74,24 @@ void pack_panel(DType dtype, int cols, const std::byte* const* rows, std::byte* 
   }
 }
 
+// Weight (lane, k) of a panel, as float.
+template <DType T>
+float panel_value(const std::byte* panel, int lane, int k) {
+  if constexpr (T == DType::BF16) {
+    uint32_t bits;
+    std::memcpy(&bits, panel + (size_t(k / 2) * kPanelWidth + lane) * 4, 4);
+    return std::bit_cast<float>(k % 2 == 0 ? bits & 0xffff0000u : bits << 16);
+  } else {
+    const size_t slot = size_t(k / 2) * 2 * kPanelWidth + size_t(k % 2) * kPanelWidth + lane;
+    return load_f32<T>(panel, slot);
+  }
+}
+
+template <DType T>
+void unpack_lane(const std::byte* panel, int lane, int cols, float* out) {
+  for (int k = 0; k < cols; ++k) out[k] = panel_value<T>(panel, lane, k);
+}
+
 }  // namespace
 
 PackedMatrix PackedMatrix::pack(DType dtype, int cols, int out_cols,
@@ -90,6 +108,19 @@ PackedMatrix PackedMatrix::pack(DType dtype, int cols, int out_cols,
                m.data_.get() + size_t(p) * m.panel_bytes_);
   });
   return m;
+}
+
+void PackedMatrix::unpack_column(int c, float* out) const {
+  const std::byte* p = panel(c / kPanelWidth);
+  const int lane = c % kPanelWidth;
+  switch (dtype_) {
+    case DType::F32:
+      return unpack_lane<DType::F32>(p, lane, cols_, out);
+    case DType::BF16:
+      return unpack_lane<DType::BF16>(p, lane, cols_, out);
+    case DType::F16:
+      return unpack_lane<DType::F16>(p, lane, cols_, out);
+  }
 }
 
 PackedMatrix PackedMatrix::stack(std::span<const WeightMatrix> parts) {
@@ -227,19 +258,6 @@ void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y,
 
 namespace detail {
 namespace {
-
-// Weight (lane, k) of a panel, as float.
-template <DType T>
-float panel_value(const std::byte* panel, int lane, int k) {
-  if constexpr (T == DType::BF16) {
-    uint32_t bits;
-    std::memcpy(&bits, panel + (size_t(k / 2) * kPanelWidth + lane) * 4, 4);
-    return std::bit_cast<float>(k % 2 == 0 ? bits & 0xffff0000u : bits << 16);
-  } else {
-    const size_t slot = size_t(k / 2) * 2 * kPanelWidth + size_t(k % 2) * kPanelWidth + lane;
-    return load_f32<T>(panel, slot);
-  }
-}
 
 template <DType T>
 void panels_portable(const PackedArgs& a, int panel_begin, int panel_end) {

@@ -68,6 +68,9 @@ class PackedMatrix {
   size_t panel_bytes() const { return panel_bytes_; }
   const std::byte* panel(int p) const { return data_.get() + size_t(p) * panel_bytes_; }
   size_t bytes() const { return size_t(num_panels_) * panel_bytes_; }
+  // Output column c's weights W[c, 0..cols) as float32, into out (cols() floats): a row of the
+  // embedding table where a tied lm_head is the only copy kept.
+  void unpack_column(int c, float* out) const;
 
  private:
   // source[c]: the row of output column c, or nullptr for a zero column.
