@@ -13,7 +13,6 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "bench/machine_probes.h"
 #include "kernels/cpu/cpu_features.h"
@@ -97,41 +96,21 @@ double time_passes(benchmark::State& state, Pass pass) {
 // A benchmark's time per pass and the read bandwidth the machine had beside it.
 struct ProbedTiming {
   double seconds_per_pass = 0.0;
-  // The median pass of read_probe() run just before, just after and every kProbeInterval of
-  // timed work during the benchmark's iterations (timers paused). The host's bandwidth moves
-  // by a third from minute to minute while the kernels' time holds steady, so a floor probed
-  // minutes earlier would judge a repetition against another moment's machine. The median, as
-  // the time per pass is the mean of many passes: the fastest probe pass is that moment's
-  // outlier (10-15% above its median here), not the bandwidth the passes had.
+  // The faster of two passes of read_probe(), one just before the benchmark's first iteration
+  // and one just after its last. The host's bandwidth moves by a third from minute to minute
+  // while the kernels' time holds steady, so a floor probed minutes earlier would judge the
+  // benchmark against another moment's machine. Not probed between iterations: a pass over
+  // 1 GiB evicts the caches, and the step after it ran 3% slower than steps run back to back,
+  // as a server runs them. The faster pass: one slowed by other load must not lower the floor.
   double read_bytes_per_s = 0.0;
 };
 
-// Seconds of timed work between two probe passes (a pass over 1 GiB takes about 30 ms).
-constexpr double kProbeInterval = 0.1;
-
-// time_passes, with read_probe() run beside the iterations.
+// time_passes, with read_probe() run just before and just after the iterations.
 template <typename Pass>
 ProbedTiming time_passes_beside_probe(benchmark::State& state, Pass pass) {
-  using Clock = std::chrono::steady_clock;
-  std::vector<double> rates{read_probe().pass()};
-  double timed = 0.0, since_probe = 0.0;
-  for (auto _ : state) {
-    const auto begin = Clock::now();
-    pass();
-    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-    timed += seconds;
-    since_probe += seconds;
-    if (since_probe >= kProbeInterval) {
-      state.PauseTiming();
-      rates.push_back(read_probe().pass());
-      state.ResumeTiming();
-      since_probe = 0.0;
-    }
-  }
-  rates.push_back(read_probe().pass());
-  std::sort(rates.begin(), rates.end());
-  const double iterations = double(std::max<benchmark::IterationCount>(1, state.iterations()));
-  return {timed / iterations, rates[rates.size() / 2]};
+  const double before = read_probe().pass();
+  const double seconds_per_pass = time_passes(state, pass);
+  return {seconds_per_pass, std::max(before, read_probe().pass())};
 }
 
 // The main of a CPU benchmark executable: Google Benchmark's flags, the machine's floors probed
