@@ -119,88 +119,137 @@ void attend_generic_portable(const PagedKvLayer& kv, std::span<const int32_t> bl
 // span's keys and values (32 KiB at head_dim 64) stay in L1 for the other heads of the group.
 constexpr int kKeySpan = 64;
 
-// The same as attend_generic for head_dim = 16·NV and a block size that is a multiple of 16.
-// Scores come 16 keys at a time: per dimension d one FMA of q[d] by the keys' row d (the
-// transposed K layout), in four chains; keys past num_keys are masked off, never read. Values
-// are summed in two interleaved sets of accumulators, halving the FMA dependency chain.
+// Where the AVX-512 kernel finds a span's keys: per chunk of 16 positions, the start of its
+// key rows (key j, dimension d at keys + d · block_size + j) and of its values (value j at
+// values + j · head_dim), how many keys it holds, and the mask of those lanes.
+struct SpanChunks {
+  static constexpr int kMax = kKeySpan / kKeyChunk;
+  int chunks = 0;
+  const float* keys[kMax];
+  const float* values[kMax];
+  int count[kMax];
+  __mmask16 live[kMax];
+};
+
+// acc[h] += w[h][j] · value row j for each of H heads: the row is loaded once for all of them.
+template <int NV, int H>
+PIPELINE_AVX512 inline void add_value_row(const float* values, const float* const* w, int j,
+                                          __m512 (&acc)[H][NV]) {
+  __m512 row[NV];
+  for (int v = 0; v < NV; ++v) row[v] = _mm512_loadu_ps(values + j * 16 * NV + 16 * v);
+  for (int h = 0; h < H; ++h) {
+    const __m512 weight = _mm512_set1_ps(w[h][j]);
+    for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_fmadd_ps(weight, row[v], acc[h][v]);
+  }
+}
+
+// Query heads h0 .. h0 + H - 1 (rows of 16·NV floats at q) against one span: scores 16 keys per
+// vector, one FMA per dimension by the keys' row d (the transposed K layout) and per head, so
+// each key row and each value row is loaded once for all H heads; keys past the span's end are
+// masked off, never read. A single head gets more independent FMA chains instead (four for the
+// scores, two sets of value accumulators), so its dependency chains do not bound it.
+template <int NV, int H>
+PIPELINE_AVX512 void attend_span(const SpanChunks& span, int block_size, float scale,
+                                 const float* q, SoftmaxState& state, int h0) {
+  constexpr int kHeadDim = 16 * NV;
+  constexpr int kChains = H == 1 ? 4 : 2;
+  constexpr int kSets = H == 1 ? 2 : 1;
+  alignas(64) float weights[H][kKeySpan];
+  __m512 span_max[H];
+  for (int h = 0; h < H; ++h) span_max[h] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int c = 0; c < span.chunks; ++c) {
+    __m512 acc[H][kChains];
+    for (int h = 0; h < H; ++h)
+      for (int u = 0; u < kChains; ++u) acc[h][u] = _mm512_setzero_ps();
+    for (int d = 0; d < kHeadDim; d += kChains) {
+      for (int u = 0; u < kChains; ++u) {
+        const __m512 key_row =
+            _mm512_maskz_loadu_ps(span.live[c], span.keys[c] + size_t(d + u) * block_size);
+        for (int h = 0; h < H; ++h)
+          acc[h][u] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * kHeadDim + d + u]), key_row, acc[h][u]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      __m512 dot = acc[h][0];
+      for (int u = 1; u < kChains; ++u) dot = _mm512_add_ps(dot, acc[h][u]);
+      const __m512 scores = _mm512_mask_blend_ps(
+          span.live[c], _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+          _mm512_mul_ps(dot, _mm512_set1_ps(scale)));
+      span_max[h] = _mm512_max_ps(span_max[h], scores);
+      _mm512_store_ps(weights[h] + c * kKeyChunk, scores);
+    }
+  }
+
+  __m512 acc[kSets][H][NV];
+  for (int h = 0; h < H; ++h) {
+    float correction;
+    const float new_max = state.raise_max(h0 + h, _mm512_reduce_max_ps(span_max[h]), correction);
+    // exp(-inf) comes out of fast_exp as ~1e-38, not 0, so masked keys are zeroed.
+    for (int i = 0; i < span.chunks * kKeyChunk; ++i)
+      weights[h][i] = fast_exp(weights[h][i] - new_max);
+    __m512 sum = _mm512_setzero_ps();
+    for (int c = 0; c < span.chunks; ++c)
+      sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(span.live[c], weights[h] + c * kKeyChunk));
+    state.sum[h0 + h] = state.sum[h0 + h] * correction + _mm512_reduce_add_ps(sum);
+    const float* acc_h = state.acc + (h0 + h) * kHeadDim;
+    for (int v = 0; v < NV; ++v) {
+      acc[0][h][v] = _mm512_mul_ps(_mm512_load_ps(acc_h + 16 * v), _mm512_set1_ps(correction));
+      for (int s = 1; s < kSets; ++s) acc[s][h][v] = _mm512_setzero_ps();
+    }
+  }
+  for (int c = 0; c < span.chunks; ++c) {
+    const float* w[H];
+    for (int h = 0; h < H; ++h) w[h] = weights[h] + c * kKeyChunk;
+    int j = 0;
+    for (; j + kSets <= span.count[c]; j += kSets) {
+      for (int s = 0; s < kSets; ++s) add_value_row<NV, H>(span.values[c], w, j + s, acc[s]);
+    }
+    for (; j < span.count[c]; ++j) add_value_row<NV, H>(span.values[c], w, j, acc[0]);
+  }
+  for (int h = 0; h < H; ++h) {
+    float* acc_h = state.acc + (h0 + h) * kHeadDim;
+    for (int v = 0; v < NV; ++v) {
+      __m512 total = acc[0][h][v];
+      for (int s = 1; s < kSets; ++s) total = _mm512_add_ps(total, acc[s][h][v]);
+      _mm512_store_ps(acc_h + 16 * v, total);
+    }
+  }
+}
+
+// attend_span<NV, n> for a run-time n in [1, H].
+template <int NV, int H>
+PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks& span, int block_size, float scale,
+                                    const float* q, SoftmaxState& state, int h0) {
+  if constexpr (H > 0) {
+    if (n == H) return attend_span<NV, H>(span, block_size, scale, q, state, h0);
+    attend_span_of<NV, H - 1>(n, span, block_size, scale, q, state, h0);
+  }
+}
+
+// The same as attend_generic for head_dim = 16·NV and a block size that is a multiple of 16:
+// span by span, the heads in groups of up to four (two at head_dim 128, for the registers).
 template <int NV>
 PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32_t> block_table,
                                    int kv_head, int num_keys, float scale, const float* q,
                                    int heads, float* out) {
   constexpr int kHeadDim = 16 * NV;
+  constexpr int kHeadsTogether = NV <= 4 ? 4 : 2;
   const int block_size = kv.block_size;
   SoftmaxState state(heads, kHeadDim);
-  alignas(64) float weights[kKeySpan];
-  const float* values_at[kKeySpan / kKeyChunk];
-  for (int span = 0; span < num_keys; span += kKeySpan) {
-    const int span_keys = std::min(kKeySpan, num_keys - span);
-    const int chunks = (span_keys + kKeyChunk - 1) / kKeyChunk;
-    for (int h = 0; h < heads; ++h) {
-      const float* qh = q + size_t(h) * kHeadDim;
-      __m512 span_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int c = 0; c < chunks; ++c) {
-        const int pos = span + c * kKeyChunk;
-        const __mmask16 live = __mmask16((1u << std::min(kKeyChunk, num_keys - pos)) - 1);
-        const size_t at = kv.head_block_offset(block_table[pos / block_size], kv_head);
-        const int slot = pos % block_size;
-        const float* keys = kv.k + at + slot;
-        values_at[c] = kv.v + at + size_t(slot) * kHeadDim;
-        __m512 partial[4];
-        for (__m512& p : partial) p = _mm512_setzero_ps();
-        for (int d = 0; d < kHeadDim; d += 4) {
-          for (int u = 0; u < 4; ++u) {
-            const __m512 key_row = _mm512_maskz_loadu_ps(live, keys + size_t(d + u) * block_size);
-            partial[u] = _mm512_fmadd_ps(_mm512_set1_ps(qh[d + u]), key_row, partial[u]);
-          }
-        }
-        const __m512 scores =
-            _mm512_mask_blend_ps(live, _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
-                                 _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(partial[0], partial[1]),
-                                                             _mm512_add_ps(partial[2], partial[3])),
-                                               _mm512_set1_ps(scale)));
-        span_max = _mm512_max_ps(span_max, scores);
-        _mm512_store_ps(weights + c * kKeyChunk, scores);
-      }
-      float correction;
-      const float new_max = state.raise_max(h, _mm512_reduce_max_ps(span_max), correction);
-      // exp(-inf) comes out of fast_exp as ~1e-38, not 0, so masked keys are zeroed.
-      for (int i = 0; i < chunks * kKeyChunk; ++i) weights[i] = fast_exp(weights[i] - new_max);
-      __m512 sum = _mm512_setzero_ps();
-      for (int c = 0; c < chunks; ++c) {
-        const __mmask16 live =
-            __mmask16((1u << std::min(kKeyChunk, span_keys - c * kKeyChunk)) - 1);
-        const __m512 w = _mm512_maskz_loadu_ps(live, weights + c * kKeyChunk);
-        sum = _mm512_add_ps(sum, w);
-      }
-      state.sum[h] = state.sum[h] * correction + _mm512_reduce_add_ps(sum);
-
-      float* acc_h = state.acc + h * kHeadDim;
-      __m512 even[NV], odd[NV];  // keys 2i and 2i + 1 of each chunk
-      const __m512 c = _mm512_set1_ps(correction);
-      for (int v = 0; v < NV; ++v) {
-        even[v] = _mm512_mul_ps(_mm512_load_ps(acc_h + 16 * v), c);
-        odd[v] = _mm512_setzero_ps();
-      }
-      for (int chunk = 0; chunk < chunks; ++chunk) {
-        const int n = std::min(kKeyChunk, span_keys - chunk * kKeyChunk);
-        const float* value = values_at[chunk];
-        const float* w = weights + chunk * kKeyChunk;
-        int j = 0;
-        for (; j + 2 <= n; j += 2) {
-          const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
-          for (int v = 0; v < NV; ++v) {
-            even[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(value + j * kHeadDim + 16 * v), even[v]);
-            odd[v] =
-                _mm512_fmadd_ps(w1, _mm512_loadu_ps(value + (j + 1) * kHeadDim + 16 * v), odd[v]);
-          }
-        }
-        if (j < n) {
-          const __m512 w0 = _mm512_set1_ps(w[j]);
-          for (int v = 0; v < NV; ++v)
-            even[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(value + j * kHeadDim + 16 * v), even[v]);
-        }
-      }
-      for (int v = 0; v < NV; ++v) _mm512_store_ps(acc_h + 16 * v, _mm512_add_ps(even[v], odd[v]));
+  for (int first = 0; first < num_keys; first += kKeySpan) {
+    SpanChunks span;
+    for (int pos = first; pos < std::min(num_keys, first + kKeySpan); pos += kKeyChunk) {
+      const int c = span.chunks++;
+      const size_t at = kv.head_block_offset(block_table[pos / block_size], kv_head);
+      const int slot = pos % block_size;
+      span.keys[c] = kv.k + at + slot;
+      span.values[c] = kv.v + at + size_t(slot) * kHeadDim;
+      span.count[c] = std::min(kKeyChunk, num_keys - pos);
+      span.live[c] = __mmask16((1u << span.count[c]) - 1);
+    }
+    for (int h0 = 0; h0 < heads; h0 += kHeadsTogether) {
+      attend_span_of<NV, kHeadsTogether>(std::min(kHeadsTogether, heads - h0), span, block_size,
+                                         scale, q + size_t(h0) * kHeadDim, state, h0);
     }
   }
   state.write(heads, kHeadDim, out);
