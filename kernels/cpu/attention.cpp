@@ -20,7 +20,8 @@
 namespace pipeline::cpu {
 namespace {
 
-// Keys scored per online-softmax update: one AVX-512 vector of scores.
+// Keys scored together: one AVX-512 vector of scores, and the generic kernel's step between
+// online-softmax updates (the AVX-512 kernel updates once per kKeySpan keys).
 constexpr int kKeyChunk = 16;
 // Query heads that share a KV head and are attended in one pass over its keys and values, which
 // are then read from memory once for all of them (a whole GQA group up to this size).
