@@ -63,7 +63,7 @@ constexpr int kBlockSize = 16;
 // memory are what the benchmarks themselves need.
 constexpr int kSetupSeqsPerPass = kMaxPrefill / kContext;
 
-// The floors every figure is quoted against: probed in main() and again before each model.
+// The floors: probed in main(), the FMA rate again before each model.
 MachineFloors& machine() {
   static MachineFloors floors;
   return floors;
@@ -224,14 +224,14 @@ class ShapeBench {
 fs::path models_dir;
 
 // The model of `shape`, loaded on first use. Benchmarks run shape by shape, so only one model
-// is held at a time: the previous one is dropped, the machine probed again (the FMA floor keeps
-// the best figure seen, so one probe starved by other load cannot lower it), and the peak RSS
-// reset before the next model loads.
+// is held at a time: the previous one is dropped, the FMA rate probed again (the floor keeps the
+// best figure seen, so one probe starved by other load cannot lower it), and the peak RSS reset
+// before the next model loads.
 ShapeBench& shape_bench(const std::string& shape) {
   static std::unique_ptr<ShapeBench> current;
   if (!current || current->shape() != shape) {
     current.reset();
-    machine() = best_floors(machine(), probe_machine_floors());
+    reprobe_fma_floor(machine());
     reset_peak_rss();
     current = std::make_unique<ShapeBench>(shape, models_dir / shape);
   }

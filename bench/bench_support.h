@@ -33,8 +33,9 @@ inline int bench_threads() {
   return int(threads);
 }
 
-// What the benchmarks are held to: the best read bandwidth and float32 FMA rate measured on
-// `threads` threads.
+// The machine as probed at the start on `threads` threads: the best read bandwidth (reported in
+// the context only; a bw_floor is judged against the probes beside its own benchmark, see
+// ProbedTiming) and the best float32 FMA rate, which every flop_floor is judged against.
 struct MachineFloors {
   int threads = 0;
   double read_bytes_per_s = 0.0;
@@ -65,13 +66,12 @@ inline MachineFloors probe_machine_floors() {
   return floors;
 }
 
-// The better of two probes of the same machine: the floor is the machine's, and on a shared
-// machine a single probe may have been starved of cores or bandwidth.
-inline MachineFloors best_floors(const MachineFloors& a, const MachineFloors& b) {
-  MachineFloors best = a;
-  best.read_bytes_per_s = std::max(a.read_bytes_per_s, b.read_bytes_per_s);
-  best.fma_flops_per_s = std::max(a.fma_flops_per_s, b.fma_flops_per_s);
-  return best;
+// Probes the FMA rate again and keeps the better figure: the floor is the machine's, and on a
+// shared machine a single probe may have been starved of cores.
+inline void reprobe_fma_floor(MachineFloors& floors) {
+  std::fprintf(stderr, "probing FMA throughput on %d threads...\n", floors.threads);
+  floors.fma_flops_per_s =
+      std::max(floors.fma_flops_per_s, measure_fma_throughput(floors.threads).best);
 }
 
 // Adds the floors to the context every benchmark report starts with.

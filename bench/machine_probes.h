@@ -184,9 +184,7 @@ class ReadBandwidthProbe {
         threads_, [&](int t) { std::fill(part(t), part(t) + share_ / sizeof(float), 1.0f); });
   }
 
-  int threads() const { return threads_; }
   size_t bytes() const { return share_ * size_t(threads_); }
-  const char* isa() const { return cpu::isa_name(isa_); }
 
   // One timed pass over the whole buffer: bytes/s.
   double pass() {
