@@ -182,7 +182,8 @@ const LlamaConfig& checked_config(const LlamaWeights* weights) {
   if (!weights) throw std::invalid_argument("make_cuda_runner: no weights");
   const LlamaConfig& c = weights->config;
   std::string why;
-  if (!attention_supports(c.num_heads, c.num_kv_heads, c.head_dim, &why))
+  if (!attention_supports(c.num_heads, c.num_kv_heads, c.head_dim, &why) ||
+      !hidden_size_supported(c.hidden_size, &why))
     throw std::runtime_error("CUDA backend cannot run this model: " + why);
   if (c.max_position_embeddings <= 0)
     throw std::runtime_error("CUDA backend needs a positive max_position_embeddings");

@@ -30,13 +30,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   return sum;
 }
 
-__device__ __forceinline__ void store(float* y, float v) {
-  *y = v;
-}
-__device__ __forceinline__ void store(bf16* y, float v) {
-  *y = __float2bfloat16(v);
-}
-
 // `in` is a multiple of kVector; x and the weight rows are 16-byte aligned.
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
@@ -79,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
     float total = 0.0f;
 #pragma unroll
     for (int p = 0; p < kWarpsPerColumn; ++p) total += partial[threadIdx.x * kWarpsPerColumn + p];
-    if (c < out) store(y + c, total);
+    if (c < out) store_value(y + c, total);
   }
 }
 

@@ -18,6 +18,13 @@ using bf16 = __nv_bfloat16;
 
 // ---- elementwise_kernels.cu
 
+// The widest residual row the norm kernels hold in registers.
+constexpr int kMaxHiddenSize = 16384;
+
+// Whether the norm and embedding kernels handle rows of `hidden` values (a multiple of 4 up to
+// kMaxHiddenSize); false with the reason otherwise.
+bool hidden_size_supported(int hidden, std::string* why);
+
 // dst[i] = bf16(src[i]) for n elements of a checkpoint tensor already copied to the device.
 void convert_to_bf16(const void* src, DType src_dtype, bf16* dst, size_t n, cudaStream_t stream);
 
