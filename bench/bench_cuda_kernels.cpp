@@ -168,9 +168,7 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
                                  cudaMemcpyHostToDevice));
   PIPELINE_CUDA_CHECK(cudaMemcpy(lens_d.data(), lens.data(), lens.size() * sizeof(int32_t),
                                  cudaMemcpyHostToDevice));
-  const size_t partials = size_t(batch) * kHeads * max_splits;
-  DeviceBuffer<float> part_out(partials * kHeadDim), part_max(partials), part_sum(partials);
-  const cuda::DecodeScratch scratch{part_out.data(), part_max.data(), part_sum.data()};
+  const cuda::DecodeScratch scratch(batch, kHeads, kHeads, kHeadDim, max_splits);
 
   cuda::PagedKv kv;
   kv.block_tables = tables_d.data();
@@ -182,8 +180,7 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
     kv.k = k.data() + size_t(i) % layers * layer_elems;
     kv.v = v.data() + size_t(i) % layers * layer_elems;
     cuda::paged_decode_attention(q.data(), 3 * kHidden, kv, lens_d.data(), batch, kHeads,
-                                 kContext / cuda::kDecodePartition, max_splits, scratch, out.data(),
-                                 d.stream);
+                                 kContext / cuda::kDecodePartition, scratch, out.data(), d.stream);
   });
   const double kv_bytes = 2.0 * double(layer_elems) * sizeof(bf16);
   using benchmark::Counter;

@@ -1,8 +1,10 @@
 // Paged-attention decode, flash-decoding style: each sequence's cached positions are cut into
 // partitions of kDecodePartition; one block scores one partition for all query heads that
 // share a KV head (grouped-query attention reads each K/V row once) in a single pass over K and
-// V with an online softmax, keeps a normalised partial output with its max and sum, and a
-// second kernel merges the partials of every head.
+// V with an online softmax. A context of one partition writes its output at once; otherwise
+// each block keeps a normalised partial output with its max and sum, and the last block of the
+// (sequence, KV head) to finish merges them all, in partition order, so the result does not
+// depend on which block finished last. One kernel per layer: no separate merge launch.
 //
 // The grid spans `splits` partitions, enough for the batch's longest context, so a captured
 // CUDA graph serves every step whose contexts fit; blocks past a sequence's length exit at once.
@@ -63,11 +65,31 @@ __device__ __forceinline__ void merge_state(SoftmaxState<kGroup>& s, int offset)
   }
 }
 
+// out[head] = sum_p w_p * out_p / sum_p w_p over the `parts` partials of one head, with
+// w_p = sum_p * 2^(max_p - M) (maxes in log2 units). The partials were written by other blocks:
+// read past L1.
+__device__ __forceinline__ void merge_partials(const DecodePartials& partials, size_t head,
+                                               int parts, int head_dim, int d, bf16* out) {
+  const size_t base = head * partials.max_splits;
+  float global_max = -INFINITY;
+  for (int p = 0; p < parts; ++p) global_max = fmaxf(global_max, __ldcg(partials.max + base + p));
+  float total_weight = 0.0f, acc = 0.0f;
+  for (int p = 0; p < parts; ++p) {
+    const float weight =
+        __ldcg(partials.sum + base + p) * exp2f(__ldcg(partials.max + base + p) - global_max);
+    total_weight += weight;
+    acc += __ldcg(partials.out + (base + p) * head_dim + d) * weight;
+  }
+  out[head * head_dim + d] = __float2bfloat16(acc / total_weight);
+}
+
 template <int kGroup>
 __global__ void __launch_bounds__(kThreads)
     decode_partition_kernel(const bf16* q, int q_stride, PagedKv kv, const int32_t* context_lens,
-                            int num_heads, int max_splits, DecodeScratch scratch) {
+                            int num_heads, DecodePartials partials, bf16* out) {
   __shared__ __align__(16) float q_s[kGroup * kMaxHeadDim];
+  __shared__ bool last_to_arrive;
+  __shared__ int32_t blocks_s[kDecodePartition + 1];  // the cache blocks the partition spans
   __shared__ float warp_max_s[kWarps][kGroup], warp_sum_s[kWarps][kGroup];
   __shared__ float warp_acc_s[kWarps][kGroup * kMaxHeadDim];
   wait_for_previous_kernel();
@@ -85,6 +107,12 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* q_row = q + size_t(seq) * q_stride + size_t(first_head) * D;
   for (int i = threadIdx.x; i < kGroup * D; i += kThreads)
     q_s[i] = __bfloat162float(q_row[i]) * scale;
+  // The block-table entries come in the same round trip as q, so each K/V load below waits for
+  // nothing but itself.
+  const int32_t* table = kv.block_tables + size_t(seq) * kv.max_blocks_per_seq;
+  const int first_block = begin / kv.block_size;
+  const int num_blocks = (begin + n - 1) / kv.block_size - first_block + 1;
+  for (int b = threadIdx.x; b < num_blocks; b += kThreads) blocks_s[b] = table[first_block + b];
   __syncthreads();
 
   const int row_threads = threads_per_row(D);
@@ -94,7 +122,6 @@ __global__ void __launch_bounds__(kThreads)
   const int d0 = lane * 8;
   const bool lane_active = d0 < D;
   const size_t slot_stride = size_t(kv.num_kv_heads) * D;
-  const int32_t* table = kv.block_tables + size_t(seq) * kv.max_blocks_per_seq;
 
   float q_r[kGroup][8];
 #pragma unroll
@@ -121,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
       k_raw[u] = v_raw[u] = make_uint4(0, 0, 0, 0);
       if (i < n && lane_active) {
         const int position = begin + i;
-        const size_t block = size_t(table[position / kv.block_size]);
+        const size_t block = size_t(blocks_s[position / kv.block_size - first_block]);
         const size_t offset = (block * kv.block_size + position % kv.block_size) * slot_stride +
                               size_t(kv_head) * D + d0;
         k_raw[u] = *reinterpret_cast<const uint4*>(kv.k + offset);
@@ -181,51 +208,56 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
+  // This block's result for query head first_head + g, column d: its normalised output, and
+  // the max and sum that weigh it against the other partitions.
+  auto block_result = [&](int g, int d, float& max, float& sum) {
+    max = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) max = fmaxf(max, warp_max_s[w][g]);
+    sum = 0.0f;
+    float acc = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = scaled_exp2(warp_max_s[w][g], max);
+      sum += warp_sum_s[w][g] * weight;
+      acc += warp_acc_s[w][g * D + d] * weight;
+    }
+    return acc / sum;
+  };
   const size_t head_base = size_t(seq) * num_heads + first_head;
+  const int parts = (context + kDecodePartition - 1) / kDecodePartition;
+  if (parts == 1) {  // uniform across the block
+    for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads) {
+      float max, sum;
+      out[head_base * D + idx] = __float2bfloat16(block_result(idx / D, idx % D, max, sum));
+    }
+    return;
+  }
+
   for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads) {
     const int g = idx / D, d = idx % D;
-    float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max_s[w][g]);
-    float sum = 0.0f, acc = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = scaled_exp2(warp_max_s[w][g], m);
-      sum += warp_sum_s[w][g] * weight;
-      acc += warp_acc_s[w][idx] * weight;
-    }
-    scratch.out[((head_base + g) * max_splits + split) * D + d] = acc / sum;
+    float max, sum;
+    const float value = block_result(g, d, max, sum);
+    const size_t at = (head_base + g) * partials.max_splits + split;
+    partials.out[at * D + d] = value;
     if (d == 0) {
-      scratch.max[(head_base + g) * max_splits + split] = m;
-      scratch.sum[(head_base + g) * max_splits + split] = sum;
+      partials.max[at] = max;
+      partials.sum[at] = sum;
     }
   }
+  __threadfence();  // the partials are visible device-wide before this block is counted
+  __syncthreads();
+  int32_t* arrivals = partials.arrivals + size_t(seq) * kv.num_kv_heads + kv_head;
+  if (threadIdx.x == 0) last_to_arrive = atomicAdd(arrivals, 1) == parts - 1;
+  __syncthreads();
+  if (!last_to_arrive) return;
+
+  __threadfence();
+  for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads)
+    merge_partials(partials, head_base + idx / D, parts, D, idx % D, out);
+  if (threadIdx.x == 0) *arrivals = 0;  // ready for the next call
 }
 
-// One block per (head, sequence): out = sum_p w_p * out_p / sum_p w_p,
-// w_p = sum_p * 2^(max_p - M) (maxes in log2 units).
-__global__ void decode_merge_kernel(const int32_t* context_lens, int num_heads, int head_dim,
-                                    int max_splits, DecodeScratch scratch, bf16* out) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
-  const int head = blockIdx.x, seq = blockIdx.y;
-  const int splits = (context_lens[seq] + kDecodePartition - 1) / kDecodePartition;
-  const size_t base = (size_t(seq) * num_heads + head) * max_splits;
-  float global_max = -INFINITY;
-  for (int p = 0; p < splits; ++p) global_max = fmaxf(global_max, scratch.max[base + p]);
-  float total_weight = 0.0f;
-  for (int p = 0; p < splits; ++p)
-    total_weight += scratch.sum[base + p] * exp2f(scratch.max[base + p] - global_max);
-  bf16* dst = out + (size_t(seq) * num_heads + head) * head_dim;
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int p = 0; p < splits; ++p)
-      acc += scratch.out[(base + p) * head_dim + d] * scratch.sum[base + p] *
-             exp2f(scratch.max[base + p] - global_max);
-    dst[d] = __float2bfloat16(acc / total_weight);
-  }
-}
-
-using PartitionKernel = void (*)(const bf16*, int, PagedKv, const int32_t*, int, int,
-                                 DecodeScratch);
+using PartitionKernel = void (*)(const bf16*, int, PagedKv, const int32_t*, int, DecodePartials,
+                                 bf16*);
 
 // The partition kernel built for `group` query heads per KV head.
 PartitionKernel partition_kernel_for(int group) {
@@ -263,15 +295,27 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
   return true;
 }
 
+DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim,
+                             int max_splits) {
+  const size_t partitions = size_t(seqs) * num_heads * max_splits;
+  out_ = DeviceBuffer<float>(partitions * head_dim);
+  max_ = DeviceBuffer<float>(partitions);
+  sum_ = DeviceBuffer<float>(partitions);
+  arrivals_ = DeviceBuffer<int32_t>(size_t(seqs) * num_kv_heads);
+  PIPELINE_CUDA_CHECK(cudaMemset(arrivals_.data(), 0, arrivals_.bytes()));
+  partials_ = {out_.data(), max_.data(), sum_.data(), arrivals_.data(), max_splits};
+}
+
 void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
                             const int32_t* context_lens, int num_seqs, int num_heads, int splits,
-                            int max_splits, const DecodeScratch& scratch, bf16* out,
-                            cudaStream_t stream) {
+                            const DecodeScratch& scratch, bf16* out, cudaStream_t stream) {
+  if (splits > scratch.partials().max_splits)
+    throw std::invalid_argument("paged_decode_attention: " + std::to_string(splits) +
+                                " partitions, the scratch holds " +
+                                std::to_string(scratch.partials().max_splits));
   const dim3 grid(splits, kv.num_kv_heads, num_seqs);
   launch_dependent(partition_kernel_for(num_heads / kv.num_kv_heads), grid, kThreads, 0, stream, q,
-                   q_stride, kv, context_lens, num_heads, max_splits, scratch);
-  launch_dependent(decode_merge_kernel, dim3(num_heads, num_seqs), 128, 0, stream, context_lens,
-                   num_heads, kv.head_dim, max_splits, scratch, out);
+                   q_stride, kv, context_lens, num_heads, scratch.partials(), out);
 }
 
 }  // namespace pipeline::cuda

@@ -112,9 +112,7 @@ struct Workspace {
         gate_up(size_t(cap.tokens) * 2 * c.intermediate_size),
         act(size_t(cap.tokens) * c.intermediate_size),
         logits(size_t(cap.logit_rows) * c.vocab_size),
-        decode_out(size_t(cap.seqs) * c.num_heads * max_splits * c.head_dim),
-        decode_max(size_t(cap.seqs) * c.num_heads * max_splits),
-        decode_sum(size_t(cap.seqs) * c.num_heads * max_splits) {}
+        decode(cap.seqs, c.num_heads, c.num_kv_heads, c.head_dim, max_splits) {}
 
   StepCapacity capacity;
   StepLayout layout;
@@ -127,7 +125,7 @@ struct Workspace {
   DeviceBuffer<bf16> gate_up;     // [tokens, 2 * intermediate]
   DeviceBuffer<bf16> act;         // [tokens, intermediate]
   DeviceBuffer<float> logits;     // [logit_rows, vocab]
-  DeviceBuffer<float> decode_out, decode_max, decode_sum;
+  DecodeScratch decode;           // the decode attention's split partials
 
   const int32_t* index(size_t offset) const { return indices.data() + offset; }
 };
@@ -388,9 +386,8 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   kv.head_dim = c.head_dim;
   const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
   if (shape.decode) {
-    const DecodeScratch scratch{ws.decode_out.data(), ws.decode_max.data(), ws.decode_sum.data()};
     paged_decode_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.context_lens), shape.seqs,
-                           c.num_heads, decode_splits(shape), max_splits_, scratch, ws.attn.data(),
+                           c.num_heads, decode_splits(shape), ws.decode, ws.attn.data(),
                            stream_.get());
   } else {
     prefill_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.tiles), shape.tiles,

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "io/dtype.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace pipeline::cuda {
 
@@ -70,19 +71,35 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
 // of n positions uses ceil(n / kDecodePartition) partitions.
 constexpr int kDecodePartition = 128;
 
+// The flash-decoding split's float32 partials and, per (sequence, KV head), the count of its
+// partitions that have finished, for up to `seqs` sequences of up to max_splits partitions.
+// The last partition of a head group to finish merges the partials and resets the count, so
+// the counts are zero between calls.
+struct DecodePartials {         // what the kernel is given
+  float* out = nullptr;         // [seq][head][max_splits][head_dim], normalised per partition
+  float* max = nullptr;         // [seq][head][max_splits], in log2 units
+  float* sum = nullptr;         // [seq][head][max_splits]
+  int32_t* arrivals = nullptr;  // [seq][kv_head]
+  int max_splits = 0;
+};
+class DecodeScratch {
+ public:
+  DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim, int max_splits);
+  const DecodePartials& partials() const { return partials_; }
+
+ private:
+  DeviceBuffer<float> out_, max_, sum_;
+  DeviceBuffer<int32_t> arrivals_;
+  DecodePartials partials_;
+};
+
 // One query per sequence: q row s at q + s * q_stride (its heads contiguous), attending to
 // context_lens[s] cached positions. `splits` partitions are launched per sequence and KV head,
-// at least ceil(longest context / kDecodePartition); the float32 partials have room for
-// max_splits >= splits. out is [num_seqs, num_heads * head_dim].
-struct DecodeScratch {
-  float* out = nullptr;  // [seq][head][max_splits][head_dim], normalised per partition
-  float* max = nullptr;  // [seq][head][max_splits], in log2 units
-  float* sum = nullptr;  // [seq][head][max_splits]
-};
+// at least ceil(longest context / kDecodePartition) and at most the scratch's max_splits. out
+// is [num_seqs, num_heads * head_dim].
 void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
                             const int32_t* context_lens, int num_seqs, int num_heads, int splits,
-                            int max_splits, const DecodeScratch& scratch, bf16* out,
-                            cudaStream_t stream);
+                            const DecodeScratch& scratch, bf16* out, cudaStream_t stream);
 
 // Causal attention for ragged packed prompts. Sequence s's new tokens are packed rows
 // q_offsets[s] .. q_offsets[s] + q_lens[s] - 1 of q (row stride q_stride), at positions
