@@ -1,7 +1,7 @@
-// The CUDA decode step's parts alone, on LLaMA-2-7B's shapes: each projection at 1 row (the GEMV
-// kernel), 16 and 64 rows (cuBLAS), and paged decode attention over 1024-token contexts at
-// batch 1, 16 and 64. Their sum over 32 layers against `bench_cuda_decode`'s step time says where a
-// step goes.
+// The CUDA decode step's parts alone, on LLaMA-2-7B's shapes: each projection as the runner does
+// it (1 row: the GEMV kernel; 4 and 16: SkinnyGemm; 64: cuBLAS) and, beside it, cuBLAS itself at
+// 4 and 16 rows; paged decode attention over 1024-token contexts at batch 1, 16 and 64. Their sum
+// over 32 layers against `bench_cuda_decode`'s step time says where a step goes.
 //
 // Operands are random bf16; each call reads the next copy of its weights (or the next layer's
 // KV) from a pool of at least 1 GiB, so they come from device memory as in a real step, not
@@ -15,7 +15,9 @@
 
 #ifdef PIPELINE_HAVE_CUDA
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -51,6 +53,8 @@ struct Device {
   double bandwidth = 0.0;   // bytes/s
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
+  cublasHandle_t cublas = nullptr;  // the library alone, for comparison
+  std::unique_ptr<DeviceBuffer<std::byte>> cublas_workspace;
 };
 
 Device make_device() {
@@ -63,7 +67,21 @@ Device make_device() {
   d.bandwidth = measure_device_bandwidth();
   PIPELINE_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   d.gemm = std::make_unique<cuda::Gemm>(d.stream);
+  PIPELINE_CUBLAS_CHECK(cublasCreate(&d.cublas));
+  PIPELINE_CUBLAS_CHECK(cublasSetStream(d.cublas, d.stream));
+  d.cublas_workspace = std::make_unique<DeviceBuffer<std::byte>>(size_t(32) << 20);
+  PIPELINE_CUBLAS_CHECK(
+      cublasSetWorkspace(d.cublas, d.cublas_workspace->data(), d.cublas_workspace->bytes()));
   return d;
+}
+
+// y [rows, out] = x [rows, in] . w [out, in]^T by cublasGemmEx, as Gemm calls it past 16 rows.
+void cublas_linear(const Device& d, const bf16* x, const bf16* w, bf16* y, int rows, int in,
+                   int out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  PIPELINE_CUBLAS_CHECK(cublasGemmEx(d.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w,
+                                     CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, CUDA_R_16BF,
+                                     out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 Device& device() {
@@ -94,9 +112,11 @@ void time_calls(benchmark::State& state, cudaStream_t stream, Call call) {
   cudaEventDestroy(stop);
 }
 
-// y [rows, out] = x [rows, in] . W^T for one of the 7B projections; W [out, in] rotates through
-// copies filling at least kPoolBytes.
-void BM_CudaProjection(benchmark::State& state, int out, int in) {
+enum class Path { runner, cublas };
+
+// y [rows, out] = x [rows, in] . W^T for one of the 7B projections, by the runner's Gemm or by
+// cuBLAS alone; W [out, in] rotates through copies filling at least kPoolBytes.
+void BM_CudaProjection(benchmark::State& state, int out, int in, Path path) {
   Device& d = device();
   if (!d.skip_reason.empty()) {
     state.SkipWithError(d.skip_reason.c_str());
@@ -109,8 +129,12 @@ void BM_CudaProjection(benchmark::State& state, int out, int in) {
   fill_random_bf16(weights.data(), weights.size(), 0.02f, 1);
   fill_random_bf16(x.data(), x.size(), 1.0f, 2);
   time_calls(state, d.stream, [&](int i) {
-    d.gemm->linear(x.data(), weights.data() + size_t(i) % copies * weight_elems, y.data(), rows, in,
-                   out);
+    const bf16* w = weights.data() + size_t(i) % copies * weight_elems;
+    if (path == Path::runner) {
+      d.gemm->linear(x.data(), w, y.data(), rows, in, out);
+    } else {
+      cublas_linear(d, x.data(), w, y.data(), rows, in, out);
+    }
   });
   const double weight_bytes = double(weight_elems) * sizeof(bf16);
   const double moved = weight_bytes + double(rows) * (in + out) * sizeof(bf16);
@@ -121,18 +145,32 @@ void BM_CudaProjection(benchmark::State& state, int out, int in) {
       Counter(2.0 * rows * double(weight_elems) * 1e-12, Counter::kIsIterationInvariantRate);
 }
 
-// Rows (projections) or sequences (attention): 1, 16 and 64, timed by CUDA events. A fixed
-// count of iterations: the library would otherwise size them by the per-call time it is
-// given, and run twenty times as long as it means to.
+// Sequences (attention) or rows (projections), timed by CUDA events. A fixed count of
+// iterations: the library would otherwise size them by the per-call time it is given, and run
+// twenty times as long as it means to.
+void timed_by_events(benchmark::internal::Benchmark* b, std::initializer_list<int> counts) {
+  for (int n : counts) b->Arg(n);
+  b->UseManualTime()->Iterations(25)->Unit(benchmark::kMicrosecond);
+}
 void rows_1_16_64(benchmark::internal::Benchmark* b) {
-  b->Arg(1)->Arg(16)->Arg(64)->UseManualTime()->Iterations(25)->Unit(benchmark::kMicrosecond);
+  timed_by_events(b, {1, 16, 64});
+}
+void rows_1_4_16_64(benchmark::internal::Benchmark* b) {
+  timed_by_events(b, {1, 4, 16, 64});
+}
+void rows_4_16(benchmark::internal::Benchmark* b) {
+  timed_by_events(b, {4, 16});
 }
 
-BENCHMARK_CAPTURE(BM_CudaProjection, qkv_12288x4096, 3 * kHidden, kHidden)->Apply(rows_1_16_64);
-BENCHMARK_CAPTURE(BM_CudaProjection, o_4096x4096, kHidden, kHidden)->Apply(rows_1_16_64);
-BENCHMARK_CAPTURE(BM_CudaProjection, gate_up_22016x4096, 2 * 11008, kHidden)->Apply(rows_1_16_64);
-BENCHMARK_CAPTURE(BM_CudaProjection, down_4096x11008, kHidden, 11008)->Apply(rows_1_16_64);
-BENCHMARK_CAPTURE(BM_CudaProjection, lm_head_32000x4096, 32000, kHidden)->Apply(rows_1_16_64);
+#define PROJECTION(name, out, in)                                                           \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, Path::runner)->Apply(rows_1_4_16_64); \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name##_cublas, out, in, Path::cublas)->Apply(rows_4_16)
+PROJECTION(qkv_12288x4096, 3 * kHidden, kHidden);
+PROJECTION(o_4096x4096, kHidden, kHidden);
+PROJECTION(gate_up_22016x4096, 2 * 11008, kHidden);
+PROJECTION(down_4096x11008, kHidden, 11008);
+PROJECTION(lm_head_32000x4096, 32000, kHidden);
+#undef PROJECTION
 
 // One layer's decode attention for `batch` sequences of kContext cached positions, their blocks
 // scattered at random through the layer's pool; each call reads the next layer of the pool.

@@ -18,6 +18,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/batch.h"
@@ -308,11 +309,11 @@ TEST(CudaRunner, BatchOfEightMatchesSolo) {
 }
 
 #ifdef PIPELINE_HAVE_CUDA
-// The projections at one row (the GEMV kernel) and more (cuBLAS), bf16 and float32 results,
-// against a float64 product of the same bf16 values.
+// The projections at one row (the GEMV kernel), 2..16 (SkinnyGemm: 1000 inputs split the k
+// axis across blocks, 264 do not) and more (cuBLAS), bf16 and float32 results, against a
+// float64 product of the same bf16 values. Sizes are not multiples of the kernels' tiles.
 TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
   SKIP_WITHOUT_CUDA();
-  const int in = 1000, out = 300;  // not multiples of the kernels' tiles
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto random_bf16 = [&](size_t n) {
@@ -320,39 +321,43 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
     for (auto& x : v) x = __float2bfloat16(uniform(rng));
     return v;
   };
-  const auto w = random_bf16(size_t(out) * in);
-  cuda::DeviceBuffer<__nv_bfloat16> w_d(w.size());
-  ASSERT_EQ(cudaMemcpy(w_d.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {
     cuda::Gemm gemm(stream);
-    for (int rows : {1, 2, 3, 5, 8, 9, 16}) {
-      const auto x = random_bf16(size_t(rows) * in);
-      std::vector<float> ref(size_t(rows) * out);
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < out; ++c) {
-          double sum = 0.0;
-          for (int k = 0; k < in; ++k)
-            sum += double(__bfloat162float(x[size_t(r) * in + k])) *
-                   double(__bfloat162float(w[size_t(c) * in + k]));
-          ref[size_t(r) * out + c] = float(sum);
-        }
-      cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(ref.size());
-      cuda::DeviceBuffer<float> y32_d(ref.size());
-      ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
+    for (const auto& [in, out] : {std::pair{1000, 300}, std::pair{264, 600}}) {
+      const auto w = random_bf16(size_t(out) * in);
+      cuda::DeviceBuffer<__nv_bfloat16> w_d(w.size());
+      ASSERT_EQ(cudaMemcpy(w_d.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice),
                 cudaSuccess);
-      gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, in, out);
-      gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, in, out);
-      std::vector<__nv_bfloat16> y16(ref.size());
-      std::vector<float> y32(ref.size()), y16_as_float(ref.size());
-      ASSERT_EQ(cudaMemcpy(y16.data(), y16_d.data(), y16.size() * 2, cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(y32.data(), y32_d.data(), y32.size() * 4, cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      for (size_t i = 0; i < y16.size(); ++i) y16_as_float[i] = __bfloat162float(y16[i]);
-      EXPECT_LT(relative_l2(y32, ref), 1e-5) << rows << " rows, float32 result";
-      EXPECT_LT(relative_l2(y16_as_float, ref), 5e-3) << rows << " rows, bf16 result";
+      for (int rows : {1, 2, 3, 5, 8, 9, 16, 17, 40}) {
+        const auto x = random_bf16(size_t(rows) * in);
+        std::vector<float> ref(size_t(rows) * out);
+        for (int r = 0; r < rows; ++r)
+          for (int c = 0; c < out; ++c) {
+            double sum = 0.0;
+            for (int k = 0; k < in; ++k)
+              sum += double(__bfloat162float(x[size_t(r) * in + k])) *
+                     double(__bfloat162float(w[size_t(c) * in + k]));
+            ref[size_t(r) * out + c] = float(sum);
+          }
+        cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(ref.size());
+        cuda::DeviceBuffer<float> y32_d(ref.size());
+        ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, in, out);
+        gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, in, out);
+        std::vector<__nv_bfloat16> y16(ref.size());
+        std::vector<float> y32(ref.size()), y16_as_float(ref.size());
+        ASSERT_EQ(cudaMemcpy(y16.data(), y16_d.data(), y16.size() * 2, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(y32.data(), y32_d.data(), y32.size() * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (size_t i = 0; i < y16.size(); ++i) y16_as_float[i] = __bfloat162float(y16[i]);
+        EXPECT_LT(relative_l2(y32, ref), 1e-5) << rows << "x" << in << " -> " << out << ", float32";
+        EXPECT_LT(relative_l2(y16_as_float, ref), 5e-3)
+            << rows << "x" << in << " -> " << out << ", bf16";
+      }
     }
   }
   cudaStreamDestroy(stream);

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace pipeline::cuda {
 
@@ -29,12 +30,14 @@ Gemm::~Gemm() {
 void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                   int in, int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
+  if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out, stream_);
   run(x, w, y, CUDA_R_16BF, rows, in, out);
 }
 
 void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                       int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
+  if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out, stream_);
   run(x, w, y, CUDA_R_32F, rows, in, out);
 }
 

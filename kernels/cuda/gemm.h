@@ -1,7 +1,7 @@
 // The projections of the forward pass: y = x . W^T with x [rows, in] and W in Hugging Face's
-// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), the
-// rest through cuBLAS: one handle per stream, with its own workspace so the calls can be
-// captured into CUDA graphs.
+// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), 2 to 16
+// rows to SkinnyGemm, the rest through cuBLAS: one handle per stream, with its own workspace so
+// the calls can be captured into CUDA graphs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,6 +11,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace pipeline::cuda {
 
@@ -35,6 +36,7 @@ class Gemm {
   cudaStream_t stream_;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::byte> workspace_;
+  SkinnyGemm skinny_;
 };
 
 }  // namespace pipeline::cuda

@@ -1,0 +1,198 @@
+// y = x . W^T for a few rows on tensor cores. A decode step of 2..16 sequences reads every
+// weight once and does 2..16 multiply-adds with it: the product is bound by the weight stream,
+// but too many flops for CUDA cores at 16 rows. cuBLAS tiles it as a large GEMM and streams
+// 4096-column projections at half the device's bandwidth; this kernel is built to stream.
+//
+// Each warp owns 16 weight rows (output columns) and walks the k axis 32 at a time: lane
+// (g = lane / 4, t = lane % 4) loads k = 8t .. 8t + 7 of weight rows g and g + 8 and of x rows
+// g (+ 8) in one 16-byte load each, and the 32 values are two mma.sync m16n8k16, weights as the
+// 16-row A operand and x as the B operand (8 rows of x per n-tile). A dot product may visit k
+// in any order as long as A and B agree, so the first mma takes elements 8t .. 8t + 3 of every
+// lane's loads and the second 8t + 4 .. 8t + 7, whatever k the fragment layout calls them.
+//
+// A block's eight warps take consecutive 16-row groups over the same k range, so x comes from
+// L2 once per block and from L1 after that. When the weight rows make too few blocks to fill
+// the device, the k axis is split across blocks: each writes float32 partials, and the last
+// block of a column tile to arrive sums them in split order (so results do not depend on
+// timing) and writes y.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/bf16_vector.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.cuh"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace pipeline::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTileColumns = 16 * kWarps;  // weight rows (output columns) of one block
+constexpr int kChunk = 32;                 // k per warp per 16-byte load
+constexpr int kUnroll = 4;                 // chunks each lane has in flight
+constexpr int kMinSplitLength = 256;       // k a split walks at least
+constexpr int kMaxSplits = 8;
+constexpr int kBlocksPerSm = 2;
+
+// d += a . b on one m16n8k16 tile: a 16x16 bf16 (4 registers of two), b 16x8 bf16 (2), d 16x8
+// float32 (4), in the fragment layout of the PTX ISA.
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 load_or_zero(const bf16* p, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// Weights are read once per call: streamed past the caches (evict-first).
+__device__ __forceinline__ uint4 stream_or_zero(const bf16* p, bool valid) {
+  return valid ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// Grid (column tile, split). kTiles n-tiles of 8 x rows: rows <= 8 * kTiles. Each split walks
+// k_slice values of k (a multiple of kChunk); splits past `in` contribute zeros.
+template <int kTiles, typename Out>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    skinny_gemm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y,
+                       int rows, int in, int out, int k_slice, float* __restrict__ partials,
+                       int32_t* __restrict__ arrivals) {
+  __shared__ bool last_to_arrive;
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int column_a = tile * kTileColumns + warp * 16 + g;  // this lane's weight rows
+  const int column_b = column_a + 8;
+  const int k_begin = split * k_slice;
+  const int k_end = min(in, k_begin + k_slice);
+  const bf16* w_a = w + size_t(column_a) * in + 8 * t;
+  const bf16* w_b = w + size_t(column_b) * in + 8 * t;
+  const bf16* x_lane = x + size_t(g) * in + 8 * t;
+
+  float acc[kTiles][4] = {};
+  // Every lane runs the same iterations: mma.sync needs the whole warp.
+  for (int k0 = k_begin; k0 < k_end; k0 += kChunk * kUnroll) {
+    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kTiles];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = k0 + kChunk * u;
+      const bool in_k = k + 8 * t < k_end;  // `in` and k_end are multiples of 8
+      wa[u] = stream_or_zero(w_a + k, in_k && column_a < out);
+      wb[u] = stream_or_zero(w_b + k, in_k && column_b < out);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+        xv[u][j] = load_or_zero(x_lane + size_t(8 * j) * in + k, in_k && g + 8 * j < rows);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        mma_16x8x16(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][j].x, xv[u][j].y);
+        mma_16x8x16(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][j].z, xv[u][j].w);
+      }
+    }
+  }
+
+  // acc[j][e] is output column (e < 2 ? column_a : column_b), x row 8j + 2t + (e & 1).
+  auto for_each_result = [&](auto&& visit) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = e < 2 ? column_a : column_b;
+        const int row = 8 * j + 2 * t + (e & 1);
+        if (column < out && row < rows) visit(size_t(row) * out + column, acc[j][e]);
+      }
+  };
+  if (splits == 1) {
+    for_each_result([&](size_t at, float v) { store_value(y + at, v); });
+    return;
+  }
+
+  float* mine = partials + size_t(split) * rows * out;
+  for_each_result([&](size_t at, float v) { mine[at] = v; });
+  __threadfence();  // the partials are visible device-wide before this block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last_to_arrive = atomicAdd(arrivals + tile, 1) == splits - 1;
+  __syncthreads();
+  if (!last_to_arrive) return;
+
+  __threadfence();
+  const int first_column = tile * kTileColumns;
+  const int columns = min(kTileColumns, out - first_column);
+  for (int idx = threadIdx.x; idx < rows * kTileColumns; idx += kThreads) {
+    const int row = idx / kTileColumns, column = idx % kTileColumns;
+    if (column >= columns) continue;
+    const size_t at = size_t(row) * out + first_column + column;
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += __ldcg(partials + size_t(s) * rows * out + at);
+    store_value(y + at, sum);
+  }
+  if (threadIdx.x == 0) arrivals[tile] = 0;  // ready for the next call
+}
+
+int tiles_for(int out) {
+  return (out + kTileColumns - 1) / kTileColumns;
+}
+
+}  // namespace
+
+bool skinny_gemm_applies(int rows, int in) {
+  return rows >= 2 && rows <= kSkinnyMaxRows && in % 8 == 0;
+}
+
+SkinnyGemm::SkinnyGemm() {
+  int device = 0, sms = 0;
+  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
+  PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  target_blocks_ = kBlocksPerSm * sms;
+  // A split call has splits * tiles <= target_blocks_ (see launch()), so its partials fit.
+  partials_ = DeviceBuffer<float>(size_t(target_blocks_) * kTileColumns * kSkinnyMaxRows);
+  arrivals_ = DeviceBuffer<int32_t>(size_t(target_blocks_));
+  PIPELINE_CUDA_CHECK(cudaMemset(arrivals_.data(), 0, arrivals_.bytes()));
+}
+
+void SkinnyGemm::run(const bf16* x, const bf16* w, bf16* y, int rows, int in, int out,
+                     cudaStream_t stream) {
+  launch(x, w, y, rows, in, out, stream);
+}
+
+void SkinnyGemm::run(const bf16* x, const bf16* w, float* y, int rows, int in, int out,
+                     cudaStream_t stream) {
+  launch(x, w, y, rows, in, out, stream);
+}
+
+template <typename Out>
+void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, int out,
+                        cudaStream_t stream) {
+  if (!skinny_gemm_applies(rows, in))
+    throw std::invalid_argument("skinny_gemm: " + std::to_string(rows) + " rows of " +
+                                std::to_string(in) + " is outside 2.." +
+                                std::to_string(kSkinnyMaxRows) + " rows of a multiple of 8");
+  // Split k only as far as the column tiles leave the device short of blocks.
+  const int tiles = tiles_for(out);
+  const int splits =
+      std::clamp(std::min(target_blocks_ / tiles, in / kMinSplitLength), 1, kMaxSplits);
+  const int per_split = (in + splits - 1) / splits;
+  const int k_slice = (per_split + kChunk - 1) / kChunk * kChunk;
+  const dim3 grid(tiles, splits);
+  if (rows <= 8) {
+    launch_dependent(skinny_gemm_kernel<1, Out>, grid, kThreads, 0, stream, x, w, y, rows, in, out,
+                     k_slice, partials_.data(), arrivals_.data());
+  } else {
+    launch_dependent(skinny_gemm_kernel<2, Out>, grid, kThreads, 0, stream, x, w, y, rows, in, out,
+                     k_slice, partials_.data(), arrivals_.data());
+  }
+}
+
+}  // namespace pipeline::cuda

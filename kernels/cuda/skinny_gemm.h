@@ -1,0 +1,42 @@
+// y [rows, out] = x [rows, in] . w [out, in]^T for 2 to kSkinnyMaxRows rows (a decode step of a
+// few sequences) on tensor cores, with bf16 operands and float32 accumulation. Gemm uses it in
+// place of cuBLAS where it applies.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/device_buffer.h"
+
+namespace pipeline::cuda {
+
+constexpr int kSkinnyMaxRows = 16;
+
+// True when skinny_gemm() handles this product: 2..kSkinnyMaxRows rows, `in` a multiple of 8.
+bool skinny_gemm_applies(int rows, int in);
+
+// Scratch of the split-k reduction, sized for one device. One SkinnyGemm serves one stream:
+// calls on it must not run concurrently.
+class SkinnyGemm {
+ public:
+  SkinnyGemm();
+
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
+           int out, cudaStream_t stream);
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out,
+           cudaStream_t stream);
+
+ private:
+  template <typename Out>
+  void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out,
+              cudaStream_t stream);
+
+  int target_blocks_ = 0;           // resident blocks that fill the device
+  DeviceBuffer<float> partials_;    // [split][rows][out] of a split-k call
+  DeviceBuffer<int32_t> arrivals_;  // per column tile: splits finished; zero between calls
+};
+
+}  // namespace pipeline::cuda
