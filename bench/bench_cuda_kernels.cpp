@@ -206,7 +206,7 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
                                  cudaMemcpyHostToDevice));
   PIPELINE_CUDA_CHECK(cudaMemcpy(lens_d.data(), lens.data(), lens.size() * sizeof(int32_t),
                                  cudaMemcpyHostToDevice));
-  const cuda::DecodeScratch scratch(batch, kHeads, kHeads, kHeadDim, max_splits);
+  const cuda::DecodeScratch scratch(batch, kHeads, kHeads, kHeadDim, max_splits, d.stream);
 
   cuda::PagedKv kv;
   kv.block_tables = tables_d.data();

@@ -296,13 +296,13 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
 }
 
 DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim,
-                             int max_splits) {
+                             int max_splits, cudaStream_t stream) {
   const size_t partitions = size_t(seqs) * num_heads * max_splits;
   out_ = DeviceBuffer<float>(partitions * head_dim);
   max_ = DeviceBuffer<float>(partitions);
   sum_ = DeviceBuffer<float>(partitions);
   arrivals_ = DeviceBuffer<int32_t>(size_t(seqs) * num_kv_heads);
-  PIPELINE_CUDA_CHECK(cudaMemset(arrivals_.data(), 0, arrivals_.bytes()));
+  PIPELINE_CUDA_CHECK(cudaMemsetAsync(arrivals_.data(), 0, arrivals_.bytes(), stream));
   partials_ = {out_.data(), max_.data(), sum_.data(), arrivals_.data(), max_splits};
 }
 

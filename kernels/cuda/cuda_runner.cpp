@@ -119,7 +119,8 @@ class GraphExec {
 
 // Device buffers of one forward pass, sized for a StepCapacity.
 struct Workspace {
-  Workspace(const LlamaConfig& c, const StepCapacity& cap, int max_blocks_per_seq, int max_splits)
+  Workspace(const LlamaConfig& c, const StepCapacity& cap, int max_blocks_per_seq, int max_splits,
+            cudaStream_t stream)
       : capacity(cap),
         layout(cap, max_blocks_per_seq, kPrefillTileQueries),
         indices(layout.total),
@@ -131,7 +132,7 @@ struct Workspace {
         gate_up(size_t(cap.tokens) * 2 * c.intermediate_size),
         act(size_t(cap.tokens) * c.intermediate_size),
         logits(size_t(cap.logit_rows) * c.vocab_size),
-        decode(cap.seqs, c.num_heads, c.num_kv_heads, c.head_dim, max_splits) {}
+        decode(cap.seqs, c.num_heads, c.num_kv_heads, c.head_dim, max_splits, stream) {}
 
   StepCapacity capacity;
   StepLayout layout;
@@ -300,7 +301,8 @@ void CudaRunner::ensure_capacity(int tokens, int seqs, int logit_rows) {
   decode_graphs_.clear();
   decode_sightings_.clear();
   workspace_.reset();
-  workspace_ = std::make_unique<Workspace>(config_, grown, max_blocks_per_seq_, max_splits_);
+  workspace_ =
+      std::make_unique<Workspace>(config_, grown, max_blocks_per_seq_, max_splits_, stream_.get());
   staging_ = PinnedBuffer<int32_t>(workspace_->layout.total);
   logits_staging_ = PinnedBuffer<float>(workspace_->logits.size());
 }

@@ -12,7 +12,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 }  // namespace
 
-Gemm::Gemm(cudaStream_t stream) : stream_(stream), workspace_(kWorkspaceBytes) {
+Gemm::Gemm(cudaStream_t stream) : stream_(stream), workspace_(kWorkspaceBytes), skinny_(stream) {
   PIPELINE_CUBLAS_CHECK(cublasCreate(&handle_));
   try {
     PIPELINE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
@@ -30,14 +30,14 @@ Gemm::~Gemm() {
 void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                   int in, int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
-  if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out, stream_);
+  if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out);
   run(x, w, y, CUDA_R_16BF, rows, in, out);
 }
 
 void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                       int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
-  if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out, stream_);
+  if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out);
   run(x, w, y, CUDA_R_32F, rows, in, out);
 }
 

@@ -84,7 +84,9 @@ struct DecodePartials {         // what the kernel is given
 };
 class DecodeScratch {
  public:
-  DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim, int max_splits);
+  // The counts are zeroed on `stream`, the one the attention kernels that use them run on.
+  DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim, int max_splits,
+                cudaStream_t stream);
   const DecodePartials& partials() const { return partials_; }
 
  private:

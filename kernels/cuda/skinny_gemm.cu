@@ -151,7 +151,7 @@ bool skinny_gemm_applies(int rows, int in) {
   return rows >= 2 && rows <= kSkinnyMaxRows && in % 8 == 0;
 }
 
-SkinnyGemm::SkinnyGemm() {
+SkinnyGemm::SkinnyGemm(cudaStream_t stream) : stream_(stream) {
   int device = 0, sms = 0;
   PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
   PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -159,24 +159,22 @@ SkinnyGemm::SkinnyGemm() {
   // A split call has splits * tiles <= target_blocks_ (see launch()), so its partials fit.
   partials_ = DeviceBuffer<float>(size_t(target_blocks_) * kTileColumns * kSkinnyMaxRows);
   arrivals_ = DeviceBuffer<int32_t>(size_t(target_blocks_));
-  PIPELINE_CUDA_CHECK(cudaMemset(arrivals_.data(), 0, arrivals_.bytes()));
+  // On the stream the kernels run on: cudaMemset's default stream does not order against it.
+  PIPELINE_CUDA_CHECK(cudaMemsetAsync(arrivals_.data(), 0, arrivals_.bytes(), stream_));
 }
 
-void SkinnyGemm::run(const bf16* x, const bf16* w, bf16* y, int rows, int in, int out,
-                     cudaStream_t stream) {
-  launch(x, w, y, rows, in, out, stream);
+void SkinnyGemm::run(const bf16* x, const bf16* w, bf16* y, int rows, int in, int out) {
+  launch(x, w, y, rows, in, out);
 }
 
-void SkinnyGemm::run(const bf16* x, const bf16* w, float* y, int rows, int in, int out,
-                     cudaStream_t stream) {
-  launch(x, w, y, rows, in, out, stream);
+void SkinnyGemm::run(const bf16* x, const bf16* w, float* y, int rows, int in, int out) {
+  launch(x, w, y, rows, in, out);
 }
 
 template <typename Out>
-void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, int out,
-                        cudaStream_t stream) {
+void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, int out) {
   if (!skinny_gemm_applies(rows, in))
-    throw std::invalid_argument("skinny_gemm: " + std::to_string(rows) + " rows of " +
+    throw std::invalid_argument("SkinnyGemm: " + std::to_string(rows) + " rows of " +
                                 std::to_string(in) + " is outside 2.." +
                                 std::to_string(kSkinnyMaxRows) + " rows of a multiple of 8");
   // Split k only as far as the column tiles leave the device short of blocks.
@@ -187,10 +185,10 @@ void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, 
   const int k_slice = (per_split + kChunk - 1) / kChunk * kChunk;
   const dim3 grid(tiles, splits);
   if (rows <= 8) {
-    launch_dependent(skinny_gemm_kernel<1, Out>, grid, kThreads, 0, stream, x, w, y, rows, in, out,
+    launch_dependent(skinny_gemm_kernel<1, Out>, grid, kThreads, 0, stream_, x, w, y, rows, in, out,
                      k_slice, partials_.data(), arrivals_.data());
   } else {
-    launch_dependent(skinny_gemm_kernel<2, Out>, grid, kThreads, 0, stream, x, w, y, rows, in, out,
+    launch_dependent(skinny_gemm_kernel<2, Out>, grid, kThreads, 0, stream_, x, w, y, rows, in, out,
                      k_slice, partials_.data(), arrivals_.data());
   }
 }

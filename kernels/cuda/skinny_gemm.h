@@ -15,25 +15,24 @@ namespace pipeline::cuda {
 
 constexpr int kSkinnyMaxRows = 16;
 
-// True when skinny_gemm() handles this product: 2..kSkinnyMaxRows rows, `in` a multiple of 8.
+// True when SkinnyGemm handles this product: 2..kSkinnyMaxRows rows, `in` a multiple of 8.
 bool skinny_gemm_applies(int rows, int in);
 
-// Scratch of the split-k reduction, sized for one device. One SkinnyGemm serves one stream:
-// calls on it must not run concurrently.
+// The kernel's launcher, with the scratch of its split-k reduction sized for the device. Its
+// calls go to one stream, in order, as the scratch is reused from call to call.
 class SkinnyGemm {
  public:
-  SkinnyGemm();
+  explicit SkinnyGemm(cudaStream_t stream);
 
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
-           int out, cudaStream_t stream);
-  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out,
-           cudaStream_t stream);
+           int out);
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out);
 
  private:
   template <typename Out>
-  void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out,
-              cudaStream_t stream);
+  void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out);
 
+  cudaStream_t stream_;
   int target_blocks_ = 0;           // resident blocks that fill the device
   DeviceBuffer<float> partials_;    // [split][rows][out] of a split-k call
   DeviceBuffer<int32_t> arrivals_;  // per column tile: splits finished; zero between calls
