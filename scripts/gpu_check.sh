@@ -10,14 +10,22 @@
 #                                   build-gpu-deps/ for a GPU machine without network or
 #                                   ../shared: the Debian packages the build needs, the test
 #                                   data the CUDA tests read, and the three executables built
-#                                   here for sm_90 (bin/), which the check uses when they run
-#                                   there and otherwise builds its own.
+#                                   here for sm_90 (bin/, stamped with a hash of the sources),
+#                                   which the check uses when they run there and come from the
+#                                   same sources, and otherwise builds its own.
 # Through the session tools: run(command="scripts/gpu_check.sh", carry=["build-gpu-deps"],
 # timeout_s=600); build-gpu-deps/ is git-ignored (/build*/), so it travels only when carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DEPS_DIR=build-gpu-deps
+# What the executables are built from (the C++ and CUDA sources and the build file): prebuilt
+# ones are used only when this matches.
+sources_hash() {
+  find CMakeLists.txt apps bench graph io kernels model server stages tests -type f \
+    \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name CMakeLists.txt \) \
+    -not -path 'tests/node/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
 DEPS_PREFIX=/opt/pipeline-deps
 TARGETS=(test_cuda_runner bench_cuda_kernels bench_cuda_decode pipeline)
 DEPS_PACKAGES=(
@@ -38,6 +46,7 @@ if [[ ${1:-} == --prepare ]]; then
   mkdir -p "$DEPS_DIR/bin" && for t in "${TARGETS[@]}"; do
     strip -o "$DEPS_DIR/bin/$t" "build-gpubin/$t" || exit 1
   done
+  sources_hash > "$DEPS_DIR/bin/SOURCES"
   du -sh "$DEPS_DIR"
   exit 0
 fi
@@ -90,15 +99,25 @@ else
   note deps "already installed"
 fi
 
-# ---- Executables: the ones --prepare built, when they run here; otherwise a build of one CUDA
-# architecture (the device's) and only the targets this check runs. The tests read the test
-# data and the `pipeline` command from the paths given below, not from the tree that built them.
+# ---- Executables: the ones --prepare built from these very sources, when they run here;
+# otherwise a build of one CUDA architecture (the device's) and only the targets this check
+# runs. The tests read the test data and the `pipeline` command from the paths given below, not
+# from the tree that built them.
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 BIN=$DEPS_DIR/bin
-if [[ -x $BIN/test_cuda_runner ]] && "$BIN/test_cuda_runner" --gtest_list_tests >/dev/null 2>"$OUT/prebuilt.log"; then
-  note executables "prebuilt by --prepare (sm_90)"
+if [[ ! -x $BIN/test_cuda_runner ]]; then
+  rebuild_why="none prebuilt"
+elif [[ $(cat "$BIN/SOURCES" 2>/dev/null) != "$(sources_hash)" ]]; then
+  rebuild_why="the prebuilt ones come from other sources than these"
+elif ! "$BIN/test_cuda_runner" --gtest_list_tests >/dev/null 2>"$OUT/prebuilt.log"; then
+  rebuild_why="the prebuilt ones do not run here: $(head -1 "$OUT/prebuilt.log")"
 else
-  [[ -x $BIN/test_cuda_runner ]] && { echo "prebuilt executables do not run here:"; head -5 "$OUT/prebuilt.log"; }
+  rebuild_why=
+fi
+if [[ -z $rebuild_why ]]; then
+  note executables "prebuilt by --prepare (sm_90) from sources $(cat "$BIN/SOURCES")"
+else
+  note executables "building: $rebuild_why"
   BIN=build-gpu
   t=$(date +%s)
   generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
