@@ -1,10 +1,11 @@
 // Programmatic dependent launch (Hopper and newer): a kernel launched with launch_dependent()
 // may be scheduled while the kernel before it in the stream is still finishing, which hides
 // the launch latency between the many small dependent kernels of a decode step. Such a kernel
-// calls wait_for_previous_kernel() before it touches global memory (it returns once the
-// previous kernel has completed and its writes are visible) and then
-// allow_next_kernel() so that its own successor may be scheduled early in turn. Captured into
-// a CUDA graph, the pair becomes a programmatic edge. On older devices both calls compile to
+// calls wait_for_previous_kernel() before it touches memory that kernels write (it returns once
+// the previous kernel has completed and its writes are visible) and then allow_next_kernel() so
+// that its own successor may be scheduled early in turn. Reads of what no kernel writes (the
+// weights) may come before the wait, and then overlap the previous kernel's last blocks. Captured
+// into a CUDA graph, the pair becomes a programmatic edge. On older devices both calls compile to
 // nothing and the launch is an ordinary one.
 #pragma once
 

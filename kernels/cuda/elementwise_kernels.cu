@@ -89,6 +89,14 @@ __global__ void __launch_bounds__(kWideRowThreads)
                        const bf16* __restrict__ weight, const int32_t* __restrict__ rows,
                        int hidden, float eps, bf16* __restrict__ out) {
   __shared__ float scratch[32];
+  const int vectors = hidden / 4;
+  Bf16Pack<4> wv[kVectors];
+  // No kernel writes the norm weight: loaded before waiting for the kernel ahead.
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c < vectors) wv[j] = load_pack<4>(weight + 4 * c);
+  }
   wait_for_previous_kernel();
   allow_next_kernel();
 
@@ -96,16 +104,14 @@ __global__ void __launch_bounds__(kWideRowThreads)
   const size_t i = rows ? size_t(rows[r]) : size_t(r);
   Float4* x = reinterpret_cast<Float4*>(residual + i * hidden);
   const bf16* d = delta ? delta + i * hidden : nullptr;
-  const int vectors = hidden / 4;
   Float4 v[kVectors];
-  Bf16Pack<4> dv[kVectors], wv[kVectors];
+  Bf16Pack<4> dv[kVectors];
 #pragma unroll
   for (int j = 0; j < kVectors; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     v[j] = Float4{};
     if (c < vectors) {
       v[j] = x[c];
-      wv[j] = load_pack<4>(weight + 4 * c);
       if (d) dv[j] = load_pack<4>(d + 4 * c);
     }
   }

@@ -30,39 +30,52 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   return sum;
 }
 
+// This lane's kUnroll weight vectors of the pass that starts at `base` (zero from `end` on).
+__device__ __forceinline__ void load_weights(const uint4* w_row, int base, int end,
+                                             uint4 (&w)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int v = base + 32 * u;
+    // Streamed: each weight is read once per step.
+    w[u] = v < end ? __ldcs(w_row + v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // `in` is a multiple of kVector; x and the weight rows are 16-byte aligned.
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y, int in,
                 int out) {
   __shared__ float partial[kThreads / 32];
-  wait_for_previous_kernel();
-  allow_next_kernel();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int column = blockIdx.x * kColumnsPerBlock + warp / kWarpsPerColumn;
+  const bool active = column < out;
   const int vectors = in / kVector;
   const int per_warp = (vectors + kWarpsPerColumn - 1) / kWarpsPerColumn;
   const int begin = (warp % kWarpsPerColumn) * per_warp;
-  const int end = min(vectors, begin + per_warp);
+  const int end = active ? min(vectors, begin + per_warp) : begin;
+  const uint4* w_row = reinterpret_cast<const uint4*>(w + size_t(active ? column : 0) * in);
+
+  // No kernel writes the weights, so the first pass's loads go out before waiting for the
+  // kernel ahead: with programmatic dependent launch they overlap its last blocks, while the
+  // memory would otherwise idle.
+  uint4 w_raw[kUnroll];
+  load_weights(w_row, begin + lane, end, w_raw);
+  wait_for_previous_kernel();
+  allow_next_kernel();
 
   float acc = 0.0f;
-  if (column < out) {
-    const uint4* w_row = reinterpret_cast<const uint4*>(w + size_t(column) * in);
-    const uint4* x_vec = reinterpret_cast<const uint4*>(x);
-    for (int base = begin + lane; base < end; base += 32 * kUnroll) {
-      uint4 w_raw[kUnroll], x_raw[kUnroll];
+  const uint4* x_vec = reinterpret_cast<const uint4*>(x);
+  for (int base = begin + lane; base < end; base += 32 * kUnroll) {
+    if (base != begin + lane) load_weights(w_row, base, end, w_raw);
+    uint4 x_raw[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = base + 32 * u;
-        w_raw[u] = x_raw[u] = make_uint4(0, 0, 0, 0);
-        if (v < end) {
-          w_raw[u] = __ldcs(w_row + v);  // streamed: each weight is read once per step
-          x_raw[u] = x_vec[v];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) acc += dot8(w_raw[u], x_raw[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = base + 32 * u;
+      x_raw[u] = v < end ? x_vec[v] : make_uint4(0, 0, 0, 0);
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc += dot8(w_raw[u], x_raw[u]);
   }
   acc = warp_sum(acc);
   if (lane == 0) partial[warp] = acc;

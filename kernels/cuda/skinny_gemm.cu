@@ -65,9 +65,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                        int rows, int in, int out, int k_slice, float* __restrict__ partials,
                        int32_t* __restrict__ arrivals) {
   __shared__ bool last_to_arrive;
-  wait_for_previous_kernel();
-  allow_next_kernel();
-
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -79,20 +76,34 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const bf16* w_b = w + size_t(column_b) * in + 8 * t;
   const bf16* x_lane = x + size_t(g) * in + 8 * t;
 
-  float acc[kTiles][4] = {};
-  // Every lane runs the same iterations: mma.sync needs the whole warp.
-  for (int k0 = k_begin; k0 < k_end; k0 += kChunk * kUnroll) {
-    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kTiles];
+  // The pass of kUnroll chunks from k0; `in` and k_end are multiples of 8.
+  auto in_k = [&](int k0, int u) { return k0 + kChunk * u + 8 * t < k_end; };
+  uint4 wa[kUnroll], wb[kUnroll];
+  auto load_weights = [&](int k0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int k = k0 + kChunk * u;
-      const bool in_k = k + 8 * t < k_end;  // `in` and k_end are multiples of 8
-      wa[u] = stream_or_zero(w_a + k, in_k && column_a < out);
-      wb[u] = stream_or_zero(w_b + k, in_k && column_b < out);
+      wa[u] = stream_or_zero(w_a + k, in_k(k0, u) && column_a < out);
+      wb[u] = stream_or_zero(w_b + k, in_k(k0, u) && column_b < out);
+    }
+  };
+  // No kernel writes the weights, so the first pass's loads go out before waiting for the
+  // kernel ahead: with programmatic dependent launch they overlap its last blocks.
+  load_weights(k_begin);
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
+  float acc[kTiles][4] = {};
+  // Every lane runs the same iterations: mma.sync needs the whole warp.
+  for (int k0 = k_begin; k0 < k_end; k0 += kChunk * kUnroll) {
+    if (k0 != k_begin) load_weights(k0);
+    uint4 xv[kUnroll][kTiles];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
       for (int j = 0; j < kTiles; ++j)
-        xv[u][j] = load_or_zero(x_lane + size_t(8 * j) * in + k, in_k && g + 8 * j < rows);
-    }
+        xv[u][j] = load_or_zero(x_lane + size_t(8 * j) * in + k0 + kChunk * u,
+                                in_k(k0, u) && g + 8 * j < rows);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
