@@ -112,10 +112,12 @@ void time_calls(benchmark::State& state, cudaStream_t stream, Call call) {
   cudaEventDestroy(stop);
 }
 
-enum class Path { runner, cublas };
+// The runner's Gemm (runner_silu_mul: its gate/up call, SiLU*mul of the column pairs included)
+// or cuBLAS alone.
+enum class Path { runner, runner_silu_mul, cublas };
 
-// y [rows, out] = x [rows, in] . W^T for one of the 7B projections, by the runner's Gemm or by
-// cuBLAS alone; W [out, in] rotates through copies filling at least kPoolBytes.
+// y [rows, out] = x [rows, in] . W^T for one of the 7B projections, W [out, in] rotating through
+// copies filling at least kPoolBytes.
 void BM_CudaProjection(benchmark::State& state, int out, int in, Path path) {
   Device& d = device();
   if (!d.skip_reason.empty()) {
@@ -126,14 +128,18 @@ void BM_CudaProjection(benchmark::State& state, int out, int in, Path path) {
   const size_t weight_elems = size_t(out) * in;
   const size_t copies = std::max<size_t>(2, kPoolBytes / (weight_elems * sizeof(bf16)) + 1);
   DeviceBuffer<bf16> weights(copies * weight_elems), x(size_t(rows) * in), y(size_t(rows) * out);
+  DeviceBuffer<bf16> act(size_t(rows) * out / 2);
   fill_random_bf16(weights.data(), weights.size(), 0.02f, 1);
   fill_random_bf16(x.data(), x.size(), 1.0f, 2);
   time_calls(state, d.stream, [&](int i) {
     const bf16* w = weights.data() + size_t(i) % copies * weight_elems;
-    if (path == Path::runner) {
-      d.gemm->linear(x.data(), w, y.data(), rows, in, out);
-    } else {
-      cublas_linear(d, x.data(), w, y.data(), rows, in, out);
+    switch (path) {
+      case Path::runner:
+        return d.gemm->linear(x.data(), w, y.data(), rows, in, out);
+      case Path::runner_silu_mul:
+        return d.gemm->linear_silu_mul(x.data(), w, y.data(), act.data(), rows, in, out / 2);
+      case Path::cublas:
+        return cublas_linear(d, x.data(), w, y.data(), rows, in, out);
     }
   });
   const double weight_bytes = double(weight_elems) * sizeof(bf16);
@@ -162,14 +168,14 @@ void rows_4_16(benchmark::internal::Benchmark* b) {
   timed_by_events(b, {4, 16});
 }
 
-#define PROJECTION(name, out, in)                                                           \
-  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, Path::runner)->Apply(rows_1_4_16_64); \
+#define PROJECTION(name, out, in, path)                                             \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, path)->Apply(rows_1_4_16_64); \
   BENCHMARK_CAPTURE(BM_CudaProjection, name##_cublas, out, in, Path::cublas)->Apply(rows_4_16)
-PROJECTION(qkv_12288x4096, 3 * kHidden, kHidden);
-PROJECTION(o_4096x4096, kHidden, kHidden);
-PROJECTION(gate_up_22016x4096, 2 * 11008, kHidden);
-PROJECTION(down_4096x11008, kHidden, 11008);
-PROJECTION(lm_head_32000x4096, 32000, kHidden);
+PROJECTION(qkv_12288x4096, 3 * kHidden, kHidden, Path::runner);
+PROJECTION(o_4096x4096, kHidden, kHidden, Path::runner);
+PROJECTION(gate_up_22016x4096, 2 * 11008, kHidden, Path::runner_silu_mul);
+PROJECTION(down_4096x11008, kHidden, 11008, Path::runner);
+PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner);
 #undef PROJECTION
 
 // One layer's decode attention for `batch` sequences of kContext cached positions, their blocks

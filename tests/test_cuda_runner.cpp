@@ -309,9 +309,16 @@ TEST(CudaRunner, BatchOfEightMatchesSolo) {
 }
 
 #ifdef PIPELINE_HAVE_CUDA
+std::vector<float> as_floats(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
 // The projections at one row (the GEMV kernel), 2..16 (SkinnyGemm: 1000 inputs split the k
-// axis across blocks, 264 do not) and more (cuBLAS), bf16 and float32 results, against a
-// float64 product of the same bf16 values. Sizes are not multiples of the kernels' tiles.
+// axis across blocks, 264 do not) and more (cuBLAS), bf16 and float32 results and SiLU*mul of
+// the columns taken as interleaved (gate, up) pairs, against a float64 product of the same
+// bf16 values. Sizes are not multiples of the kernels' tiles.
 TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(7);
@@ -341,22 +348,34 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
                      double(__bfloat162float(w[size_t(c) * in + k]));
             ref[size_t(r) * out + c] = float(sum);
           }
-        cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(ref.size());
+        std::vector<float> ref_act(ref.size() / 2);
+        for (size_t i = 0; i < ref_act.size(); ++i) {
+          const double gate = ref[2 * i], up = ref[2 * i + 1];
+          ref_act[i] = float(gate / (1.0 + std::exp(-gate)) * up);
+        }
+        cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(ref.size()), act_d(ref_act.size());
         cuda::DeviceBuffer<float> y32_d(ref.size());
         ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
                   cudaSuccess);
         gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, in, out);
         gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, in, out);
         std::vector<__nv_bfloat16> y16(ref.size());
-        std::vector<float> y32(ref.size()), y16_as_float(ref.size());
+        std::vector<float> y32(ref.size());
         ASSERT_EQ(cudaMemcpy(y16.data(), y16_d.data(), y16.size() * 2, cudaMemcpyDeviceToHost),
                   cudaSuccess);
         ASSERT_EQ(cudaMemcpy(y32.data(), y32_d.data(), y32.size() * 4, cudaMemcpyDeviceToHost),
                   cudaSuccess);
-        for (size_t i = 0; i < y16.size(); ++i) y16_as_float[i] = __bfloat162float(y16[i]);
+        // gate_up scratch for the cuBLAS rows: y16_d, already compared.
+        gemm.linear_silu_mul(x_d.data(), w_d.data(), y16_d.data(), act_d.data(), rows, in, out / 2);
+        std::vector<__nv_bfloat16> act(ref_act.size());
+        ASSERT_EQ(cudaMemcpy(act.data(), act_d.data(), act.size() * 2, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
         EXPECT_LT(relative_l2(y32, ref), 1e-5) << rows << "x" << in << " -> " << out << ", float32";
-        EXPECT_LT(relative_l2(y16_as_float, ref), 5e-3)
+        EXPECT_LT(relative_l2(as_floats(y16), ref), 5e-3)
             << rows << "x" << in << " -> " << out << ", bf16";
+        // cuBLAS rows round gate and up to bf16 before SiLU*mul; the epilogues do not.
+        EXPECT_LT(relative_l2(as_floats(act), ref_act), 1e-2)
+            << rows << "x" << in << " -> " << out << ", SiLU*mul of the pairs";
       }
     }
   }

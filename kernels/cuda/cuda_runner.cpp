@@ -4,7 +4,8 @@
 //
 // Per layer: RMSNorm (fused with the previous residual add) -> one fused QKV GEMM -> RoPE and
 // KV write -> paged attention (decode: flash-decoding split; prefill: tiled causal) -> output
-// GEMM -> residual add + RMSNorm -> one fused gate/up GEMM -> SiLU*mul -> down GEMM.
+// GEMM -> residual add + RMSNorm -> one fused gate/up GEMM with SiLU*mul (in its epilogue up
+// to 16 rows) -> down GEMM.
 //
 // Decode steps (one token per sequence) are captured as a CUDA graph per batch size and
 // attention grid (the partitions the longest context needs, rounded up) the
@@ -403,8 +404,8 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
       NvtxRange range{"mlp"};
       add_rmsnorm(ws.residual.data(), ws.proj.data(), w.mlp_norm.data(), nullptr, T, H,
                   c.rms_norm_eps, ws.normed.data(), stream);
-      gemm_.linear(ws.normed.data(), w.w_gate_up.data(), ws.gate_up.data(), T, H, 2 * I);
-      silu_mul(ws.gate_up.data(), T, I, ws.act.data(), stream);
+      gemm_.linear_silu_mul(ws.normed.data(), w.w_gate_up.data(), ws.gate_up.data(), ws.act.data(),
+                            T, H, I);
       gemm_.linear(ws.act.data(), w.w_down.data(), ws.proj.data(), T, I, H);
     }
   }

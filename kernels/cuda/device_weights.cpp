@@ -43,6 +43,22 @@ class Uploader {
     }
   }
 
+  // [2 * rows, cols]: row 2j is a's row j, row 2j + 1 is b's (both [rows, cols]). Uploaded one
+  // after the other, then laid out by two strided device copies.
+  DeviceBuffer<bf16> interleave_rows(const TensorView& a, const TensorView& b, int64_t rows,
+                                     int64_t cols) {
+    DeviceBuffer<bf16> stacked(size_t(2 * rows * cols)), out(size_t(2 * rows * cols));
+    copy(a, rows * cols, stacked.data());
+    copy(b, rows * cols, stacked.data() + rows * cols);
+    const size_t row_bytes = size_t(cols) * sizeof(bf16);
+    for (int half = 0; half < 2; ++half)
+      PIPELINE_CUDA_CHECK(cudaMemcpy2DAsync(
+          out.data() + half * cols, 2 * row_bytes, stacked.data() + half * rows * cols, row_bytes,
+          row_bytes, size_t(rows), cudaMemcpyDeviceToDevice, stream_));
+    PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before `stacked` is freed
+    return out;
+  }
+
   DeviceBuffer<bf16> upload(const TensorView& tensor) {
     DeviceBuffer<bf16> buffer(size_t(tensor.numel()));
     copy(tensor, tensor.numel(), buffer.data());
@@ -100,9 +116,7 @@ DeviceWeights upload_weights(const LlamaWeights& weights, cudaStream_t stream) {
     uploader.copy(l.wq, q_dim * hidden, d.wqkv.data());
     uploader.copy(l.wk, kv_dim * hidden, d.wqkv.data() + q_dim * hidden);
     uploader.copy(l.wv, kv_dim * hidden, d.wqkv.data() + (q_dim + kv_dim) * hidden);
-    d.w_gate_up = DeviceBuffer<bf16>(size_t(2 * inter * hidden));
-    uploader.copy(l.w_gate, inter * hidden, d.w_gate_up.data());
-    uploader.copy(l.w_up, inter * hidden, d.w_gate_up.data() + inter * hidden);
+    d.w_gate_up = uploader.interleave_rows(l.w_gate, l.w_up, inter, hidden);
     out.layers.push_back(std::move(d));
   }
   PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging buffer dies with uploader

@@ -1,6 +1,8 @@
 // A LLaMA checkpoint on the device: every tensor converted to bf16, q/k/v fused into one
 // [q_dim + 2 * kv_dim, hidden] matrix and gate/up into one [2 * intermediate, hidden] matrix so
-// each takes a single GEMM.
+// each takes a single GEMM. The gate and up rows alternate (gate j at row 2j, up j at 2j + 1):
+// each pair that SiLU*mul combines is two adjacent output columns, which the projection's own
+// epilogue can combine (Gemm::linear_silu_mul).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,7 +21,7 @@ struct DeviceLayer {
   DeviceBuffer<__nv_bfloat16> wqkv;       // [q_dim + 2 * kv_dim, hidden]
   DeviceBuffer<__nv_bfloat16> wo;         // [hidden, q_dim]
   DeviceBuffer<__nv_bfloat16> mlp_norm;   // [hidden]
-  DeviceBuffer<__nv_bfloat16> w_gate_up;  // [2 * intermediate, hidden]
+  DeviceBuffer<__nv_bfloat16> w_gate_up;  // [2 * intermediate, hidden], gate and up interleaved
   DeviceBuffer<__nv_bfloat16> w_down;     // [hidden, intermediate]
 };
 

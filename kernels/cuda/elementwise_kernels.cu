@@ -1,5 +1,6 @@
 // The small kernels of the forward pass: dtype conversion at upload, embedding gather,
-// residual add fused with RMSNorm, rotary embedding fused with the KV-cache write, SiLU*mul.
+// residual add fused with RMSNorm, rotary embedding fused with the KV-cache write, SiLU*mul
+// (for the rows cuBLAS projects; the projections of 1..16 rows apply it in their epilogue).
 //
 // At decode sizes they move a few kilobytes a row, so their time is the latency of their
 // dependent memory accesses, not bandwidth. Each is written so that a thread issues all of its
@@ -17,6 +18,7 @@
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/silu.cuh"
 
 namespace pipeline::cuda {
 namespace {
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(kItemThreads)
   }
 }
 
-// One work item of kVec consecutive outputs a thread.
+// One work item of kVec consecutive outputs a thread, from kVec interleaved (gate, up) pairs.
 template <int kVec>
 __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, size_t items, int inter,
                                 bf16* __restrict__ out) {
@@ -219,14 +221,12 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, size_t items, 
   if (item >= items) return;
   const int per_row = inter / kVec;
   const size_t t = item / per_row, j = (item % per_row) * kVec;
-  const Bf16Pack<kVec> g = load_pack<kVec>(gate_up + t * 2 * inter + j);
-  const Bf16Pack<kVec> u = load_pack<kVec>(gate_up + t * 2 * inter + inter + j);
+  const Bf16Pack<2 * kVec> pairs = load_pack<2 * kVec>(gate_up + t * 2 * inter + 2 * j);
   Bf16Pack<kVec> y;
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) {
-    const float gf = __bfloat162float(g.v[e]);
-    y.v[e] = __float2bfloat16(gf / (1.0f + expf(-gf)) * __bfloat162float(u.v[e]));
-  }
+  for (int e = 0; e < kVec; ++e)
+    y.v[e] = __float2bfloat16(silu(__bfloat162float(pairs.v[2 * e])) *
+                              __bfloat162float(pairs.v[2 * e + 1]));
   store_pack<kVec>(out + t * inter + j, y);
 }
 
@@ -327,9 +327,8 @@ void rope_write_kv(bf16* qkv, int num_tokens, const int32_t* positions, const in
 }
 
 void silu_mul(const bf16* gate_up, int num_tokens, int inter, bf16* out, cudaStream_t stream) {
-  switch (widest_vector(inter)) {
+  switch (widest_vector(inter)) {  // 2 * kVec inputs a thread: 16 bytes at most
     case 8:
-      return launch_silu_mul<8>(gate_up, num_tokens, inter, out, stream);
     case 4:
       return launch_silu_mul<4>(gate_up, num_tokens, inter, out, stream);
     case 2:

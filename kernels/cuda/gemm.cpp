@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/kernels.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace pipeline::cuda {
@@ -39,6 +40,16 @@ void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, 
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
   if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out);
   run(x, w, y, CUDA_R_32F, rows, in, out);
+}
+
+void Gemm::linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
+                           __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in,
+                           int inter) {
+  if (gemv_applies(rows, in)) return gemv_silu_mul(x, w_gate_up, act, in, inter, stream_);
+  if (skinny_gemm_applies(rows, in))
+    return skinny_.run_silu_mul(x, w_gate_up, act, rows, in, inter);
+  run(x, w_gate_up, gate_up, CUDA_R_16BF, rows, in, 2 * inter);
+  silu_mul(gate_up, rows, inter, act, stream_);
 }
 
 // cuBLAS is column-major: a row-major [rows, n] matrix is a column-major [n, rows] one. So

@@ -28,6 +28,11 @@ class Gemm {
   // The same with a float32 result (the logits).
   void linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                   int out);
+  // act [rows, inter] = silu(gate) * up of x . w_gate_up^T, whose 2 * inter columns are gate and
+  // up interleaved (gate row j of the weights at 2j, up row j at 2j + 1). Up to 16 rows the
+  // projection's epilogue applies it; cuBLAS rows land in gate_up [rows, 2 * inter] first.
+  void linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
+                       __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in, int inter);
 
  private:
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,

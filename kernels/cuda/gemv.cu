@@ -8,6 +8,7 @@
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/silu.cuh"
 
 namespace pipeline::cuda {
 namespace {
@@ -41,8 +42,9 @@ __device__ __forceinline__ void load_weights(const uint4* w_row, int base, int e
   }
 }
 
-// `in` is a multiple of kVector; x and the weight rows are 16-byte aligned.
-template <typename Out>
+// `in` is a multiple of kVector; x and the weight rows are 16-byte aligned. With kSiluMul the
+// `out` columns are interleaved (gate, up) pairs and y gets silu(gate) * up, out / 2 values.
+template <typename Out, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y, int in,
                 int out) {
@@ -80,19 +82,31 @@ __global__ void __launch_bounds__(kThreads)
   acc = warp_sum(acc);
   if (lane == 0) partial[warp] = acc;
   __syncthreads();
-  if (threadIdx.x < kColumnsPerBlock) {
-    const int c = blockIdx.x * kColumnsPerBlock + threadIdx.x;
+  // The block's column k (0 .. kColumnsPerBlock - 1): the sum of its warps' slices.
+  auto column_total = [&](int k) {
     float total = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kWarpsPerColumn; ++p) total += partial[threadIdx.x * kWarpsPerColumn + p];
-    if (c < out) store_value(y + c, total);
+    for (int p = 0; p < kWarpsPerColumn; ++p) total += partial[k * kWarpsPerColumn + p];
+    return total;
+  };
+  const int first = blockIdx.x * kColumnsPerBlock;
+  if constexpr (kSiluMul) {
+    // Columns 2j and 2j + 1 are gate j and up j, and a block holds whole pairs.
+    static_assert(kColumnsPerBlock % 2 == 0);
+    if (threadIdx.x < kColumnsPerBlock / 2) {
+      const int k = 2 * threadIdx.x;
+      if (first + k < out)
+        store_value(y + (first + k) / 2, silu(column_total(k)) * column_total(k + 1));
+    }
+  } else if (threadIdx.x < kColumnsPerBlock && first + int(threadIdx.x) < out) {
+    store_value(y + first + threadIdx.x, column_total(threadIdx.x));
   }
 }
 
-template <typename Out>
+template <typename Out, bool kSiluMul = false>
 void launch(const bf16* x, const bf16* w, Out* y, int in, int out, cudaStream_t stream) {
   const int blocks = (out + kColumnsPerBlock - 1) / kColumnsPerBlock;
-  launch_dependent(gemv_kernel<Out>, blocks, kThreads, 0, stream, x, w, y, in, out);
+  launch_dependent(gemv_kernel<Out, kSiluMul>, blocks, kThreads, 0, stream, x, w, y, in, out);
 }
 
 }  // namespace
@@ -107,6 +121,11 @@ void gemv(const bf16* x, const bf16* w, bf16* y, int in, int out, cudaStream_t s
 
 void gemv(const bf16* x, const bf16* w, float* y, int in, int out, cudaStream_t stream) {
   launch(x, w, y, in, out, stream);
+}
+
+void gemv_silu_mul(const bf16* x, const bf16* w_gate_up, bf16* act, int in, int inter,
+                   cudaStream_t stream) {
+  launch<bf16, true>(x, w_gate_up, act, in, 2 * inter, stream);
 }
 
 }  // namespace pipeline::cuda

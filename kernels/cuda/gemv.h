@@ -15,5 +15,9 @@ void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int 
           cudaStream_t stream);
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int in, int out,
           cudaStream_t stream);
+// act [inter] = silu(gate) * up, where w_gate_up [2 * inter, in] holds gate row j at 2j and up
+// row j at 2j + 1.
+void gemv_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act,
+                   int in, int inter, cudaStream_t stream);
 
 }  // namespace pipeline::cuda

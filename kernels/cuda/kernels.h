@@ -46,7 +46,8 @@ void rope_write_kv(bf16* qkv, int num_tokens, const int32_t* positions, const in
                    int num_heads, int num_kv_heads, int head_dim, float rope_theta, bf16* k_cache,
                    bf16* v_cache, cudaStream_t stream);
 
-// out[t, j] = silu(gate_up[t, j]) * gate_up[t, inter + j].
+// out[t, j] = silu(gate_up[t, 2j]) * gate_up[t, 2j + 1]: gate and up interleaved, as the
+// device weights stack their rows (device_weights.h).
 void silu_mul(const bf16* gate_up, int num_tokens, int inter, bf16* out, cudaStream_t stream);
 
 // ---- attention (attention_decode.cu, attention_prefill.cu)

@@ -22,6 +22,7 @@
 #include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dependent_launch.cuh"
+#include "kernels/cuda/silu.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace pipeline::cuda {
@@ -58,8 +59,9 @@ __device__ __forceinline__ uint4 stream_or_zero(const bf16* p, bool valid) {
 }
 
 // Grid (column tile, split). kTiles n-tiles of 8 x rows: rows <= 8 * kTiles. Each split walks
-// k_slice values of k (a multiple of kChunk); splits past `in` contribute zeros.
-template <int kTiles, typename Out>
+// k_slice values of k (a multiple of kChunk); splits past `in` contribute zeros. With kSiluMul
+// the `out` columns are interleaved (gate, up) pairs and y [rows, out / 2] gets silu(gate) * up.
+template <int kTiles, typename Out, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     skinny_gemm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y,
                        int rows, int in, int out, int k_slice, float* __restrict__ partials,
@@ -125,6 +127,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         if (column < out && row < rows) visit(size_t(row) * out + column, acc[j][e]);
       }
   };
+  if (splits == 1 && kSiluMul) {
+    // Output column 2m (gate) is in a lane of even g; its up column 2m + 1 is in the lane four
+    // on (g + 1, the same t), for the same x rows.
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float up = __shfl_down_sync(0xffffffffu, acc[j][e], 4);
+        const int column = e < 2 ? column_a : column_b;
+        const int row = 8 * j + 2 * t + (e & 1);
+        if (g % 2 == 0 && column < out && row < rows)
+          store_value(y + size_t(row) * (out / 2) + column / 2, silu(acc[j][e]) * up);
+      }
+    return;
+  }
   if (splits == 1) {
     for_each_result([&](size_t at, float v) { store_value(y + at, v); });
     return;
@@ -141,13 +158,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __threadfence();
   const int first_column = tile * kTileColumns;
   const int columns = min(kTileColumns, out - first_column);
+  // rows * kTileColumns is a multiple of 32, so a warp's lanes run the same iterations, and
+  // a warp's 32 consecutive columns lie in one row.
   for (int idx = threadIdx.x; idx < rows * kTileColumns; idx += kThreads) {
     const int row = idx / kTileColumns, column = idx % kTileColumns;
-    if (column >= columns) continue;
+    const bool valid = column < columns;
     const size_t at = size_t(row) * out + first_column + column;
     float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += __ldcg(partials + size_t(s) * rows * out + at);
-    store_value(y + at, sum);
+    if (valid)
+      for (int s = 0; s < splits; ++s) sum += __ldcg(partials + size_t(s) * rows * out + at);
+    if constexpr (kSiluMul) {
+      const float up = __shfl_down_sync(0xffffffffu, sum, 1);  // column + 1, in the next lane
+      if (valid && column % 2 == 0)
+        store_value(y + size_t(row) * (out / 2) + (first_column + column) / 2, silu(sum) * up);
+    } else if (valid) {
+      store_value(y + at, sum);
+    }
   }
   if (threadIdx.x == 0) arrivals[tile] = 0;  // ready for the next call
 }
@@ -182,7 +208,12 @@ void SkinnyGemm::run(const bf16* x, const bf16* w, float* y, int rows, int in, i
   launch(x, w, y, rows, in, out);
 }
 
-template <typename Out>
+void SkinnyGemm::run_silu_mul(const bf16* x, const bf16* w_gate_up, bf16* act, int rows, int in,
+                              int inter) {
+  launch<bf16, true>(x, w_gate_up, act, rows, in, 2 * inter);
+}
+
+template <typename Out, bool kSiluMul>
 void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, int out) {
   if (!skinny_gemm_applies(rows, in))
     throw std::invalid_argument("SkinnyGemm: " + std::to_string(rows) + " rows of " +
@@ -196,11 +227,11 @@ void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, 
   const int k_slice = (per_split + kChunk - 1) / kChunk * kChunk;
   const dim3 grid(tiles, splits);
   if (rows <= 8) {
-    launch_dependent(skinny_gemm_kernel<1, Out>, grid, kThreads, 0, stream_, x, w, y, rows, in, out,
-                     k_slice, partials_.data(), arrivals_.data());
+    launch_dependent(skinny_gemm_kernel<1, Out, kSiluMul>, grid, kThreads, 0, stream_, x, w, y,
+                     rows, in, out, k_slice, partials_.data(), arrivals_.data());
   } else {
-    launch_dependent(skinny_gemm_kernel<2, Out>, grid, kThreads, 0, stream_, x, w, y, rows, in, out,
-                     k_slice, partials_.data(), arrivals_.data());
+    launch_dependent(skinny_gemm_kernel<2, Out, kSiluMul>, grid, kThreads, 0, stream_, x, w, y,
+                     rows, in, out, k_slice, partials_.data(), arrivals_.data());
   }
 }
 

@@ -27,9 +27,13 @@ class SkinnyGemm {
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
            int out);
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out);
+  // act [rows, inter] = silu(gate) * up, where w_gate_up [2 * inter, in] holds gate row j at 2j
+  // and up row j at 2j + 1.
+  void run_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act,
+                    int rows, int in, int inter);
 
  private:
-  template <typename Out>
+  template <typename Out, bool kSiluMul = false>
   void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out);
 
   cudaStream_t stream_;
