@@ -178,8 +178,9 @@ PROJECTION(down_4096x11008, kHidden, 11008, Path::runner);
 PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner);
 #undef PROJECTION
 
-// One layer's decode attention for `batch` sequences of kContext cached positions, their blocks
-// scattered at random through the layer's pool; each call reads the next layer of the pool.
+// One layer's decode attention for `batch` sequences of kContext positions (the last one the
+// step's new token, rotated and appended by the kernel), their blocks scattered at random
+// through the layer's pool; each call reads the next layer of the pool.
 void BM_CudaDecodeAttention(benchmark::State& state) {
   Device& d = device();
   if (!d.skip_reason.empty()) {
@@ -194,10 +195,10 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   const size_t layers = std::max<size_t>(1, kPoolBytes / (2 * layer_elems * sizeof(bf16)));
 
   DeviceBuffer<bf16> k(layers * layer_elems), v(layers * layer_elems);
-  DeviceBuffer<bf16> q(size_t(batch) * 3 * kHidden), out(size_t(batch) * kHidden);
+  DeviceBuffer<bf16> qkv(size_t(batch) * 3 * kHidden), out(size_t(batch) * kHidden);
   fill_random_bf16(k.data(), k.size(), 1.0f, 3);
   fill_random_bf16(v.data(), v.size(), 1.0f, 4);
-  fill_random_bf16(q.data(), q.size(), 1.0f, 5);
+  fill_random_bf16(qkv.data(), qkv.size(), 1.0f, 5);
 
   std::vector<int32_t> blocks(size_t(batch) * blocks_per_seq);
   std::iota(blocks.begin(), blocks.end(), 0);
@@ -206,12 +207,20 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   for (int s = 0; s < batch; ++s)
     std::copy_n(blocks.begin() + size_t(s) * blocks_per_seq, blocks_per_seq,
                 tables.begin() + size_t(s) * max_blocks_per_seq);
-  const std::vector<int32_t> lens(size_t(batch), kContext);
-  DeviceBuffer<int32_t> tables_d(tables.size()), lens_d(lens.size());
-  PIPELINE_CUDA_CHECK(cudaMemcpy(tables_d.data(), tables.data(), tables.size() * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice));
-  PIPELINE_CUDA_CHECK(cudaMemcpy(lens_d.data(), lens.data(), lens.size() * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice));
+  // Each sequence's new token is its last position; its slot is in its last block.
+  const std::vector<int32_t> lens(size_t(batch), kContext), positions(size_t(batch), kContext - 1);
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  for (int s = 0; s < batch; ++s)
+    slots[s] =
+        blocks[size_t(s + 1) * blocks_per_seq - 1] * kBlockSize + (kContext - 1) % kBlockSize;
+  auto to_device = [](const std::vector<int32_t>& host) {
+    DeviceBuffer<int32_t> device(host.size());
+    PIPELINE_CUDA_CHECK(cudaMemcpy(device.data(), host.data(), host.size() * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice));
+    return device;
+  };
+  const DeviceBuffer<int32_t> tables_d = to_device(tables), lens_d = to_device(lens);
+  const DeviceBuffer<int32_t> positions_d = to_device(positions), slots_d = to_device(slots);
   const cuda::DecodeScratch scratch(batch, kHeads, kHeads, kHeadDim, max_splits, d.stream);
 
   cuda::PagedKv kv;
@@ -221,9 +230,13 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   kv.num_kv_heads = kHeads;
   kv.head_dim = kHeadDim;
   time_calls(state, d.stream, [&](int i) {
-    kv.k = k.data() + size_t(i) % layers * layer_elems;
-    kv.v = v.data() + size_t(i) % layers * layer_elems;
-    cuda::paged_decode_attention(q.data(), 3 * kHidden, kv, lens_d.data(), batch, kHeads,
+    bf16* k_layer = k.data() + size_t(i) % layers * layer_elems;
+    bf16* v_layer = v.data() + size_t(i) % layers * layer_elems;
+    kv.k = k_layer;
+    kv.v = v_layer;
+    const cuda::DecodeNewTokens fresh{positions_d.data(), slots_d.data(), 10000.0f, k_layer,
+                                      v_layer};
+    cuda::paged_decode_attention(qkv.data(), 3 * kHidden, kv, fresh, lens_d.data(), batch, kHeads,
                                  kContext / cuda::kDecodePartition, scratch, out.data(), d.stream);
   });
   const double kv_bytes = 2.0 * double(layer_elems) * sizeof(bf16);

@@ -4,7 +4,12 @@
 // V with an online softmax. A context of one partition writes its output at once; otherwise
 // each block keeps a normalised partial output with its max and sum, and the last block of the
 // (sequence, KV head) to finish merges them all, in partition order, so the result does not
-// depend on which block finished last. One kernel per layer: no separate merge launch.
+// depend on which block finished last.
+//
+// The kernel also applies the rotary embedding of the step's new token: every block rotates q
+// as it loads it, and the block of the last partition, the only one that reads the new
+// position, rotates k and appends k and v to the cache first. So a decode layer's attention is
+// one kernel: no RoPE/KV-write launch before it, no merge launch after it.
 //
 // The grid spans `splits` partitions, enough for the batch's longest context, so a captured
 // CUDA graph serves every step whose contexts fit; blocks past a sequence's length exit at once.
@@ -83,11 +88,23 @@ __device__ __forceinline__ void merge_partials(const DecodePartials& partials, s
   out[head * head_dim + d] = __float2bfloat16(acc / total_weight);
 }
 
+// Element d of a head whose values are at `head` (bf16), rotated by the angles in cos_s/sin_s
+// the rotate-half way: d < half pairs with d + half, d >= half with d - half.
+__device__ __forceinline__ float rotated(const bf16* head, int d, int half, const float* cos_s,
+                                         const float* sin_s) {
+  const int i = d < half ? d : d - half;
+  const float x = __bfloat162float(head[d]);
+  const float partner = __bfloat162float(head[d < half ? d + half : d - half]);
+  return d < half ? x * cos_s[i] - partner * sin_s[i] : x * cos_s[i] + partner * sin_s[i];
+}
+
 template <int kGroup>
 __global__ void __launch_bounds__(kThreads)
-    decode_partition_kernel(const bf16* q, int q_stride, PagedKv kv, const int32_t* context_lens,
-                            int num_heads, DecodePartials partials, bf16* out) {
+    decode_partition_kernel(const bf16* qkv, int qkv_stride, PagedKv kv, DecodeNewTokens fresh,
+                            const int32_t* context_lens, int num_heads, DecodePartials partials,
+                            bf16* out) {
   __shared__ __align__(16) float q_s[kGroup * kMaxHeadDim];
+  __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
   __shared__ bool last_to_arrive;
   __shared__ int32_t blocks_s[kDecodePartition + 1];  // the cache blocks the partition spans
   __shared__ float warp_max_s[kWarps][kGroup], warp_sum_s[kWarps][kGroup];
@@ -100,19 +117,39 @@ __global__ void __launch_bounds__(kThreads)
   const int begin = split * kDecodePartition;
   if (begin >= context) return;  // uniform across the block
   const int n = min(kDecodePartition, context - begin);
+  const int parts = (context + kDecodePartition - 1) / kDecodePartition;
 
-  const int D = kv.head_dim;
+  const int D = kv.head_dim, half = D / 2;
   const int first_head = kv_head * kGroup;
-  const float scale = kLog2e * rsqrtf(float(D));
-  const bf16* q_row = q + size_t(seq) * q_stride + size_t(first_head) * D;
-  for (int i = threadIdx.x; i < kGroup * D; i += kThreads)
-    q_s[i] = __bfloat162float(q_row[i]) * scale;
-  // The block-table entries come in the same round trip as q, so each K/V load below waits for
-  // nothing but itself.
+  // The new token's rotary angles, as Hugging Face's LlamaRotaryEmbedding computes them, and
+  // the block-table entries of the partition, in one round trip.
+  const float position = float(fresh.positions[seq]);
+  for (int i = threadIdx.x; i < half; i += kThreads) {
+    const float inv_freq = 1.0f / powf(fresh.rope_theta, float(2 * i) / float(D));
+    sincosf(position * inv_freq, &sin_s[i], &cos_s[i]);
+  }
   const int32_t* table = kv.block_tables + size_t(seq) * kv.max_blocks_per_seq;
   const int first_block = begin / kv.block_size;
   const int num_blocks = (begin + n - 1) / kv.block_size - first_block + 1;
   for (int b = threadIdx.x; b < num_blocks; b += kThreads) blocks_s[b] = table[first_block + b];
+  __syncthreads();
+
+  // q of the group's heads, rotated and pre-scaled (log2 units). The last partition's block
+  // also appends the new k (rotated) and v, which its loop below then reads back: a barrier
+  // makes a block's global writes visible to its own threads.
+  const float scale = kLog2e * rsqrtf(float(D));
+  const bf16* q_row = qkv + size_t(seq) * qkv_stride + size_t(first_head) * D;
+  for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads)
+    q_s[idx] = rotated(q_row + (idx / D) * D, idx % D, half, cos_s, sin_s) * scale;
+  if (split == parts - 1) {
+    const bf16* k_new = qkv + size_t(seq) * qkv_stride + size_t(num_heads + kv_head) * D;
+    const bf16* v_new = k_new + size_t(kv.num_kv_heads) * D;
+    const size_t at = (size_t(fresh.slots[seq]) * kv.num_kv_heads + kv_head) * D;
+    for (int d = threadIdx.x; d < D; d += kThreads) {
+      fresh.k_cache[at + d] = __float2bfloat16(rotated(k_new, d, half, cos_s, sin_s));
+      fresh.v_cache[at + d] = v_new[d];
+    }
+  }
   __syncthreads();
 
   const int row_threads = threads_per_row(D);
@@ -223,7 +260,6 @@ __global__ void __launch_bounds__(kThreads)
     return acc / sum;
   };
   const size_t head_base = size_t(seq) * num_heads + first_head;
-  const int parts = (context + kDecodePartition - 1) / kDecodePartition;
   if (parts == 1) {  // uniform across the block
     for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads) {
       float max, sum;
@@ -256,8 +292,8 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *arrivals = 0;  // ready for the next call
 }
 
-using PartitionKernel = void (*)(const bf16*, int, PagedKv, const int32_t*, int, DecodePartials,
-                                 bf16*);
+using PartitionKernel = void (*)(const bf16*, int, PagedKv, DecodeNewTokens, const int32_t*, int,
+                                 DecodePartials, bf16*);
 
 // The partition kernel built for `group` query heads per KV head.
 PartitionKernel partition_kernel_for(int group) {
@@ -306,16 +342,17 @@ DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head
   partials_ = {out_.data(), max_.data(), sum_.data(), arrivals_.data(), max_splits};
 }
 
-void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
-                            const int32_t* context_lens, int num_seqs, int num_heads, int splits,
-                            const DecodeScratch& scratch, bf16* out, cudaStream_t stream) {
+void paged_decode_attention(const bf16* qkv, int qkv_stride, const PagedKv& kv,
+                            const DecodeNewTokens& fresh, const int32_t* context_lens, int num_seqs,
+                            int num_heads, int splits, const DecodeScratch& scratch, bf16* out,
+                            cudaStream_t stream) {
   if (splits > scratch.partials().max_splits)
     throw std::invalid_argument("paged_decode_attention: " + std::to_string(splits) +
                                 " partitions, the scratch holds " +
                                 std::to_string(scratch.partials().max_splits));
   const dim3 grid(splits, kv.num_kv_heads, num_seqs);
-  launch_dependent(partition_kernel_for(num_heads / kv.num_kv_heads), grid, kThreads, 0, stream, q,
-                   q_stride, kv, context_lens, num_heads, scratch.partials(), out);
+  launch_dependent(partition_kernel_for(num_heads / kv.num_kv_heads), grid, kThreads, 0, stream,
+                   qkv, qkv_stride, kv, fresh, context_lens, num_heads, scratch.partials(), out);
 }
 
 }  // namespace pipeline::cuda

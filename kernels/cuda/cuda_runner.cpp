@@ -3,9 +3,9 @@
 // [layer][block][slot][kv_head][head_dim] for K and for V.
 //
 // Per layer: RMSNorm (fused with the previous residual add) -> one fused QKV GEMM -> RoPE and
-// KV write -> paged attention (decode: flash-decoding split; prefill: tiled causal) -> output
-// GEMM -> residual add + RMSNorm -> one fused gate/up GEMM with SiLU*mul (in its epilogue up
-// to 16 rows) -> down GEMM.
+// KV write (inside the attention kernel for decode) -> paged attention (decode: flash-decoding
+// split; prefill: tiled causal) -> output GEMM -> residual add + RMSNorm -> one fused gate/up
+// GEMM with SiLU*mul (in its epilogue up to 16 rows) -> down GEMM.
 //
 // Decode steps (one token per sequence) are captured as a CUDA graph per batch size and
 // attention grid (the partitions the longest context needs, rounded up) the
@@ -393,10 +393,12 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
       add_rmsnorm(ws.residual.data(), l == 0 ? nullptr : ws.proj.data(), w.attn_norm.data(),
                   nullptr, T, H, c.rms_norm_eps, ws.normed.data(), stream);
       gemm_.linear(ws.normed.data(), w.wqkv.data(), ws.qkv.data(), T, H, qkv_dim);
-      const size_t layer_offset = size_t(l) * kv_shape_.num_blocks * kv_shape_.block_elems();
-      rope_write_kv(ws.qkv.data(), T, ws.index(at.positions), ws.index(at.slots), c.num_heads,
-                    c.num_kv_heads, c.head_dim, c.rope_theta, k_cache_.data() + layer_offset,
-                    v_cache_.data() + layer_offset, stream);
+      if (!shape.decode) {  // the decode attention rotates and appends its new tokens itself
+        const size_t layer_offset = size_t(l) * kv_shape_.num_blocks * kv_shape_.block_elems();
+        rope_write_kv(ws.qkv.data(), T, ws.index(at.positions), ws.index(at.slots), c.num_heads,
+                      c.num_kv_heads, c.head_dim, c.rope_theta, k_cache_.data() + layer_offset,
+                      v_cache_.data() + layer_offset, stream);
+      }
       enqueue_attention(shape, l);
       gemm_.linear(ws.attn.data(), w.wo.data(), ws.proj.data(), T, c.q_dim(), H);
     }
@@ -423,9 +425,11 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   Workspace& ws = *workspace_;
   const StepLayout& at = ws.layout;
   const size_t layer_offset = size_t(layer) * kv_shape_.num_blocks * kv_shape_.block_elems();
+  bf16* k_layer = k_cache_.data() + layer_offset;
+  bf16* v_layer = v_cache_.data() + layer_offset;
   PagedKv kv;
-  kv.k = k_cache_.data() + layer_offset;
-  kv.v = v_cache_.data() + layer_offset;
+  kv.k = k_layer;
+  kv.v = v_layer;
   kv.block_tables = ws.index(at.block_tables);
   kv.max_blocks_per_seq = max_blocks_per_seq_;
   kv.block_size = kv_shape_.block_size;
@@ -433,7 +437,9 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   kv.head_dim = c.head_dim;
   const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
   if (shape.decode) {
-    paged_decode_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.context_lens), shape.seqs,
+    const DecodeNewTokens fresh{ws.index(at.positions), ws.index(at.slots), c.rope_theta, k_layer,
+                                v_layer};
+    paged_decode_attention(ws.qkv.data(), qkv_dim, kv, fresh, ws.index(at.context_lens), shape.seqs,
                            c.num_heads, decode_splits(shape), ws.decode, ws.attn.data(),
                            stream_.get());
   } else {

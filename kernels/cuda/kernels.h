@@ -40,7 +40,8 @@ void add_rmsnorm(float* residual, const bf16* delta, const bf16* weight, const i
                  int num_rows, int hidden, float eps, bf16* out, cudaStream_t stream);
 
 // Rotary embedding (rotate-half, each token at positions[t]) on q in place and on k, then
-// writes k and v into the paged cache at slots[t] (slot = block * block_size + offset).
+// writes k and v into the paged cache at slots[t] (slot = block * block_size + offset). For
+// prefill: the decode attention does this for its own new tokens (DecodeNewTokens).
 // qkv rows are [q heads | k heads | v heads]; a cache slot is [kv_head][head_dim].
 void rope_write_kv(bf16* qkv, int num_tokens, const int32_t* positions, const int32_t* slots,
                    int num_heads, int num_kv_heads, int head_dim, float rope_theta, bf16* k_cache,
@@ -96,13 +97,27 @@ class DecodeScratch {
   DecodePartials partials_;
 };
 
-// One query per sequence: q row s at q + s * q_stride (its heads contiguous), attending to
-// context_lens[s] cached positions. `splits` partitions are launched per sequence and KV head,
-// at least ceil(longest context / kDecodePartition) and at most the scratch's max_splits. out
-// is [num_seqs, num_heads * head_dim].
-void paged_decode_attention(const bf16* q, int q_stride, const PagedKv& kv,
-                            const int32_t* context_lens, int num_seqs, int num_heads, int splits,
-                            const DecodeScratch& scratch, bf16* out, cudaStream_t stream);
+// The token each sequence of a decode step brings: its position positions[s], its cache slot
+// slots[s], and its q, k and v unrotated in row s of the QKV projection. The decode attention
+// applies the rotary embedding itself (rotate-half with rope_theta, as rope_write_kv does for
+// prefill): it rotates q as it loads it, and the block that holds a sequence's last partition
+// rotates k and appends k and v to the layer's cache before it reads them back.
+struct DecodeNewTokens {
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  float rope_theta = 0.0f;
+  bf16* k_cache = nullptr;  // the pools PagedKv::k and ::v read
+  bf16* v_cache = nullptr;
+};
+
+// One new token per sequence, row s of qkv at qkv + s * qkv_stride ([q heads | k heads |
+// v heads]), attending to context_lens[s] positions, the new one included. `splits` partitions
+// are launched per sequence and KV head, at least ceil(longest context / kDecodePartition) and
+// at most the scratch's max_splits. out is [num_seqs, num_heads * head_dim].
+void paged_decode_attention(const bf16* qkv, int qkv_stride, const PagedKv& kv,
+                            const DecodeNewTokens& fresh, const int32_t* context_lens, int num_seqs,
+                            int num_heads, int splits, const DecodeScratch& scratch, bf16* out,
+                            cudaStream_t stream);
 
 // Causal attention for ragged packed prompts. Sequence s's new tokens are packed rows
 // q_offsets[s] .. q_offsets[s] + q_lens[s] - 1 of q (row stride q_stride), at positions
