@@ -15,7 +15,6 @@
 
 #ifdef PIPELINE_HAVE_CUDA
 #include <algorithm>
-#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -53,8 +52,6 @@ struct Device {
   double bandwidth = 0.0;   // bytes/s
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
-  cublasHandle_t cublas = nullptr;  // the library alone, for comparison
-  std::unique_ptr<DeviceBuffer<std::byte>> cublas_workspace;
 };
 
 Device make_device() {
@@ -67,21 +64,7 @@ Device make_device() {
   d.bandwidth = measure_device_bandwidth();
   PIPELINE_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   d.gemm = std::make_unique<cuda::Gemm>(d.stream);
-  PIPELINE_CUBLAS_CHECK(cublasCreate(&d.cublas));
-  PIPELINE_CUBLAS_CHECK(cublasSetStream(d.cublas, d.stream));
-  d.cublas_workspace = std::make_unique<DeviceBuffer<std::byte>>(size_t(32) << 20);
-  PIPELINE_CUBLAS_CHECK(
-      cublasSetWorkspace(d.cublas, d.cublas_workspace->data(), d.cublas_workspace->bytes()));
   return d;
-}
-
-// y [rows, out] = x [rows, in] . w [out, in]^T by cublasGemmEx, as Gemm calls it past 16 rows.
-void cublas_linear(const Device& d, const bf16* x, const bf16* w, bf16* y, int rows, int in,
-                   int out) {
-  const float alpha = 1.0f, beta = 0.0f;
-  PIPELINE_CUBLAS_CHECK(cublasGemmEx(d.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w,
-                                     CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, CUDA_R_16BF,
-                                     out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 Device& device() {
@@ -113,7 +96,7 @@ void time_calls(benchmark::State& state, cudaStream_t stream, Call call) {
 }
 
 // The runner's Gemm (runner_silu_mul: its gate/up call, SiLU*mul of the column pairs included)
-// or cuBLAS alone.
+// or its cuBLAS path at any row count.
 enum class Path { runner, runner_silu_mul, cublas };
 
 // y [rows, out] = x [rows, in] . W^T for one of the 7B projections, W [out, in] rotating through
@@ -139,7 +122,7 @@ void BM_CudaProjection(benchmark::State& state, int out, int in, Path path) {
       case Path::runner_silu_mul:
         return d.gemm->linear_silu_mul(x.data(), w, y.data(), act.data(), rows, in, out / 2);
       case Path::cublas:
-        return cublas_linear(d, x.data(), w, y.data(), rows, in, out);
+        return d.gemm->linear_cublas(x.data(), w, y.data(), rows, in, out);
     }
   });
   const double weight_bytes = double(weight_elems) * sizeof(bf16);

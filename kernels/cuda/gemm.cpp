@@ -32,7 +32,7 @@ void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16*
                   int in, int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
   if (skinny_gemm_applies(rows, in)) return skinny_.run(x, w, y, rows, in, out);
-  run(x, w, y, CUDA_R_16BF, rows, in, out);
+  linear_cublas(x, w, y, rows, in, out);
 }
 
 void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
@@ -48,8 +48,13 @@ void Gemm::linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_u
   if (gemv_applies(rows, in)) return gemv_silu_mul(x, w_gate_up, act, in, inter, stream_);
   if (skinny_gemm_applies(rows, in))
     return skinny_.run_silu_mul(x, w_gate_up, act, rows, in, inter);
-  run(x, w_gate_up, gate_up, CUDA_R_16BF, rows, in, 2 * inter);
+  linear_cublas(x, w_gate_up, gate_up, rows, in, 2 * inter);
   silu_mul(gate_up, rows, inter, act, stream_);
+}
+
+void Gemm::linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
+                         int in, int out) {
+  run(x, w, y, CUDA_R_16BF, rows, in, out);
 }
 
 // cuBLAS is column-major: a row-major [rows, n] matrix is a column-major [n, rows] one. So

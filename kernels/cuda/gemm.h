@@ -33,6 +33,10 @@ class Gemm {
   // projection's epilogue applies it; cuBLAS rows land in gate_up [rows, 2 * inter] first.
   void linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                        __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in, int inter);
+  // y = x . w^T by cuBLAS at any row count: what linear() does past kSkinnyMaxRows rows, and
+  // what the benchmarks hold the GEMV and SkinnyGemm paths against.
+  void linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
+                     int in, int out);
 
  private:
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,
