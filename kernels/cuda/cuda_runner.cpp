@@ -168,6 +168,10 @@ class CudaRunner final : public ModelRunner {
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
   void enqueue_attention(const StepShape& shape, int layer);
+  // The first element of `layer`'s share of a KV pool (k_cache_ or v_cache_).
+  bf16* layer_kv(const DeviceBuffer<bf16>& pool, int layer) const {
+    return pool.data() + size_t(layer) * kv_shape_.num_blocks * kv_shape_.block_elems();
+  }
 
   std::shared_ptr<const LlamaWeights> weights_;
   LlamaConfig config_;
@@ -394,10 +398,9 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
                   nullptr, T, H, c.rms_norm_eps, ws.normed.data(), stream);
       gemm_.linear(ws.normed.data(), w.wqkv.data(), ws.qkv.data(), T, H, qkv_dim);
       if (!shape.decode) {  // the decode attention rotates and appends its new tokens itself
-        const size_t layer_offset = size_t(l) * kv_shape_.num_blocks * kv_shape_.block_elems();
         rope_write_kv(ws.qkv.data(), T, ws.index(at.positions), ws.index(at.slots), c.num_heads,
-                      c.num_kv_heads, c.head_dim, c.rope_theta, k_cache_.data() + layer_offset,
-                      v_cache_.data() + layer_offset, stream);
+                      c.num_kv_heads, c.head_dim, c.rope_theta, layer_kv(k_cache_, l),
+                      layer_kv(v_cache_, l), stream);
       }
       enqueue_attention(shape, l);
       gemm_.linear(ws.attn.data(), w.wo.data(), ws.proj.data(), T, c.q_dim(), H);
@@ -424,9 +427,8 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   const LlamaConfig& c = config_;
   Workspace& ws = *workspace_;
   const StepLayout& at = ws.layout;
-  const size_t layer_offset = size_t(layer) * kv_shape_.num_blocks * kv_shape_.block_elems();
-  bf16* k_layer = k_cache_.data() + layer_offset;
-  bf16* v_layer = v_cache_.data() + layer_offset;
+  bf16* k_layer = layer_kv(k_cache_, layer);
+  bf16* v_layer = layer_kv(v_cache_, layer);
   PagedKv kv;
   kv.k = k_layer;
   kv.v = v_layer;
