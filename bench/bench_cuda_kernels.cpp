@@ -1,7 +1,7 @@
 // The CUDA decode step's parts alone, on LLaMA-2-7B's shapes: each projection as the runner does
-// it (1 row: the GEMV kernel; 4 and 16: SkinnyGemm; 64: cuBLAS) and, beside it, cuBLAS itself at
-// 4 and 16 rows; paged decode attention over 1024-token contexts at batch 1, 16 and 64. Their sum
-// over 32 layers against `bench_cuda_decode`'s step time says where a step goes.
+// it (1 row: the GEMV kernel; 4, 16, 32 and 64: SkinnyGemm) and, beside it, cuBLAS itself at 4,
+// 16, 32 and 64 rows; paged decode attention over 1024-token contexts at batch 1, 16 and 64. Their
+// sum over 32 layers against `bench_cuda_decode`'s step time says where a step goes.
 //
 // Operands are random bf16; each call reads the next copy of its weights (or the next layer's
 // KV) from a pool of at least 1 GiB, so they come from device memory as in a real step, not
@@ -144,16 +144,16 @@ void timed_by_events(benchmark::internal::Benchmark* b, std::initializer_list<in
 void rows_1_16_64(benchmark::internal::Benchmark* b) {
   timed_by_events(b, {1, 16, 64});
 }
-void rows_1_4_16_64(benchmark::internal::Benchmark* b) {
-  timed_by_events(b, {1, 4, 16, 64});
+void rows_1_4_16_32_64(benchmark::internal::Benchmark* b) {
+  timed_by_events(b, {1, 4, 16, 32, 64});
 }
-void rows_4_16(benchmark::internal::Benchmark* b) {
-  timed_by_events(b, {4, 16});
+void rows_4_16_32_64(benchmark::internal::Benchmark* b) {
+  timed_by_events(b, {4, 16, 32, 64});
 }
 
-#define PROJECTION(name, out, in, path)                                             \
-  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, path)->Apply(rows_1_4_16_64); \
-  BENCHMARK_CAPTURE(BM_CudaProjection, name##_cublas, out, in, Path::cublas)->Apply(rows_4_16)
+#define PROJECTION(name, out, in, path)                                                \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, path)->Apply(rows_1_4_16_32_64); \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name##_cublas, out, in, Path::cublas)->Apply(rows_4_16_32_64)
 PROJECTION(qkv_12288x4096, 3 * kHidden, kHidden, Path::runner);
 PROJECTION(o_4096x4096, kHidden, kHidden, Path::runner);
 PROJECTION(gate_up_22016x4096, 2 * 11008, kHidden, Path::runner_silu_mul);

@@ -315,8 +315,9 @@ std::vector<float> as_floats(const std::vector<__nv_bfloat16>& v) {
   return out;
 }
 
-// The projections at one row (the GEMV kernel), 2..16 (SkinnyGemm: 1000 inputs split the k
-// axis across blocks, 264 do not) and more (cuBLAS), bf16 and float32 results and SiLU*mul of
+// The projections at one row (the GEMV kernel), 2..64 (SkinnyGemm, each of its builds for up
+// to 8, 16, 32 and 64 rows: 1000 inputs split the k axis across blocks, 264 do not) and more
+// (cuBLAS), bf16 and float32 results and SiLU*mul of
 // the columns taken as interleaved (gate, up) pairs, against a float64 product of the same
 // bf16 values. Sizes are not multiples of the kernels' tiles.
 TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
@@ -337,7 +338,7 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
       cuda::DeviceBuffer<__nv_bfloat16> w_d(w.size());
       ASSERT_EQ(cudaMemcpy(w_d.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice),
                 cudaSuccess);
-      for (int rows : {1, 2, 3, 5, 8, 9, 16, 17, 40}) {
+      for (int rows : {1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 40, 64, 65}) {
         const auto x = random_bf16(size_t(rows) * in);
         std::vector<float> ref(size_t(rows) * out);
         for (int r = 0; r < rows; ++r)

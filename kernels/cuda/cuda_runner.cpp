@@ -5,7 +5,7 @@
 // Per layer: RMSNorm (fused with the previous residual add) -> one fused QKV GEMM -> RoPE and
 // KV write (inside the attention kernel for decode) -> paged attention (decode: flash-decoding
 // split; prefill: tiled causal) -> output GEMM -> residual add + RMSNorm -> one fused gate/up
-// GEMM with SiLU*mul (in its epilogue up to 16 rows) -> down GEMM.
+// GEMM with SiLU*mul (in its epilogue up to 64 rows) -> down GEMM.
 //
 // Decode steps (one token per sequence) are captured as a CUDA graph per batch size and
 // attention grid (the partitions the longest context needs, rounded up) the
@@ -267,7 +267,7 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
 // The first call of each kernel loads its module, and cuBLAS chooses an algorithm for each new
 // shape: the last H200 run's first prefill (16 prompts of 32 tokens) took 176 ms where the
 // arithmetic needs ~15. So before serving, one prefill of kWarmUpTokens and a decode step for
-// each projection path (1 row: GEMV; 2..8 and 9..16: SkinnyGemm; more: cuBLAS), up to the
+// each projection path, up to the
 // sequences the runner was made for. They write only into the first KV blocks, which no
 // sequence reads before writing its own keys there.
 void CudaRunner::warm_up(int max_num_seqs) {
@@ -279,7 +279,9 @@ void CudaRunner::warm_up(int max_num_seqs) {
   for (int b = 0; b * block_size < prompt; ++b) prefill.block_table.push_back(b);
   Logits logits;
   forward(Batch{{prefill}}, logits);
-  for (int seqs : {1, 2, kSkinnyMaxRows / 2 + 1, kSkinnyMaxRows + 1}) {
+  // One row: the GEMV; 2, 9, 17, 33: SkinnyGemm's builds for up to 8, 16, 32, 64 rows; more:
+  // cuBLAS.
+  for (int seqs : {1, 2, 9, 17, 33, kSkinnyMaxRows + 1}) {
     if (seqs > max_num_seqs) break;
     forward(Batch{std::vector<SequenceChunk>(size_t(seqs), SequenceChunk{{0}, 0, {0}, false})},
             logits);

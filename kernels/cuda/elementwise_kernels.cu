@@ -1,6 +1,6 @@
 // The small kernels of the forward pass: dtype conversion at upload, embedding gather,
 // residual add fused with RMSNorm, rotary embedding fused with the KV-cache write, SiLU*mul
-// (for the rows cuBLAS projects; the projections of 1..16 rows apply it in their epilogue).
+// (for the rows cuBLAS projects; the projections of 1..64 rows apply it in their epilogue).
 //
 // At decode sizes they move a few kilobytes a row, so their time is the latency of their
 // dependent memory accesses, not bandwidth. Each is written so that a thread issues all of its

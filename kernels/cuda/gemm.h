@@ -1,5 +1,5 @@
 // The projections of the forward pass: y = x . W^T with x [rows, in] and W in Hugging Face's
-// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), 2 to 16
+// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), 2 to 64
 // rows to SkinnyGemm, the rest through cuBLAS: one handle per stream, with its own workspace so
 // the calls can be captured into CUDA graphs.
 #pragma once
@@ -29,8 +29,8 @@ class Gemm {
   void linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                   int out);
   // act [rows, inter] = silu(gate) * up of x . w_gate_up^T, whose 2 * inter columns are gate and
-  // up interleaved (gate row j of the weights at 2j, up row j at 2j + 1). Up to 16 rows the
-  // projection's epilogue applies it; cuBLAS rows land in gate_up [rows, 2 * inter] first.
+  // up interleaved (gate row j of the weights at 2j, up row j at 2j + 1). Up to kSkinnyMaxRows rows
+  // the projection's epilogue applies it; cuBLAS rows land in gate_up [rows, 2 * inter] first.
   void linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                        __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in, int inter);
   // y = x . w^T by cuBLAS at any row count: what linear() does past kSkinnyMaxRows rows, and

@@ -1,20 +1,20 @@
-// y = x . W^T for a few rows on tensor cores. A decode step of 2..16 sequences reads every
-// weight once and does 2..16 multiply-adds with it: the product is bound by the weight stream,
-// but too many flops for CUDA cores at 16 rows. cuBLAS tiles it as a large GEMM and streams
+// y = x . W^T for a few rows on tensor cores. A decode step of 2..64 sequences reads every
+// weight once and does 2..64 multiply-adds with it: the product is bound by the weight stream,
+// but too many flops for CUDA cores past a few rows. cuBLAS tiles it as a large GEMM and streams
 // 4096-column projections at half the device's bandwidth; this kernel is built to stream.
 //
 // Each warp owns 16 weight rows (output columns) and walks the k axis 32 at a time: lane
 // (g = lane / 4, t = lane % 4) loads k = 8t .. 8t + 7 of weight rows g and g + 8 and of x rows
-// g (+ 8) in one 16-byte load each, and the 32 values are two mma.sync m16n8k16, weights as the
-// 16-row A operand and x as the B operand (8 rows of x per n-tile). A dot product may visit k
-// in any order as long as A and B agree, so the first mma takes elements 8t .. 8t + 3 of every
+// g, g + 8, ... in one 16-byte load each, and the 32 values are two mma.sync m16n8k16 per 8 rows
+// of x, weights as the 16-row A operand and x as the B operand. A dot product may visit k in
+// any order as long as A and B agree, so the first mma takes elements 8t .. 8t + 3 of every
 // lane's loads and the second 8t + 4 .. 8t + 7, whatever k the fragment layout calls them.
 //
 // A block's eight warps take consecutive 16-row groups over the same k range, so x comes from
-// L2 once per block and from L1 after that. When the weight rows make too few blocks to fill
-// the device, the k axis is split across blocks: each writes float32 partials, and the last
-// block of a column tile to arrive sums them in split order (so results do not depend on
-// timing) and writes y.
+// L2 once per block and from L1 after that: at 64 rows, four bytes of x from L1 for every byte
+// of weights from memory. When the weight rows make too few blocks to fill the device, the k
+// axis is split across blocks: each writes float32 partials, and the last block of a column
+// tile to arrive sums them in split order (so results do not depend on timing) and writes y.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -34,7 +34,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTileColumns = 16 * kWarps;  // weight rows (output columns) of one block
 constexpr int kChunk = 32;                 // k per warp per 16-byte load
-constexpr int kUnroll = 4;                 // chunks each lane has in flight
 constexpr int kMinSplitLength = 256;       // k a split walks at least
 constexpr int kMaxSplits = 8;
 constexpr int kBlocksPerSm = 2;
@@ -78,6 +77,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const bf16* w_b = w + size_t(column_b) * in + 8 * t;
   const bf16* x_lane = x + size_t(g) * in + 8 * t;
 
+  // Chunks of weights each lane has in flight: 4, or 2 where 8 n-tiles of accumulators and x
+  // leave no registers for more.
+  constexpr int kUnroll = kTiles <= 4 ? 4 : 2;
   // The pass of kUnroll chunks from k0; `in` and k_end are multiples of 8.
   auto in_k = [&](int k0, int u) { return k0 + kChunk * u + 8 * t < k_end; };
   uint4 wa[kUnroll], wb[kUnroll];
@@ -96,22 +98,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   allow_next_kernel();
 
   float acc[kTiles][4] = {};
-  // Every lane runs the same iterations: mma.sync needs the whole warp.
+  // Every lane runs the same iterations: mma.sync needs the whole warp. x is loaded one chunk
+  // at a time (it comes from L1 or L2, and 64 rows of it for every chunk in flight would not
+  // fit in registers beside the weights); the compiler hoists what the registers allow.
   for (int k0 = k_begin; k0 < k_end; k0 += kChunk * kUnroll) {
     if (k0 != k_begin) load_weights(k0);
-    uint4 xv[kUnroll][kTiles];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j)
-        xv[u][j] = load_or_zero(x_lane + size_t(8 * j) * in + k0 + kChunk * u,
-                                in_k(k0, u) && g + 8 * j < rows);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      uint4 xv[kTiles];
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+        xv[j] = load_or_zero(x_lane + size_t(8 * j) * in + k0 + kChunk * u,
+                             in_k(k0, u) && g + 8 * j < rows);
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
-        mma_16x8x16(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][j].x, xv[u][j].y);
-        mma_16x8x16(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][j].z, xv[u][j].w);
+        mma_16x8x16(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[j].x, xv[j].y);
+        mma_16x8x16(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[j].z, xv[j].w);
       }
     }
   }
@@ -156,23 +158,48 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (!last_to_arrive) return;
 
   __threadfence();
+  // Each thread sums kPerThread elements kThreads apart (a warp's 32 lanes take 32 consecutive
+  // columns of one row), kSumGroup at a time with all their splits' loads in flight before the
+  // first add: this block's reduction is the call's tail, which the rest of the device waits
+  // out. Splits are added in order, the absent ones as zeros.
+  constexpr int kPerThread = 8 * kTiles * kTileColumns / kThreads;
+  constexpr int kSumGroup = kPerThread < 4 ? kPerThread : 4;
   const int first_column = tile * kTileColumns;
   const int columns = min(kTileColumns, out - first_column);
-  // rows * kTileColumns is a multiple of 32, so a warp's lanes run the same iterations, and
-  // a warp's 32 consecutive columns lie in one row.
-  for (int idx = threadIdx.x; idx < rows * kTileColumns; idx += kThreads) {
+  struct Element {
+    int row, column;
+    bool valid;
+  };
+  auto element = [&](int e) {
+    const int idx = threadIdx.x + e * kThreads;
     const int row = idx / kTileColumns, column = idx % kTileColumns;
-    const bool valid = column < columns;
-    const size_t at = size_t(row) * out + first_column + column;
-    float sum = 0.0f;
-    if (valid)
-      for (int s = 0; s < splits; ++s) sum += __ldcg(partials + size_t(s) * rows * out + at);
-    if constexpr (kSiluMul) {
-      const float up = __shfl_down_sync(0xffffffffu, sum, 1);  // column + 1, in the next lane
-      if (valid && column % 2 == 0)
-        store_value(y + size_t(row) * (out / 2) + (first_column + column) / 2, silu(sum) * up);
-    } else if (valid) {
-      store_value(y + at, sum);
+    return Element{row, column, row < rows && column < columns};
+  };
+#pragma unroll
+  for (int e0 = 0; e0 < kPerThread; e0 += kSumGroup) {
+    float part[kSumGroup][kMaxSplits];
+#pragma unroll
+    for (int e = 0; e < kSumGroup; ++e) {
+      const Element el = element(e0 + e);
+      const size_t at = size_t(el.row) * out + first_column + el.column;
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s)
+        part[e][s] = el.valid && s < splits ? __ldcg(partials + size_t(s) * rows * out + at) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < kSumGroup; ++e) {
+      const Element el = element(e0 + e);
+      float sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s) sum += part[e][s];
+      if constexpr (kSiluMul) {
+        const float up = __shfl_down_sync(0xffffffffu, sum, 1);  // column + 1, in the next lane
+        if (el.valid && el.column % 2 == 0)
+          store_value(y + size_t(el.row) * (out / 2) + (first_column + el.column) / 2,
+                      silu(sum) * up);
+      } else if (el.valid) {
+        store_value(y + size_t(el.row) * out + first_column + el.column, sum);
+      }
     }
   }
   if (threadIdx.x == 0) arrivals[tile] = 0;  // ready for the next call
@@ -226,13 +253,12 @@ void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, 
   const int per_split = (in + splits - 1) / splits;
   const int k_slice = (per_split + kChunk - 1) / kChunk * kChunk;
   const dim3 grid(tiles, splits);
-  if (rows <= 8) {
-    launch_dependent(skinny_gemm_kernel<1, Out, kSiluMul>, grid, kThreads, 0, stream_, x, w, y,
-                     rows, in, out, k_slice, partials_.data(), arrivals_.data());
-  } else {
-    launch_dependent(skinny_gemm_kernel<2, Out, kSiluMul>, grid, kThreads, 0, stream_, x, w, y,
-                     rows, in, out, k_slice, partials_.data(), arrivals_.data());
-  }
+  const auto kernel = rows <= 8    ? skinny_gemm_kernel<1, Out, kSiluMul>
+                      : rows <= 16 ? skinny_gemm_kernel<2, Out, kSiluMul>
+                      : rows <= 32 ? skinny_gemm_kernel<4, Out, kSiluMul>
+                                   : skinny_gemm_kernel<8, Out, kSiluMul>;
+  launch_dependent(kernel, grid, kThreads, 0, stream_, x, w, y, rows, in, out, k_slice,
+                   partials_.data(), arrivals_.data());
 }
 
 }  // namespace pipeline::cuda

@@ -1,6 +1,6 @@
-// y [rows, out] = x [rows, in] . w [out, in]^T for 2 to kSkinnyMaxRows rows (a decode step of a
-// few sequences) on tensor cores, with bf16 operands and float32 accumulation. Gemm uses it in
-// place of cuBLAS where it applies.
+// y [rows, out] = x [rows, in] . w [out, in]^T for 2 to kSkinnyMaxRows rows (a decode step of
+// up to that many sequences) on tensor cores, with bf16 operands and float32 accumulation. Gemm
+// uses it in place of cuBLAS where it applies.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,7 +13,8 @@
 
 namespace pipeline::cuda {
 
-constexpr int kSkinnyMaxRows = 16;
+// The kernel is built for up to 8, 16, 32 and 64 rows (one to eight n-tiles of 8 rows).
+constexpr int kSkinnyMaxRows = 64;
 
 // True when SkinnyGemm handles this product: 2..kSkinnyMaxRows rows, `in` a multiple of 8.
 bool skinny_gemm_applies(int rows, int in);
