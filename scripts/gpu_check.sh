@@ -230,6 +230,24 @@ for _ in {1..10}; do kill -0 "$server_pid" 2>/dev/null || break; sleep 1; done
 kill -KILL "$server_pid" 2>/dev/null
 wait "$server_pid" 2>/dev/null
 
+# ---- Where a step's time goes: Nsight Compute times each kernel of one replayed decode step
+# at batch 1, 16 and 64 on its own (bench_cuda_decode brackets that step for the profiler), so
+# the sum beside the step's time says how much is kernels and how much the gaps between them.
+# Last and optional: it needs what the budget leaves.
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [[ -z $ncu ]]; then
+  note ncu "not found"
+elif (($(left 9999) < 60)); then
+  note ncu "skipped: $(left 9999) s left"
+else
+  t=$(date +%s)
+  PIPELINE_BENCH_MODEL=$MODEL_DIR timeout "$(left 150)" "$ncu" --profile-from-start off \
+    --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --print-units base --csv --log-file "$OUT/ncu.csv" \
+    "$BIN/bench_cuda_decode" --benchmark_min_time=0.01 > "$OUT/ncu_bench.log" 2>&1
+  note ncu "exit $?, $(seconds_since "$t") s"
+fi
+
 echo
 echo "==== gpu_check summary ($(seconds_since "$START") s; logs in $OUT)"
 printf '%s\n' "${SUMMARY[@]}"
@@ -254,6 +272,31 @@ for path, title, columns in tables:
         print(f"{name:44}" + "".join(f" {r.get(key, 0):{width}.{digits}f}"
                                      for _, key, width, digits in columns))
 PY
+if [[ -s $OUT/ncu.csv ]]; then
+  python3 - "$OUT/ncu.csv" <<'PY'
+import csv, re, sys
+from collections import defaultdict
+# One step per embedding kernel (each forward pass starts with it): batch 1, 16, 64 in order.
+steps = []
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+for row in csv.DictReader(lines):
+    if row.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    name = row["Kernel Name"].replace("(anonymous namespace)::", "")
+    name = re.sub(r"^void ", "", name.split("(")[0]).replace("pipeline::cuda::", "")
+    if "embedding_kernel" in name or not steps:
+        steps.append(defaultdict(lambda: [0, 0.0]))
+    entry = steps[-1][name[:72]]
+    entry[0] += 1
+    entry[1] += float(row["Metric Value"].replace(",", "")) * 1e-3  # ns -> us
+for batch, step in zip((1, 16, 64), steps):
+    total = sum(us for _, us in step.values())
+    print(f"ncu, batch {batch}: {sum(n for n, _ in step.values())} kernels, {total / 1e3:.2f} ms "
+          "timed one by one")
+    for name, (n, us) in sorted(step.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {name:72} {n:4d} x {us / n:8.1f} us = {us / 1e3:6.2f} ms")
+PY
+fi
 if [[ -s $OUT/metrics.txt ]]; then
   python3 - "$OUT/metrics.txt" <<'PY'
 import re, sys
@@ -283,5 +326,6 @@ fi
 # The full logs in one archive beside the results (the JSON files and the test logs).
 (cd "$OUT" && tar czf logs.tar.gz --remove-files --ignore-failed-read gpu.txt prebuilt.log \
   configure.log build.log make_model.log kernels.log bench.log bench_serve.log serve.yaml \
+  ncu_bench.log \
   2>/dev/null)
 exit 0
