@@ -1,0 +1,367 @@
+// Each stage of the serving graph alone: its node body called as the flow graph calls it, with
+// LLaMA-2's tokenizer and vocabulary. This is the host's work per request and per step, the
+// part of serving that a faster device does not shorten: on a GPU, every microsecond the model
+// stages and the scheduler spend between two forward passes is a microsecond the device waits.
+//
+// The model stages (prefill, decode_step) run over FixedLogitsRunner, a ModelRunner whose
+// forward pass leaves random logits of 32,000 words in place (drawn at the first call), so
+// their figure is the stage's own work around the forward pass: each sequence's sampling (in
+// parallel, as the stage does it) and the bookkeeping. bench_cpu_forward and bench_cuda_decode
+// time the forward passes themselves, the logits' way to the host included.
+//
+// Needs LLaMA-2's tokenizer.model: PIPELINE_BENCH_TOKENIZER, default
+// ../shared/models/llama2-tokenizer/tokenizer.model (from the repository root). The stages log as
+// they do in a server (tokenize: a line per request): send stderr to a file.
+#include <benchmark/benchmark.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/engine_context.h"
+#include "graph/message.h"
+#include "graph/metrics.h"
+#include "graph/scheduler.h"
+#include "graph/serve_config.h"
+#include "graph/stage_registry.h"
+#include "io/tokenizer.h"
+#include "model/model_runner.h"
+
+namespace pipeline {
+namespace {
+
+constexpr int kVocab = 32000;
+
+// LLaMA-2-7B's shape: what the stages read of a model is its vocabulary, context and EOS ids.
+LlamaConfig llama2_7b_config() {
+  LlamaConfig c;
+  c.hidden_size = 4096;
+  c.intermediate_size = 11008;
+  c.num_layers = 32;
+  c.num_heads = c.num_kv_heads = 32;
+  c.head_dim = 128;
+  c.vocab_size = kVocab;
+  c.max_position_embeddings = 4096;
+  return c;
+}
+
+// A ModelRunner without a model: forward() gives each logit row random logits, drawn when the
+// rows are first needed and left in place after (normal, standard deviation 3: a few dozen words
+// hold most of the probability, as in a trained model's next-word distribution).
+class FixedLogitsRunner final : public ModelRunner {
+ public:
+  FixedLogitsRunner() : config_(llama2_7b_config()) {
+    kv_shape_.num_layers = config_.num_layers;
+    kv_shape_.num_kv_heads = config_.num_kv_heads;
+    kv_shape_.head_dim = config_.head_dim;
+    kv_shape_.block_size = 16;
+    kv_shape_.num_blocks = 1 << 20;  // bookkeeping only: no KV memory behind it
+  }
+  const LlamaConfig& config() const override { return config_; }
+  const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  std::string device_name() const override { return "fixed logits"; }
+  void forward(const Batch& batch, Logits& logits) override {
+    const size_t size = size_t(batch.logit_rows()) * kVocab;
+    if (logits.vocab == kVocab && logits.data.size() == size) return;
+    logits.vocab = kVocab;
+    logits.data.resize(size);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (float& x : logits.data) x = normal(rng_);
+  }
+
+ private:
+  LlamaConfig config_;
+  KvCacheShape kv_shape_;
+  std::mt19937 rng_{42};
+};
+
+// Counts what reaches it and keeps nothing, so emit's figure is emit's own work.
+class CountingSink final : public RequestSink {
+ public:
+  void on_delta(Delta) override { ++deltas; }
+  void on_finish(const Completion&) override {}
+  void on_error(const RequestError&) override {}
+  uint64_t deltas = 0;
+};
+
+// The last message a stage emitted, handed from whichever thread emitted it.
+class Mailbox {
+ public:
+  void put(Message message) {
+    {
+      std::lock_guard lock(mutex_);
+      message_ = std::move(message);
+    }
+    ready_.notify_one();
+  }
+  Message take() {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return message_.has_value(); });
+    Message message = std::move(*message_);
+    message_.reset();
+    return message;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::optional<Message> message_;
+};
+
+// English prose of `words` words, for prompts.
+std::string prose(int words) {
+  static const char* kText[] = {"The",    "old",    "lighthouse", "keeper",   "climbed",  "the",
+                                "spiral", "stairs", "every",      "evening,", "counting", "each",
+                                "step",   "aloud",  "so",         "that",     "the",      "silence",
+                                "would",  "not",    "feel",       "so",       "heavy."};
+  std::string text;
+  for (int i = 0; i < words; ++i) {
+    if (i) text += ' ';
+    text += kText[i % std::size(kText)];
+  }
+  return text;
+}
+
+// What every stage shares, with LLaMA-2's tokenizer and a FixedLogitsRunner.
+struct StageBench {
+  explicit StageBench(const std::filesystem::path& tokenizer_file)
+      : tokenizer(tokenizer_file),
+        scheduler(config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
+                  metrics),
+        context{config, runner.config(), tokenizer, ChatTemplate::Llama2,
+                runner, scheduler,       metrics,   1} {}
+
+  std::unique_ptr<Stage> make(const std::string& name) {
+    GraphNodeSpec spec;
+    spec.name = spec.stage = name;
+    return StageRegistry::global().find(name)->make(spec, context);
+  }
+
+  // A chat request of a system prompt and a `words`-word user message, through tokenize.
+  SequencePtr tokenized(int words, const SamplingParams& sampling) {
+    auto request = std::make_shared<Request>();
+    request->id = "chatcmpl-bench-" + std::to_string(next_number);
+    request->messages = {{"system", "You are a helpful assistant."}, {"user", prose(words)}};
+    request->sampling = sampling;
+    request->ignore_eos = true;   // random logits pick the EOS id too
+    request->stop = {"\nUser:"};  // detokenize matches it across tokens
+    request->sink = std::make_shared<CountingSink>();
+    auto seq = std::make_shared<Sequence>(request, next_number++,
+                                          [](Sequence&, const ResponseStream::Payload&) {});
+    (*tokenize)(Submitted{seq}, [](Message) {});
+    return seq;
+  }
+
+  ServeConfig config;
+  Tokenizer tokenizer;
+  FixedLogitsRunner runner;
+  Metrics metrics;
+  Scheduler scheduler;
+  EngineContext context;
+  std::unique_ptr<Stage> tokenize = make("tokenize");
+  uint64_t next_number = 0;
+};
+
+std::filesystem::path tokenizer_file() {
+  const char* path = std::getenv("PIPELINE_BENCH_TOKENIZER");
+  return path && *path ? path : "../shared/models/llama2-tokenizer/tokenizer.model";
+}
+
+// The shared setup, or why there is none.
+StageBench* bench(benchmark::State& state) {
+  static std::string error;
+  static std::unique_ptr<StageBench> instance = [] {
+    const auto file = tokenizer_file();
+    if (!std::filesystem::exists(file)) {
+      error = "no tokenizer at " + file.string() +
+              ": set PIPELINE_BENCH_TOKENIZER to LLaMA-2's tokenizer.model";
+      return std::unique_ptr<StageBench>();
+    }
+    return std::make_unique<StageBench>(file);
+  }();
+  if (!instance) state.SkipWithError(error.c_str());
+  return instance.get();
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+SamplingParams nucleus() {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_p = 0.95f;
+  return p;
+}
+
+// A decode step's batch: one token per sequence after its prompt (the runner reads no KV).
+DecodeBatch decode_batch(const std::vector<SequencePtr>& seqs) {
+  DecodeBatch work;
+  work.seqs = seqs;
+  for (const auto& seq : seqs)
+    work.batch.seqs.push_back({{seq->tokens.back()}, int32_t(seq->tokens.size()) - 1, {}, false});
+  return work;
+}
+
+// tokenize: a chat request (system prompt + a user message of range(0) words) → its token ids,
+// sampler and text state. Includes making the Sequence, as the engine does on submit.
+void BM_Stage_tokenize(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  const int words = int(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(b->tokenized(words, greedy()));
+  state.counters["prompt_tokens"] = double(b->tokenized(words, greedy())->prompt_len);
+}
+BENCHMARK(BM_Stage_tokenize)->Arg(32)->Arg(1024)->Unit(benchmark::kMicrosecond);
+
+// batch_window: the scheduler's round trip in steady decoding. With range(0) sequences running,
+// one iteration posts a decode step's result (each sequence one token longer) and waits for the
+// next DecodeBatch from the scheduler's thread: the thread hand-off both ways, the policy, the
+// block tables' growth and the batch's assembly.
+void BM_Stage_batch_window(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  const int seqs = int(state.range(0));
+  SchedulerSection section;
+  section.window_ms = 0;
+  section.max_batch = section.max_num_seqs = seqs;
+  Scheduler scheduler(section, b->runner.kv_shape().num_blocks, b->runner.kv_shape().block_size,
+                      b->metrics);
+  const EngineContext& shared = b->context;
+  EngineContext own{shared.config, shared.model, shared.tokenizer, shared.chat_template,
+                    shared.runner, scheduler,    shared.metrics,   shared.seed_base};
+  GraphNodeSpec spec;
+  spec.name = spec.stage = "batch_window";
+  auto stage = StageRegistry::global().find("batch_window")->make(spec, own);
+  Mailbox mailbox;
+  const Emit gateway = [&](Message m) { mailbox.put(std::move(m)); };
+
+  // The result of a step over `work`: every sequence one token longer, as the model stages
+  // leave it.
+  auto step_result = [](const std::vector<SequencePtr>& work, bool prefill) {
+    StepResult result;
+    result.prefill = prefill;
+    for (const auto& seq : work) {
+      seq->tokens.push_back(seq->tokens.back());
+      result.outputs.push_back({seq, seq->generated() - 1, {}, std::nullopt});
+    }
+    return result;
+  };
+  for (int i = 0; i < seqs; ++i) (*stage)(Tokenized{b->tokenized(32, greedy())}, gateway);
+  // Answer prefills until all the sequences decode together.
+  std::vector<SequencePtr> running;
+  for (;;) {
+    Message next = mailbox.take();
+    if (auto* prefill = std::get_if<PrefillBatch>(&next)) {
+      (*stage)(step_result(prefill->seqs, true), gateway);
+      continue;
+    }
+    running = std::get<DecodeBatch>(next).seqs;
+    if (int(running.size()) == seqs) break;
+    (*stage)(step_result(running, false), gateway);
+  }
+  for (auto _ : state) {
+    (*stage)(step_result(running, false), gateway);
+    running = std::get<DecodeBatch>(mailbox.take()).seqs;
+  }
+  scheduler.stop();
+}
+BENCHMARK(BM_Stage_batch_window)
+    ->Arg(1)
+    ->Arg(16)
+    ->Arg(64)
+    ->Iterations(2000)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// prefill / decode_step: the model stage's body over range(0) sequences with fixed logits:
+// the logits' copy, sampling each sequence (range(1): 0 greedy, 1 temperature 0.8 with top-p
+// 0.95) and the step's bookkeeping.
+void model_stage(benchmark::State& state, const char* name, bool prefill) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  const int seqs = int(state.range(0));
+  const SamplingParams sampling = state.range(1) ? nucleus() : greedy();
+  std::vector<SequencePtr> work;
+  for (int i = 0; i < seqs; ++i) work.push_back(b->tokenized(32, sampling));
+  auto stage = b->make(name);
+  Message message;
+  if (prefill) {
+    PrefillBatch batch{work, {}};
+    for (const auto& seq : work) batch.batch.seqs.push_back({seq->tokens, 0, {}, false});
+    message = std::move(batch);
+  } else {
+    message = decode_batch(work);
+  }
+  for (auto _ : state) (*stage)(message, [](Message m) { benchmark::DoNotOptimize(m); });
+  state.SetItemsProcessed(state.iterations() * seqs);
+}
+void BM_Stage_prefill(benchmark::State& state) {
+  model_stage(state, "prefill", true);
+}
+void BM_Stage_decode_step(benchmark::State& state) {
+  model_stage(state, "decode_step", false);
+}
+BENCHMARK(BM_Stage_prefill)->Args({16, 0})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Stage_decode_step)
+    ->ArgsProduct({{1, 16, 64}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// detokenize: a step's sampled tokens for range(0) sequences → their text deltas (incremental
+// UTF-8 decoding, the stop string matched across tokens). The tokens are prose's, in order.
+void BM_Stage_detokenize(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  const int seqs = int(state.range(0));
+  std::vector<SequencePtr> work;
+  for (int i = 0; i < seqs; ++i) work.push_back(b->tokenized(32, greedy()));
+  const std::vector<int32_t> text = b->tokenizer.encode(prose(4096), /*add_bos=*/false);
+  auto stage = b->make("detokenize");
+  int index = 0;
+  for (auto _ : state) {
+    StepResult result;
+    for (int i = 0; i < seqs; ++i) {
+      SampledToken sampled;
+      sampled.token = text[size_t(index + i) % text.size()];
+      result.outputs.push_back({work[size_t(i)], index, std::move(sampled), std::nullopt});
+    }
+    ++index;
+    (*stage)(std::move(result), [](Message m) { benchmark::DoNotOptimize(m); });
+  }
+  state.SetItemsProcessed(state.iterations() * seqs);
+}
+BENCHMARK(BM_Stage_detokenize)->Arg(1)->Arg(16)->Arg(64)->Unit(benchmark::kMicrosecond);
+
+// emit: a step's text deltas for range(0) sequences → each request's sink, in order.
+void BM_Stage_emit(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  const int seqs = int(state.range(0));
+  std::vector<SequencePtr> work;
+  for (int i = 0; i < seqs; ++i) work.push_back(b->tokenized(32, greedy()));
+  auto stage = b->make("emit");
+  uint64_t index = 0;
+  for (auto _ : state) {
+    StreamEvents events;
+    for (const auto& seq : work) events.events.push_back({seq, index, Delta{" word", {}}});
+    ++index;
+    (*stage)(std::move(events), [](Message) {});
+  }
+  state.SetItemsProcessed(state.iterations() * seqs);
+}
+BENCHMARK(BM_Stage_emit)->Arg(1)->Arg(16)->Arg(64)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace pipeline
+
+BENCHMARK_MAIN();
