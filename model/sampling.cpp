@@ -1,10 +1,14 @@
 #include "model/sampling.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+
+#include "kernels/cpu/fast_exp.h"
 
 namespace pipeline {
 
@@ -20,6 +24,55 @@ std::string out_of_range(const char* name, const char* range, double value) {
 // standard library, unlike std::uniform_real_distribution.
 double uniform_unit(std::mt19937_64& rng) {
   return double(rng() >> 11) * 0x1.0p-53;
+}
+
+// The largest value, NaNs skipped (-inf when there is nothing else). Sixteen independent running
+// maxima make the loop vector code: one chain through every element runs at the latency of a
+// compare per element, seven times slower over a 32,000-word vocabulary.
+float max_value(std::span<const float> values) {
+  constexpr size_t kLanes = 16;
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, -INFINITY);
+  size_t i = 0;
+  for (; i + kLanes <= values.size(); i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lane[j] = std::max(lane[j], values[i + j]);
+  float max = -INFINITY;
+  for (float m : lane) max = std::max(max, m);
+  for (; i < values.size(); ++i) max = std::max(max, values[i]);
+  return max;
+}
+
+// The lowest id holding the largest value: ties go to the lower id, as in every argmax here.
+int32_t first_argmax(std::span<const float> values, float max) {
+  return int32_t(std::find(values.begin(), values.end(), max) - values.begin());
+}
+
+// exp(x) for the softmax of logits already shifted by their maximum (x <= 0): vector code, and
+// exactly 0 where the float result would underflow (a -inf logit, or far below the maximum).
+float shifted_exp(float x) {
+  return x > -87.0f ? cpu::fast_exp(x) : 0.0f;
+}
+
+// The sum of f(value) over `values` in double, in sixteen interleaved partial sums (vector
+// code) added in a fixed order, so the result is the same on every run.
+template <typename F>
+double sum_over(std::span<const float> values, F f) {
+  constexpr size_t kLanes = 16;
+  double lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= values.size(); i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lane[j] += double(f(values[i + j]));
+  double sum = 0.0;
+  for (double partial : lane) sum += partial;
+  for (; i < values.size(); ++i) sum += double(f(values[i]));
+  return sum;
+}
+
+// Softmax weights lie in [0, 1]; their float bits grow with their value, and bits >> 20 keep the
+// exponent and three mantissa bits: buckets an eighth of an octave wide, in order of weight.
+constexpr int kWeightBuckets = (0x3F800000 >> 20) + 1;  // up to 1.0f's bucket
+int weight_bucket(float weight) {
+  return std::min(int(std::bit_cast<uint32_t>(weight) >> 20), kWeightBuckets - 1);
 }
 
 }  // namespace
@@ -55,26 +108,37 @@ Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
 SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) throw std::invalid_argument("Sampler::sample: empty logits");
   SampledToken out;
-  // The normaliser costs an exp per vocabulary entry, as much as the rest of a greedy step:
+  // The normaliser costs an exp per vocabulary entry, more than the rest of a greedy step:
   // only logprobs need it.
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  const float max_logit = max_value(logits);
   if (!std::isfinite(max_logit))
     throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
   const bool report = params_.logprobs || params_.top_logprobs > 0;
   const double log_z = report ? log_normaliser(logits, max_logit) : 0.0;
   if (report) report_alternatives(logits, log_z, out);
 
-  scratch_.assign(logits.begin(), logits.end());
-  apply_penalties(history);
-  out.token = params_.temperature == 0.0f ? argmax() : draw();
+  if (params_.temperature == 0.0f && !penalises()) {
+    out.token = first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
+  } else {
+    scratch_.assign(logits.begin(), logits.end());
+    apply_penalties(history);
+    out.token = params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
+  }
   if (report) out.logprob = float(double(logits[out.token]) - log_z);
   return out;
 }
 
+bool Sampler::penalises() const {
+  const SamplingParams& p = params_;
+  const bool neutral =
+      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+  return !neutral && p.repeat_last_n != 0;
+}
+
 // log(sum(exp(logits))) of the raw logits: the model's own distribution, which logprobs report.
 double Sampler::log_normaliser(std::span<const float> logits, float max_logit) {
-  double sum = 0.0;  // float exp (fast, and exact to an ulp), summed in double
-  for (float logit : logits) sum += std::exp(logit - max_logit);
+  // float exp (a couple of ulp), summed in double
+  const double sum = sum_over(logits, [&](float logit) { return shifted_exp(logit - max_logit); });
   return max_logit + std::log(sum);
 }
 
@@ -97,11 +161,8 @@ void Sampler::report_alternatives(std::span<const float> logits, double log_z, S
 // CTRL-style repetition penalty, then OpenAI's presence and frequency penalties, once per
 // distinct token of the last repeat_last_n tokens.
 void Sampler::apply_penalties(std::span<const int32_t> history) {
+  if (!penalises()) return;
   const SamplingParams& p = params_;
-  const bool neutral =
-      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
-  if (neutral || p.repeat_last_n == 0) return;
-
   const size_t vocab = scratch_.size();
   const size_t window =
       p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
@@ -126,11 +187,27 @@ void Sampler::apply_penalties(std::span<const int32_t> history) {
   }
 }
 
-int32_t Sampler::argmax() const {
-  int32_t best = 0;
-  for (size_t i = 1; i < scratch_.size(); ++i)
-    if (scratch_[i] > scratch_[best]) best = int32_t(i);  // strict: ties keep the lowest id
-  return best;
+// Moves the most likely candidates, enough to hold `mass` of the weight, to the front of
+// order_[0, n) (every id, no top-k) and sorts them most likely first; returns how many. Buckets
+// of weight (weight_bucket) say where that prefix ends without sorting the vocabulary: the
+// candidates from that bucket up, and the bucket below in case the bucket sums round short.
+size_t Sampler::sort_likeliest(size_t n, double mass) {
+  bucket_mass_.assign(kWeightBuckets, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const float weight = scratch_[order_[i]];
+    bucket_mass_[weight_bucket(weight)] += weight;
+  }
+  int edge = kWeightBuckets - 1;
+  for (double above = 0.0; edge > 0; --edge) {
+    above += bucket_mass_[edge];
+    if (above >= mass) break;
+  }
+  const int lowest = std::max(edge - 1, 0);
+  const auto begin = order_.begin();
+  const auto end = std::partition(
+      begin, begin + n, [&](int32_t id) { return weight_bucket(scratch_[id]) >= lowest; });
+  std::sort(begin, end, [this](int32_t a, int32_t b) { return more_likely(a, b); });
+  return size_t(end - begin);
 }
 
 // Top-k, softmax at the temperature, top-p, min-p, then one draw. Candidates are ordered by a
@@ -140,43 +217,47 @@ int32_t Sampler::draw() {
   const size_t vocab = scratch_.size();
   order_.resize(vocab);
   std::iota(order_.begin(), order_.end(), 0);
-  const auto more_likely = [this](int32_t a, int32_t b) {
-    return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
-  };
+  const auto likelier = [this](int32_t a, int32_t b) { return more_likely(a, b); };
   const auto begin = order_.begin();
 
   size_t n = vocab;   // candidates are order_[0, n)
   size_t sorted = 0;  // order_[0, sorted) is sorted by more_likely
   if (params_.top_k > 0 && size_t(params_.top_k) < vocab) {
     n = size_t(params_.top_k);
-    std::partial_sort(begin, begin + n, order_.end(), more_likely);
+    std::partial_sort(begin, begin + n, order_.end(), likelier);
     sorted = n;
   }
 
   // Softmax weights at the temperature, left unnormalised: the most likely candidate gets
-  // exp(0) = 1 and the others less.
-  float max_logit = scratch_[order_[0]];
-  if (sorted == 0)
-    for (size_t i = 1; i < n; ++i) max_logit = std::max(max_logit, scratch_[order_[i]]);
-  // Dividing (not multiplying by 1/T, which overflows for a tiny T) keeps exp(0 / T) = 1.
+  // exp(0) = 1 and the others less. Dividing (not multiplying by 1/T, which overflows for a
+  // tiny T) keeps exp(0 / T) = 1.
+  const float max_logit = sorted == 0 ? max_value(scratch_) : scratch_[order_[0]];
+  const float temperature = params_.temperature;
+  auto weight = [&](float logit) { return shifted_exp((logit - max_logit) / temperature); };
   double total = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    float& weight = scratch_[order_[i]];
-    weight = std::exp((weight - max_logit) / params_.temperature);
-    total += weight;
+  if (sorted == 0) {  // every id a candidate, in id order: one pass of vector code
+    for (float& x : scratch_) x = weight(x);
+    total = sum_over(scratch_, [](float x) { return x; });
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      float& x = scratch_[order_[i]];
+      x = weight(x);
+      total += x;
+    }
   }
 
   if (params_.top_p < 1.0f) {
-    // The smallest most-likely-first prefix holding top_p of the mass. Sorting goes chunk by
-    // chunk (each chunk holds the next most likely) and stops once the prefix is found.
+    // The smallest most-likely-first prefix holding top_p of the mass. Without top-k, only the
+    // likeliest candidates get sorted; should rounding leave them short of the mass, the rest
+    // are sorted too.
     const double target = double(params_.top_p) * total;
+    if (sorted == 0) sorted = sort_likeliest(n, target);
     double kept_mass = 0.0;
     size_t kept = 0;
     while (kept < n) {
       if (kept == sorted) {
-        const size_t next = std::min(n, std::max<size_t>(2 * sorted, 64));
-        std::partial_sort(begin + sorted, begin + next, begin + n, more_likely);
-        sorted = next;
+        std::sort(begin + sorted, begin + n, likelier);
+        sorted = n;
       }
       kept_mass += scratch_[order_[kept++]];
       if (kept_mass >= target) break;

@@ -61,14 +61,20 @@ class Sampler {
  private:
   static double log_normaliser(std::span<const float> logits, float max_logit);
   void report_alternatives(std::span<const float> logits, double log_z, SampledToken& out);
+  bool penalises() const;  // any penalty set, over a window of at least one token
   void apply_penalties(std::span<const int32_t> history);
-  int32_t argmax() const;
+  // The candidates' strict total order: higher scratch_ value first, then the lower id.
+  bool more_likely(int32_t a, int32_t b) const {
+    return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
+  }
+  size_t sort_likeliest(size_t n, double mass);
   int32_t draw();
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> scratch_;          // per token id: penalised logit, then probability
   std::vector<int32_t> order_;          // candidate token ids
+  std::vector<double> bucket_mass_;     // top-p: weight per bucket of weights
   std::vector<int32_t> window_counts_;  // per token id: occurrences in the penalty window
   std::vector<int32_t> window_tokens_;  // the window's distinct tokens
 };

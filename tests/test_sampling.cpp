@@ -9,6 +9,7 @@
 #include <map>
 #include <new>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -179,8 +180,8 @@ TEST(Sampling, TopPKeepsTheSmallestNucleus) {
   EXPECT_EQ(drawn_tokens(params, logits, 2000), (std::set<int32_t>{1}));
 }
 
-// A nucleus of 130 tokens out of 200, scattered over the ids, needs several rounds of the
-// chunked partial sort.
+// A nucleus of 130 tokens out of 200, scattered over the ids, with weights so close that the
+// nucleus ends inside one of the buckets the sampler sorts by.
 TEST(Sampling, TopPFindsALargeNucleus) {
   const int vocab = 200, nucleus = 130;
   std::vector<float> logits(vocab, 0.0f);
@@ -195,6 +196,38 @@ TEST(Sampling, TopPFindsALargeNucleus) {
   std::set<int32_t> expected;
   for (int rank = 0; rank < nucleus; ++rank) expected.insert((rank * 37) % vocab);
   EXPECT_EQ(drawn_tokens(params, logits, 30000), expected);
+}
+
+// LLaMA's vocabulary of 32,000 words with a spread-out distribution (logits of standard
+// deviation 3): top-p 0.9 keeps 1,411 tokens at temperature 1 and 300 at 0.8, and every draw
+// comes from exactly those.
+TEST(Sampling, TopPOverALargeVocabularyDrawsOnlyFromTheNucleus) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(32000);
+  for (float& x : logits) x = normal(rng);
+  for (const float temperature : {1.0f, 0.8f}) {
+    const std::vector<double> p = softmax(logits, temperature);
+    std::vector<int32_t> by_probability(p.size());
+    std::iota(by_probability.begin(), by_probability.end(), 0);
+    std::sort(by_probability.begin(), by_probability.end(),
+              [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    // The nucleus ends at the first token that brings the mass to 0.9; top_p sits halfway
+    // between the mass without it and with it, far from rounding either way.
+    double mass = 0.0;
+    size_t nucleus = 0;
+    while (mass + p[by_probability[nucleus]] < 0.9) mass += p[by_probability[nucleus++]];
+    SamplingParams params = seeded(12);
+    params.temperature = temperature;
+    params.top_p = float(mass + p[by_probability[nucleus]] / 2);
+    ++nucleus;
+    const std::set<int32_t> expected(by_probability.begin(), by_probability.begin() + nucleus);
+    const std::set<int32_t> drawn = drawn_tokens(params, logits, 1500);
+    EXPECT_GT(nucleus, 100u) << "temperature " << temperature;
+    EXPECT_TRUE(std::includes(expected.begin(), expected.end(), drawn.begin(), drawn.end()))
+        << "temperature " << temperature << ": a draw outside the nucleus of " << nucleus;
+    EXPECT_GT(drawn.size(), 50u) << "temperature " << temperature;
+  }
 }
 
 TEST(Sampling, MinPDropsTokensBelowAShareOfTheMostLikely) {
