@@ -9,9 +9,11 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/config_overrides.h"
 #include "apps/options.h"
 #include "graph/engine.h"
 #include "graph/serve_config.h"
@@ -33,23 +35,10 @@ constexpr const char* kUsage =
     "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
     "and exit 0.";
 
-// A YAML single-quoted scalar: the override's value stays a string whatever it holds.
-std::string yaml_string(const std::string& text) {
-  std::string quoted = "'";
-  for (char c : text) {
-    if (c == '\'') quoted += '\'';
-    quoted += c;
-  }
-  quoted += '\'';
-  return quoted;
-}
-
-// The flags that name a config field, as load_serve_config overrides; --set ones last so
-// they win.
+// --host and --port, then the overrides every config-loading command takes (--set last, so
+// that it wins).
 std::vector<std::string> overrides_from(Options& options) {
   std::vector<std::string> overrides;
-  if (auto model = options.find("--model"))
-    overrides.push_back("model.path=" + yaml_string(*model));
   if (auto host = options.find("--host")) overrides.push_back("server.host=" + yaml_string(*host));
   if (options.find("--port")) {
     const int64_t port = options.integer("--port", 0);
@@ -57,16 +46,7 @@ std::vector<std::string> overrides_from(Options& options) {
       throw UsageError("--port: expected 0 (any free port) to 65535, got " + std::to_string(port));
     overrides.push_back("server.port=" + std::to_string(port));
   }
-  if (auto device = options.find("--device")) {
-    if (*device != "cpu" && *device != "cuda" && *device != "auto")
-      throw UsageError("--device: expected cpu, cuda or auto, got '" + *device + "'");
-    overrides.push_back("device=" + *device);
-  }
-  for (const auto& assignment : options.all("--set")) {
-    if (assignment.find('=') == std::string::npos)
-      throw UsageError("--set: expected section.key=value, got '" + assignment + "'");
-    overrides.push_back(assignment);
-  }
+  for (auto& assignment : config_overrides(options)) overrides.push_back(std::move(assignment));
   return overrides;
 }
 
