@@ -4,7 +4,9 @@
 
 namespace pipeline {
 
-int run_command(int argc, char** argv);         // pipeline run CONFIG [...]: serve over HTTP
+int run_command(int argc, char** argv);  // pipeline run CONFIG [...]: serve over HTTP
+// pipeline batch CONFIG --input FILE --output FILE: offline generation over an OpenAI batch file
+int batch_command(int argc, char** argv);
 int generate_command(int argc, char** argv);    // pipeline generate --model DIR --prompt TEXT
 int graph_command(int argc, char** argv);       // pipeline graph CONFIG [--dot]
 int make_model_command(int argc, char** argv);  // pipeline make-model --shape NAME --out DIR

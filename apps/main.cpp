@@ -17,6 +17,7 @@ struct Subcommand {
 
 constexpr Subcommand kSubcommands[] = {
     {"run", pipeline::run_command, "serve a model over an OpenAI-compatible HTTP API"},
+    {"batch", pipeline::batch_command, "run an OpenAI batch file (JSONL) offline, resumably"},
     {"generate", pipeline::generate_command, "complete one prompt and print the text"},
     {"graph", pipeline::graph_command, "print a config's flow graph (text or --dot)"},
     {"make-model", pipeline::make_model_command,

@@ -1,0 +1,133 @@
+// `pipeline batch CONFIG --input FILE --output FILE`: offline generation over an OpenAI batch
+// file with the engine a config describes. Resumable: the output is appended to, and every
+// request that already has a line there is skipped. Progress goes to stderr.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "apps/commands.h"
+#include "apps/config_overrides.h"
+#include "apps/options.h"
+#include "graph/engine.h"
+#include "graph/serve_config.h"
+#include "server/batch_file.h"
+#include "server/batch_runner.h"
+
+namespace pipeline {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: pipeline batch CONFIG --input FILE --output FILE [--model DIR]\n"
+    "                      [--device cpu|cuda|auto] [--set section.key=value ...]\n"
+    "Runs every request of an OpenAI batch input file through the model CONFIG describes and\n"
+    "appends one result line per request to the output, as each finishes.\n"
+    "  --input FILE    JSONL, one request a line: {\"custom_id\": ..., \"method\": \"POST\",\n"
+    "                  \"url\": \"/v1/chat/completions\" or \"/v1/completions\", \"body\": {...}}\n"
+    "  --output FILE   JSONL, one {\"id\", \"custom_id\", \"response\": {\"status_code\",\n"
+    "                  \"request_id\", \"body\"}, \"error\"} a request. Requests it already holds\n"
+    "                  are skipped, so the same command resumes an interrupted batch.\n"
+    "  --model DIR     model.path: a Hugging Face model folder\n"
+    "  --device D      device: cpu, cuda or auto\n"
+    "  --set K=V       any config field, e.g. --set scheduler.max_num_seqs=32 (repeatable)\n"
+    "SIGINT or SIGTERM: submit nothing more, finish the requests in flight\n"
+    "(server.shutdown_grace_s), write their lines and exit 130.";
+
+constexpr auto kReportPeriod = std::chrono::seconds(2);
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void request_stop(int) {
+  g_stop.store(true);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "37/100 done, 2 failed, 8 in flight, 12034 tokens (412 tok/s), 29 s, about 50 s left"
+void print_progress(const BatchProgress& p, double seconds) {
+  std::string eta;
+  if (p.written > 0 && p.written < p.total)
+    eta = ", about " +
+          std::to_string(int(seconds / double(p.written) * double(p.total - p.written) + 0.5)) +
+          " s left";
+  std::fprintf(stderr,
+               "pipeline batch: %zu/%zu done, %zu failed, %zu in flight, %llu tokens (%.0f "
+               "tok/s), %.0f s%s\n",
+               p.written, p.total, p.failed, p.in_flight,
+               static_cast<unsigned long long>(p.completion_tokens),
+               seconds > 0 ? double(p.completion_tokens) / seconds : 0.0, seconds, eta.c_str());
+}
+
+// The inputs whose custom_id has no line in the output file yet.
+std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
+                                      const std::string& output_file) {
+  std::set<std::string> ids;
+  for (const auto& input : inputs) ids.insert(input.custom_id);
+  const std::set<std::string> finished = finished_in_output(output_file, ids);
+  std::vector<BatchInput> todo;
+  for (const auto& input : inputs)
+    if (!finished.contains(input.custom_id)) todo.push_back(input);
+  return todo;
+}
+
+}  // namespace
+
+int batch_command(int argc, char** argv) {
+  Options options(argc, argv, kUsage);
+  if (options.help()) return 0;
+  const std::string config_file = options.positional(1, 1)[0];
+  const std::string input_file = options.required("--input");
+  const std::string output_file = options.required("--output");
+  const std::vector<std::string> overrides = config_overrides(options);
+  options.finish();
+  const ServeConfig config = load_serve_config(config_file, overrides);
+
+  // Both files are checked before the model loads.
+  const std::vector<BatchInput> inputs = read_batch_input(input_file);
+  const std::vector<BatchInput> todo = not_in_output(inputs, output_file);
+  if (todo.empty()) {
+    std::fprintf(stderr, "pipeline batch: all %zu requests of %s already have results in %s\n",
+                 inputs.size(), input_file.c_str(), output_file.c_str());
+    return 0;
+  }
+  const size_t finished = inputs.size() - todo.size();
+  if (finished > 0)
+    std::fprintf(stderr, "pipeline batch: resuming: %zu of %zu requests already have results\n",
+                 finished, inputs.size());
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> output(std::fopen(output_file.c_str(), "a"),
+                                                               &std::fclose);
+  if (!output) throw std::runtime_error(output_file + ": cannot open the batch output file");
+
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  Engine engine(config);
+  const auto start = std::chrono::steady_clock::now();
+  BatchRunner runner(engine, input_file, output.get());
+  const BatchProgress progress =
+      runner.run(todo, g_stop, kReportPeriod,
+                 [&](const BatchProgress& p) { print_progress(p, seconds_since(start)); });
+  const size_t done = finished + progress.written;
+  if (progress.interrupted) {
+    std::fprintf(stderr,
+                 "pipeline batch: interrupted: %zu of %zu requests have results in %s; run the "
+                 "same command again for the rest\n",
+                 done, inputs.size(), output_file.c_str());
+    return 130;
+  }
+  const std::string failures = progress.failed == 0 ? ""
+                                                    : "; " + std::to_string(progress.failed) +
+                                                          " failed, their lines carry the error";
+  std::fprintf(stderr,
+               "pipeline batch: done: all %zu requests have results in %s (%zu this run%s)\n",
+               inputs.size(), output_file.c_str(), progress.written, failures.c_str());
+  return 0;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,140 @@
+#include "server/batch_file.h"
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace pipeline {
+namespace {
+
+using json = nlohmann::json;
+
+BatchFileError error_at(const std::filesystem::path& file, int line, const std::string& what) {
+  return BatchFileError(file.string() + ":" + std::to_string(line) + ": " + what);
+}
+
+// nlohmann's parse message without its "[json.exception.parse_error.101] " prefix.
+std::string parse_problem(const json::parse_error& e) {
+  std::string message = e.what();
+  if (const size_t end = message.find("] "); message.starts_with("[json") && end != message.npos)
+    message.erase(0, end + 2);
+  return message;
+}
+
+bool blank(const std::string& text) {
+  return text.find_first_not_of(" \t\r") == std::string::npos;
+}
+
+// The line as a JSON object, or why it is not one.
+json parse_object(const std::filesystem::path& file, int number, const std::string& text) {
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw error_at(file, number, "not JSON: " + parse_problem(e));
+  }
+  if (!value.is_object()) throw error_at(file, number, "not a JSON object");
+  return value;
+}
+
+std::string required_string(const std::filesystem::path& file, int number, const json& object,
+                            const char* field) {
+  const auto found = object.find(field);
+  if (found == object.end() || !found->is_string() || found->get<std::string>().empty())
+    throw error_at(file, number, std::string(field) + ": required, a non-empty string");
+  return found->get<std::string>();
+}
+
+}  // namespace
+
+std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw BatchFileError(file.string() + ": cannot open the batch input file");
+  std::vector<BatchInput> inputs;
+  std::map<std::string, int> first_line;  // custom_id -> its line
+  std::string text;
+  for (int number = 1; std::getline(in, text); ++number) {
+    if (blank(text)) continue;
+    const json object = parse_object(file, number, text);
+    BatchInput input;
+    input.line = number;
+    input.custom_id = required_string(file, number, object, "custom_id");
+    if (const auto [at, added] = first_line.emplace(input.custom_id, number); !added)
+      throw error_at(file, number,
+                     "custom_id: '" + input.custom_id + "' is already on line " +
+                         std::to_string(at->second) + "; every request needs its own");
+    if (required_string(file, number, object, "method") != "POST")
+      throw error_at(file, number, "method: must be \"POST\"");
+    const std::string url = required_string(file, number, object, "url");
+    if (url == "/v1/chat/completions")
+      input.endpoint = Endpoint::ChatCompletions;
+    else if (url == "/v1/completions")
+      input.endpoint = Endpoint::Completions;
+    else
+      throw error_at(file, number,
+                     "url: '" + url + "' is not /v1/chat/completions or /v1/completions");
+    const auto body = object.find("body");
+    if (body == object.end() || !body->is_object())
+      throw error_at(file, number, "body: required, the request as a JSON object");
+    input.body = *body;
+    inputs.push_back(std::move(input));
+  }
+  if (in.bad()) throw BatchFileError(file.string() + ": read error");
+  if (inputs.empty()) throw BatchFileError(file.string() + ": no requests in the batch input file");
+  return inputs;
+}
+
+std::set<std::string> finished_in_output(const std::filesystem::path& file,
+                                         const std::set<std::string>& expected) {
+  std::set<std::string> finished;
+  if (!std::filesystem::exists(file)) return finished;
+  std::string contents;
+  {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw BatchFileError(file.string() + ": cannot open the batch output file");
+    std::ostringstream all;
+    all << in.rdbuf();
+    contents = all.str();
+  }
+  // Everything after the last newline was being written when the run stopped.
+  const size_t complete = contents.rfind('\n') == std::string::npos ? 0 : contents.rfind('\n') + 1;
+  if (complete < contents.size()) {
+    std::filesystem::resize_file(file, complete);
+    contents.resize(complete);
+  }
+  std::istringstream lines(contents);
+  std::map<std::string, int> first_line;
+  std::string text;
+  for (int number = 1; std::getline(lines, text); ++number) {
+    if (blank(text)) continue;
+    const json object = parse_object(file, number, text);
+    const auto custom_id = object.find("custom_id");
+    if (custom_id == object.end() || !custom_id->is_string() || !object.contains("response"))
+      throw error_at(file, number, "not a result line: no custom_id and response");
+    const std::string id = custom_id->get<std::string>();
+    if (!expected.contains(id))
+      throw error_at(file, number,
+                     "custom_id: '" + id +
+                         "' is not in the batch input; is this the output of another batch?");
+    if (const auto [at, added] = first_line.emplace(id, number); !added)
+      throw error_at(
+          file, number,
+          "custom_id: '" + id + "' already has a result on line " + std::to_string(at->second));
+    finished.insert(id);
+  }
+  return finished;
+}
+
+std::string batch_output_line(const BatchInput& input, const std::string& request_id,
+                              int status_code, const nlohmann::json& body) {
+  const json line = {{"id", "batch_req_" + std::to_string(input.line)},
+                     {"custom_id", input.custom_id},
+                     {"response",
+                      {{"status_code", status_code},
+                       {"request_id", request_id.empty() ? json(nullptr) : json(request_id)},
+                       {"body", body}}},
+                     {"error", nullptr}};
+  return to_json_text(line) + "\n";
+}
+
+}  // namespace pipeline

@@ -1,0 +1,52 @@
+// OpenAI's batch file format, without an engine. The input is JSONL, one request a line:
+//   {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+// The output is JSONL too, one line per request in the order they finish:
+//   {"id": "batch_req_7", "custom_id": "q1",
+//    "response": {"status_code": 200, "request_id": "chatcmpl-3", "body": {...}}, "error": null}
+// where a request the API refused has its status and OpenAI's error object as the body. The
+// output is also the batch's record of what is done: a rerun skips every custom_id it holds.
+#pragma once
+
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/openai_protocol.h"
+
+namespace pipeline {
+
+// A batch file that cannot be used as it is; the message names the file, line and field.
+class BatchFileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct BatchInput {
+  int line = 0;  // 1-based line in the input file
+  std::string custom_id;
+  Endpoint endpoint = Endpoint::ChatCompletions;
+  nlohmann::json body;  // a JSON object; the API checks its fields when the request runs
+};
+
+// Every request of the input file, in file order; blank lines are skipped. Throws
+// BatchFileError on a line that is not a JSON object, or whose custom_id (a non-empty string,
+// unique in the file), method ("POST"), url (/v1/chat/completions or /v1/completions) or body
+// (an object) is missing or wrong.
+std::vector<BatchInput> read_batch_input(const std::filesystem::path& file);
+
+// The custom_ids that already have a line in the output file (none when it does not exist).
+// A last line cut short (no newline at its end: a run stopped while writing it) is removed from
+// the file. Throws BatchFileError on any other line that is not a result, or whose custom_id is
+// not in `expected` (the output of another batch).
+std::set<std::string> finished_in_output(const std::filesystem::path& file,
+                                         const std::set<std::string>& expected);
+
+// One output line, newline included. `request_id` empty: null (the request never started).
+std::string batch_output_line(const BatchInput& input, const std::string& request_id,
+                              int status_code, const nlohmann::json& body);
+
+}  // namespace pipeline

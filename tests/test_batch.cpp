@@ -1,0 +1,359 @@
+// Offline batches: the batch file formats (every input problem named by file, line and field;
+// the output as the record of what is done, a torn last line dropped), and `pipeline batch` on
+// stories260K: answers equal to the API's, refusals as error lines, a resumed run that does
+// only what is missing, and SIGINT that leaves a batch a rerun completes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/batch_file.h"
+#include "tests/support/command.h"
+#include "tests/support/server_process.h"
+#include "tests/support/shared_data.h"
+
+namespace pipeline {
+namespace {
+
+using json = nlohmann::json;
+using testing::make_temp_dir;
+using testing::run_pipeline;
+using testing::run_shell;
+using testing::shell_quoted;
+
+class BatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir("batch"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path write(const std::string& name, const std::string& text) {
+    const auto path = dir_ / name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  // The message read_batch_input throws for a file of `text`.
+  std::string input_error(const std::string& text) {
+    const auto path = write("in.jsonl", text);
+    try {
+      read_batch_input(path);
+    } catch (const BatchFileError& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+
+  std::filesystem::path dir_;
+};
+
+// prefix + number, built by appending (GCC 12 warns falsely about "literal" + std::string).
+std::string numbered(const char* prefix, size_t number) {
+  std::string text = prefix;
+  text += std::to_string(number);
+  return text;
+}
+
+std::string request_line(const std::string& custom_id, const std::string& url, const json& body) {
+  return json{{"custom_id", custom_id}, {"method", "POST"}, {"url", url}, {"body", body}}.dump() +
+         "\n";
+}
+
+std::vector<json> lines_of(const std::filesystem::path& file) {
+  std::vector<json> lines;
+  std::ifstream in(file);
+  for (std::string text; std::getline(in, text);) lines.push_back(json::parse(text));
+  return lines;
+}
+
+std::string contents(const std::filesystem::path& file) {
+  std::ostringstream all;
+  all << std::ifstream(file, std::ios::binary).rdbuf();
+  return all.str();
+}
+
+TEST_F(BatchTest, InputLinesAreReadInOrderSkippingBlankOnes) {
+  const json body = {{"model", "m"}, {"prompt", "x"}};
+  const auto path = write("in.jsonl", request_line("a", "/v1/chat/completions", body) + "\n  \n" +
+                                          request_line("b", "/v1/completions", body));
+  const auto inputs = read_batch_input(path);
+  ASSERT_EQ(inputs.size(), 2u);
+  EXPECT_EQ(inputs[0].custom_id, "a");
+  EXPECT_EQ(inputs[0].line, 1);
+  EXPECT_EQ(inputs[0].endpoint, Endpoint::ChatCompletions);
+  EXPECT_EQ(inputs[1].custom_id, "b");
+  EXPECT_EQ(inputs[1].line, 4);  // after an empty line and one of spaces
+  EXPECT_EQ(inputs[1].endpoint, Endpoint::Completions);
+  EXPECT_EQ(inputs[1].body, body);
+}
+
+TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
+  const std::string good = request_line("a", "/v1/completions", {{"prompt", "x"}});
+  const std::string file = (dir_ / "in.jsonl").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {good + "{\"custom_id\": \"b\",", ":2: not JSON: "},
+      {good + "[1, 2]\n", ":2: not a JSON object"},
+      {good + R"({"method": "POST", "url": "/v1/completions", "body": {}})"
+              "\n",
+       ":2: custom_id: required, a non-empty string"},
+      {good + R"({"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {}})"
+              "\n",
+       ":2: custom_id: required"},
+      {good + good, ":2: custom_id: 'a' is already on line 1"},
+      {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {}})"
+       "\n",
+       ":1: method: must be \"POST\""},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}})"
+       "\n",
+       ":1: url: '/v1/embeddings' is not /v1/chat/completions or /v1/completions"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": "x"})"
+       "\n",
+       ":1: body: required, the request as a JSON object"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions"})"
+       "\n",
+       ":1: body: required"},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string message = input_error(text);
+    EXPECT_NE(message.find(file + expected), std::string::npos) << message;
+  }
+  EXPECT_NE(input_error("\n\n").find(file + ": no requests"), std::string::npos);
+  EXPECT_THROW(read_batch_input(dir_ / "missing.jsonl"), BatchFileError);
+}
+
+TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
+  const std::set<std::string> expected = {"a", "b", "c"};
+  EXPECT_TRUE(finished_in_output(dir_ / "none.jsonl", expected).empty());
+
+  BatchInput a{1, "a", Endpoint::Completions, {}}, b{2, "b", Endpoint::Completions, {}};
+  const std::string complete = batch_output_line(a, "cmpl-1", 200, {{"x", 1}}) +
+                               batch_output_line(b, "", 400, {{"error", {{"message", "no"}}}});
+  const auto out =
+      write("out.jsonl", complete + R"({"id": "batch_req_3", "custom_id": "c", "resp)");
+  EXPECT_EQ(finished_in_output(out, expected), (std::set<std::string>{"a", "b"}));
+  EXPECT_EQ(contents(out), complete);  // the torn line is gone, the rest kept byte for byte
+
+  write("other.jsonl", complete);
+  try {
+    finished_in_output(dir_ / "other.jsonl", {"a"});
+    FAIL() << "an output naming a custom_id the input lacks was accepted";
+  } catch (const BatchFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("other.jsonl:2: custom_id: 'b' is not in the batch input"),
+              std::string::npos)
+        << e.what();
+  }
+  write("bad.jsonl", "not json\n" + complete);
+  EXPECT_THROW(finished_in_output(dir_ / "bad.jsonl", expected), BatchFileError);
+  write("twice.jsonl", complete + batch_output_line(a, "cmpl-2", 200, {}));
+  EXPECT_THROW(finished_in_output(dir_ / "twice.jsonl", expected), BatchFileError);
+}
+
+TEST_F(BatchTest, OutputLineHasOpenAIsBatchShape) {
+  BatchInput input{4, "q", Endpoint::ChatCompletions, {}};
+  const std::string text = batch_output_line(input, "chatcmpl-9", 200, {{"object", "x"}});
+  ASSERT_EQ(text.back(), '\n');
+  const json line = json::parse(text);
+  EXPECT_EQ(line["id"], "batch_req_4");
+  EXPECT_EQ(line["custom_id"], "q");
+  EXPECT_EQ(line["response"]["status_code"], 200);
+  EXPECT_EQ(line["response"]["request_id"], "chatcmpl-9");
+  EXPECT_EQ(line["response"]["body"]["object"], "x");
+  EXPECT_TRUE(line["error"].is_null());
+  EXPECT_TRUE(
+      json::parse(batch_output_line(input, "", 400, {}))["response"]["request_id"].is_null());
+}
+
+// ---- `pipeline batch` on stories260K
+
+constexpr const char* kModel = "stories260K";
+
+class BatchCommandTest : public BatchTest {
+ protected:
+  void SetUp() override {
+    BatchTest::SetUp();
+    config_ = write("batch.yaml",
+                    testing::stories_config("scheduler:\n  window_ms: 10\n  max_num_seqs: 16\n"
+                                            "  max_batch: 16\n"));
+  }
+  testing::CommandResult batch(const std::filesystem::path& in, const std::filesystem::path& out) {
+    return run_pipeline(
+        {"batch", config_.string(), "--input", in.string(), "--output", out.string()});
+  }
+  std::filesystem::path config_;
+};
+
+json completion(const std::string& prompt, int max_tokens) {
+  return {{"model", kModel}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+json chat(const std::string& question, int max_tokens) {
+  return {{"model", kModel},
+          {"messages", {{{"role", "user"}, {"content", question}}}},
+          {"max_tokens", max_tokens},
+          {"temperature", 0}};
+}
+
+// Six requests the model answers (greedy), and two the API refuses.
+std::string mixed_batch() {
+  std::string text;
+  const std::vector<std::string> prompts = {"Once upon a time", "The dog", "Lily wanted to",
+                                            "One day"};
+  for (size_t i = 0; i < prompts.size(); ++i)
+    text += request_line(numbered("c", i), "/v1/completions", completion(prompts[i], 24));
+  text += request_line("chat0", "/v1/chat/completions", chat("Tell me a story.", 24));
+  text += request_line("chat1", "/v1/chat/completions", chat("What is a cat?", 24));
+  json hot = completion("x", 4);
+  hot["temperature"] = 5;
+  text += request_line("too-hot", "/v1/completions", hot);
+  json streamed = chat("x", 4);
+  streamed["stream"] = true;
+  text += request_line("streamed", "/v1/chat/completions", streamed);
+  return text;
+}
+
+std::map<std::string, json> by_custom_id(const std::vector<json>& lines) {
+  std::map<std::string, json> results;
+  for (const auto& line : lines) results[line["custom_id"]] = line;
+  return results;
+}
+
+TEST_F(BatchCommandTest, AnswersEveryRequestAsTheApiWouldAndRefusalsAsErrorLines) {
+  const auto in = write("in.jsonl", mixed_batch());
+  const auto out = dir_ / "out.jsonl";
+  const auto result = batch(in, out);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("done: all 8 requests have results"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("(8 this run; 2 failed, their lines carry the error)"),
+            std::string::npos)
+      << result.err;
+  const auto lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 8u);
+  auto results = by_custom_id(lines);
+  ASSERT_EQ(results.size(), 8u);
+
+  // A completion's text is `pipeline generate`'s, greedy, as the server's is.
+  const auto reference =
+      run_pipeline({"generate", "--model", testing::shared_path("models/stories260K").string(),
+                    "--device", "cpu", "--temperature", "0", "--json", "--max-tokens", "24",
+                    "--prompt", "Once upon a time"});
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const json& c0 = results["c0"]["response"];
+  EXPECT_EQ(c0["status_code"], 200);
+  EXPECT_EQ(c0["body"]["object"], "text_completion");
+  EXPECT_EQ(c0["body"]["choices"][0]["text"], json::parse(reference.out)["text"]);
+  EXPECT_EQ(c0["request_id"], c0["body"]["id"]);
+  for (const char* id : {"c1", "c2", "c3"}) {
+    EXPECT_EQ(results[id]["response"]["status_code"], 200) << id;
+    EXPECT_FALSE(results[id]["response"]["body"]["choices"][0]["text"].get<std::string>().empty());
+  }
+  for (const char* id : {"chat0", "chat1"}) {
+    const json& body = results[id]["response"]["body"];
+    EXPECT_EQ(body["object"], "chat.completion") << id;
+    EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant") << id;
+    EXPECT_GT(body["usage"]["completion_tokens"].get<int>(), 0) << id;
+  }
+  const json& hot = results["too-hot"]["response"];
+  EXPECT_EQ(hot["status_code"], 400);
+  EXPECT_EQ(hot["body"]["error"]["param"], "temperature");
+  EXPECT_TRUE(hot["request_id"].is_null());
+  EXPECT_EQ(results["streamed"]["response"]["body"]["error"]["param"], "stream");
+  // The refusals are named on stderr by their line.
+  EXPECT_NE(result.err.find("in.jsonl:7 (custom_id too-hot) failed with 400"), std::string::npos)
+      << result.err;
+
+  // Run again: nothing left to do, the model is not even loaded.
+  const auto again = batch(in, out);
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_NE(again.err.find("all 8 requests of"), std::string::npos) << again.err;
+  EXPECT_EQ(lines_of(out).size(), 8u);
+}
+
+TEST_F(BatchCommandTest, ResumesWithOnlyWhatIsMissing) {
+  const auto in = write("in.jsonl", mixed_batch());
+  const auto full = dir_ / "full.jsonl";
+  ASSERT_EQ(batch(in, full).exit_code, 0);
+  // As an interrupted run leaves it: three lines, and a fourth cut off while being written.
+  std::istringstream lines(contents(full));
+  std::string kept, text;
+  for (int i = 0; i < 3 && std::getline(lines, text); ++i) kept += text + "\n";
+  std::getline(lines, text);
+  const auto out = write("out.jsonl", kept + text.substr(0, text.size() / 2));
+
+  const auto result = batch(in, out);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("resuming: 3 of 8 requests already have results"), std::string::npos)
+      << result.err;
+  const std::string resumed = contents(out);
+  EXPECT_EQ(resumed.substr(0, kept.size()), kept);  // what was done stays as it was
+  const auto after = lines_of(out);
+  ASSERT_EQ(after.size(), 8u);
+  const auto results = by_custom_id(after);
+  ASSERT_EQ(results.size(), 8u);  // every request once
+  // Greedy answers do not depend on which run produced them.
+  for (auto [id, line] : by_custom_id(lines_of(full))) {
+    const json& body = results.at(id)["response"]["body"];
+    if (line["response"]["status_code"] != 200) continue;
+    EXPECT_EQ(body["choices"][0].value("text", ""),
+              line["response"]["body"]["choices"][0].value("text", ""))
+        << id;
+    EXPECT_EQ(body["choices"][0].value("message", json::object()).value("content", ""),
+              line["response"]["body"]["choices"][0]
+                  .value("message", json::object())
+                  .value("content", ""))
+        << id;
+  }
+}
+
+TEST_F(BatchCommandTest, UsageAndInputErrorsStopBeforeTheModelLoads) {
+  auto result = run_pipeline({"batch", config_.string(), "--output", (dir_ / "o").string()});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--input"), std::string::npos) << result.err;
+  const auto in = write("in.jsonl", request_line("a", "/v1/completions", completion("x", 4)) +
+                                        "{\"custom_id\": \"b\"}\n");
+  result = batch(in, dir_ / "out.jsonl");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("in.jsonl:2: method: required"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("engine:"), std::string::npos) << "the model loaded: " << result.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "out.jsonl"));
+}
+
+// SIGINT once the first results are written: the run stops submitting, writes what is in flight
+// and exits 130 with every line whole; the same command then finishes the batch.
+TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) {
+    json body = completion(numbered("Once upon a time ", size_t(i)), 64);
+    body["ignore_eos"] = true;
+    text += request_line(numbered("r", size_t(i)), "/v1/completions", body);
+  }
+  const auto in = write("in.jsonl", text);
+  const auto out = dir_ / "out.jsonl";
+  const std::string command = shell_quoted(testing::pipeline_binary().string()) + " batch " +
+                              shell_quoted(config_.string()) + " --input " +
+                              shell_quoted(in.string()) + " --output " + shell_quoted(out.string());
+  const auto interrupted =
+      run_shell(command + " 2>&1 & pid=$!; while [ ! -s " + shell_quoted(out.string()) +
+                " ]; do sleep 0.02; done; kill -INT $pid; wait $pid; echo \"exit $?\"");
+  EXPECT_NE(interrupted.out.find("exit 130"), std::string::npos) << interrupted.out;
+  EXPECT_NE(interrupted.out.find("interrupted: "), std::string::npos) << interrupted.out;
+  const auto partial = lines_of(out);  // every line parses: none was cut
+  EXPECT_GT(partial.size(), 0u);
+  EXPECT_LT(partial.size(), 300u);
+  for (const auto& line : partial) EXPECT_EQ(line["response"]["status_code"], 200);
+
+  const auto finished = batch(in, out);
+  ASSERT_EQ(finished.exit_code, 0) << finished.err;
+  const auto all = lines_of(out);
+  EXPECT_EQ(all.size(), 300u);
+  EXPECT_EQ(by_custom_id(all).size(), 300u);
+  for (const auto& line : all)
+    EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 64) << line["custom_id"];
+}
+
+}  // namespace
+}  // namespace pipeline
