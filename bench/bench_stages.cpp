@@ -159,6 +159,13 @@ struct StageBench {
     return seq;
   }
 
+  // `count` requests of a 32-word question, tokenized.
+  std::vector<SequencePtr> tokenized_requests(int count, const SamplingParams& sampling) {
+    std::vector<SequencePtr> seqs;
+    for (int i = 0; i < count; ++i) seqs.push_back(tokenized(32, sampling));
+    return seqs;
+  }
+
   ServeConfig config;
   Tokenizer tokenizer;
   FixedLogitsRunner runner;
@@ -256,7 +263,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
     }
     return result;
   };
-  for (int i = 0; i < seqs; ++i) (*stage)(Tokenized{b->tokenized(32, greedy())}, gateway);
+  for (auto& seq : b->tokenized_requests(seqs, greedy())) (*stage)(Tokenized{seq}, gateway);
   // Answer prefills until all the sequences decode together.
   std::vector<SequencePtr> running;
   for (;;) {
@@ -291,8 +298,7 @@ void model_stage(benchmark::State& state, const char* name, bool prefill) {
   if (!b) return;
   const int seqs = int(state.range(0));
   const SamplingParams sampling = state.range(1) ? nucleus() : greedy();
-  std::vector<SequencePtr> work;
-  for (int i = 0; i < seqs; ++i) work.push_back(b->tokenized(32, sampling));
+  const std::vector<SequencePtr> work = b->tokenized_requests(seqs, sampling);
   auto stage = b->make(name);
   Message message;
   if (prefill) {
@@ -323,8 +329,7 @@ void BM_Stage_detokenize(benchmark::State& state) {
   StageBench* b = bench(state);
   if (!b) return;
   const int seqs = int(state.range(0));
-  std::vector<SequencePtr> work;
-  for (int i = 0; i < seqs; ++i) work.push_back(b->tokenized(32, greedy()));
+  const std::vector<SequencePtr> work = b->tokenized_requests(seqs, greedy());
   const std::vector<int32_t> text = b->tokenizer.encode(prose(4096), /*add_bos=*/false);
   auto stage = b->make("detokenize");
   int index = 0;
@@ -347,8 +352,7 @@ void BM_Stage_emit(benchmark::State& state) {
   StageBench* b = bench(state);
   if (!b) return;
   const int seqs = int(state.range(0));
-  std::vector<SequencePtr> work;
-  for (int i = 0; i < seqs; ++i) work.push_back(b->tokenized(32, greedy()));
+  const std::vector<SequencePtr> work = b->tokenized_requests(seqs, greedy());
   auto stage = b->make("emit");
   uint64_t index = 0;
   for (auto _ : state) {
