@@ -82,7 +82,8 @@ class FixedLogitsRunner final : public ModelRunner {
   std::mt19937 rng_{42};
 };
 
-// Counts what reaches it and keeps nothing, so emit's figure is emit's own work.
+// Counts the deltas that reach it and keeps nothing, so emit's figure is emit's own work and
+// the benchmark can check that every delta arrived.
 class CountingSink final : public RequestSink {
  public:
   void on_delta(Delta) override { ++deltas; }
@@ -343,6 +344,9 @@ void BM_Stage_detokenize(benchmark::State& state) {
     ++index;
     (*stage)(std::move(result), [](Message m) { benchmark::DoNotOptimize(m); });
   }
+  for (const auto& seq : work)
+    if (seq->text->completion_tokens != index)
+      state.SkipWithError("detokenize did not take every token in order");
   state.SetItemsProcessed(state.iterations() * seqs);
 }
 BENCHMARK(BM_Stage_detokenize)->Arg(1)->Arg(16)->Arg(64)->Unit(benchmark::kMicrosecond);
@@ -361,6 +365,9 @@ void BM_Stage_emit(benchmark::State& state) {
     ++index;
     (*stage)(std::move(events), [](Message) {});
   }
+  for (const auto& seq : work)
+    if (static_cast<CountingSink&>(*seq->request->sink).deltas != index)
+      state.SkipWithError("emit did not deliver every delta to its sink");
   state.SetItemsProcessed(state.iterations() * seqs);
 }
 BENCHMARK(BM_Stage_emit)->Arg(1)->Arg(16)->Arg(64)->Unit(benchmark::kMicrosecond);
