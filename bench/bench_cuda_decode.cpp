@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -70,6 +71,8 @@ DecodeSetup make_setup() {
   const int blocks_per_seq = (s.context + 1 + options.kv_block_size - 1) / options.kv_block_size;
   options.kv_cache_blocks = kMaxBatch * blocks_per_seq;
   s.runner = make_cuda_runner(s.weights, options);
+  for (const auto& line : s.runner->setup_report())
+    std::fprintf(stderr, "bench_cuda_decode: cuda runner: %s\n", line.c_str());
 
   // Distinct random contexts, prefilled a few sequences per forward pass.
   std::mt19937 rng(1234);

@@ -72,6 +72,8 @@ Engine::Impl::Impl(const ServeConfig& cfg)
       config, runner->config(), tokenizer, *parse_chat_template(config.model.chat_template),
       *runner, *scheduler, metrics, std::random_device{}()});
   graph = std::make_unique<FlowGraph>(plan, *context, metrics);
+  for (const auto& line : runner->setup_report())
+    log_line("engine: %s: %s", runner->device_name().c_str(), line.c_str());
   log_line("engine: model %s on %s, KV cache %d blocks of %d tokens, %zu graph nodes",
            model_name.c_str(), runner->device_name().c_str(), kv.num_blocks, kv.block_size,
            plan.nodes.size());
@@ -151,7 +153,9 @@ std::string Engine::metrics_text() const {
 const Metrics& Engine::metrics() const {
   return impl_->metrics;
 }
-const Tokenizer& Engine::tokenizer() const { return impl_->tokenizer; }
+const Tokenizer& Engine::tokenizer() const {
+  return impl_->tokenizer;
+}
 
 const LlamaConfig& Engine::model_config() const {
   return impl_->runner->config();

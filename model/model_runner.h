@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "io/model_config.h"
 #include "model/batch.h"
@@ -13,10 +14,10 @@ namespace pipeline {
 // How a runner sizes itself.
 struct RunnerOptions {
   int kv_block_size = 16;
-  int kv_cache_blocks = 0;          // explicit KV pool size; 0: derive it
-  double kv_cache_fraction = 0.9;   // CUDA: share of free device memory after the weights
-  int max_num_seqs = 64;            // CPU: derive the pool from this many full contexts (capped)
-  int threads = 0;                  // CPU kernels' threads; 0: all cores
+  int kv_cache_blocks = 0;         // explicit KV pool size; 0: derive it
+  double kv_cache_fraction = 0.9;  // CUDA: share of free device memory after the weights
+  int max_num_seqs = 64;           // CPU: derive the pool from this many full contexts (capped)
+  int threads = 0;                 // CPU kernels' threads; 0: all cores
 };
 
 class ModelRunner {
@@ -28,6 +29,9 @@ class ModelRunner {
   virtual const KvCacheShape& kv_shape() const = 0;
   // "cpu" or "cuda", for logs and metrics.
   virtual std::string device_name() const = 0;
+  // What the runner chose while it set itself up (kernels timed against each other, say), a line
+  // each, for the log.
+  virtual std::vector<std::string> setup_report() const { return {}; }
 
   // Runs every sequence's new tokens, writes their K and V into the block tables' slots and
   // fills `logits` (resized here) with Batch::logit_rows() rows. Decode batches (one token

@@ -297,6 +297,8 @@ for batch, step in zip((1, 16, 64), steps):
         print(f"  {name:72} {n:4d} x {us / n:8.1f} us = {us / 1e3:6.2f} ms")
 PY
 fi
+# Which projections the runner's warm-up found faster on SkinnyGemm or on cuBLAS, per row count.
+grep -h "engine: cuda:" "$OUT/serve.log" 2>/dev/null | sed 's/^\[[^]]*\] engine: cuda: /tuned: /'
 if [[ -s $OUT/metrics.txt ]]; then
   python3 - "$OUT/metrics.txt" <<'PY'
 import re, sys

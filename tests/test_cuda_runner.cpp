@@ -18,6 +18,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -317,9 +318,10 @@ std::vector<float> as_floats(const std::vector<__nv_bfloat16>& v) {
 
 // The projections at one row (the GEMV kernel), 2..64 (SkinnyGemm, each of its builds for up
 // to 8, 16, 32 and 64 rows: 1000 inputs split the k axis across blocks, 264 do not) and more
-// (cuBLAS), bf16 and float32 results and SiLU*mul of
-// the columns taken as interleaved (gate, up) pairs, against a float64 product of the same
-// bf16 values. Sizes are not multiples of the kernels' tiles.
+// (cuBLAS), bf16 and float32 results and SiLU*mul of the columns taken as interleaved (gate, up)
+// pairs, against a float64 product of the same bf16 values. Sizes are not multiples of the
+// kernels' tiles. Then again after Gemm::tune() has timed SkinnyGemm against cuBLAS for each
+// shape and product, whichever it chose.
 TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(7);
@@ -333,11 +335,32 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {
     cuda::Gemm gemm(stream);
-    for (const auto& [in, out] : {std::pair{1000, 300}, std::pair{264, 600}}) {
+    for (const auto& [in, out, tuned] : {std::tuple{1000, 300, false}, std::tuple{264, 600, false},
+                                         std::tuple{1000, 300, true}, std::tuple{264, 600, true}}) {
       const auto w = random_bf16(size_t(out) * in);
       cuda::DeviceBuffer<__nv_bfloat16> w_d(w.size());
       ASSERT_EQ(cudaMemcpy(w_d.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice),
                 cudaSuccess);
+      if (tuned) {
+        constexpr int kRows = cuda::kSkinnyMaxRows;
+        const auto x = random_bf16(size_t(kRows) * in);
+        cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(size_t(kRows) * out),
+            act_d(size_t(kRows) * out / 2);
+        cuda::DeviceBuffer<float> y32_d(size_t(kRows) * out);
+        ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        const std::vector<const __nv_bfloat16*> weights{w_d.data()};
+        using Product = cuda::Gemm::Product;
+        for (const auto& [product, y] :
+             {std::pair<Product, void*>{Product::bf16, y16_d.data()},
+              std::pair<Product, void*>{Product::f32, y32_d.data()},
+              std::pair<Product, void*>{Product::silu_mul, act_d.data()}}) {
+          const std::string report =
+              gemm.tune(product, x_d.data(), weights, y, y16_d.data(), in, out, kRows);
+          EXPECT_NE(report.find("64 rows: SkinnyGemm "), std::string::npos) << report;
+          std::cout << in << " -> " << out << ": " << report << "\n";
+        }
+      }
       for (int rows : {1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 40, 64, 65}) {
         const auto x = random_bf16(size_t(rows) * in);
         std::vector<float> ref(size_t(rows) * out);
@@ -371,12 +394,12 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
         std::vector<__nv_bfloat16> act(ref_act.size());
         ASSERT_EQ(cudaMemcpy(act.data(), act_d.data(), act.size() * 2, cudaMemcpyDeviceToHost),
                   cudaSuccess);
-        EXPECT_LT(relative_l2(y32, ref), 1e-5) << rows << "x" << in << " -> " << out << ", float32";
-        EXPECT_LT(relative_l2(as_floats(y16), ref), 5e-3)
-            << rows << "x" << in << " -> " << out << ", bf16";
+        const std::string what = std::to_string(rows) + "x" + std::to_string(in) + " -> " +
+                                 std::to_string(out) + (tuned ? " (tuned)" : "");
+        EXPECT_LT(relative_l2(y32, ref), 1e-5) << what << ", float32";
+        EXPECT_LT(relative_l2(as_floats(y16), ref), 5e-3) << what << ", bf16";
         // cuBLAS rows round gate and up to bf16 before SiLU*mul; the epilogues do not.
-        EXPECT_LT(relative_l2(as_floats(act), ref_act), 1e-2)
-            << rows << "x" << in << " -> " << out << ", SiLU*mul of the pairs";
+        EXPECT_LT(relative_l2(as_floats(act), ref_act), 1e-2) << what << ", SiLU*mul of the pairs";
       }
     }
   }

@@ -159,10 +159,12 @@ class CudaRunner final : public ModelRunner {
   const LlamaConfig& config() const override { return config_; }
   const KvCacheShape& kv_shape() const override { return kv_shape_; }
   std::string device_name() const override { return "cuda"; }
+  std::vector<std::string> setup_report() const override { return setup_report_; }
   void forward(const Batch& batch, Logits& logits) override;
 
  private:
   void warm_up(int max_num_seqs);
+  void tune_projections();
   void ensure_capacity(int tokens, int seqs, int logit_rows);
   int decode_splits(const StepShape& shape) const;
   void run_decode(const StepShape& shape);
@@ -188,6 +190,7 @@ class CudaRunner final : public ModelRunner {
   // (batch size, decode_splits) -> eager runs, and the captured step.
   std::map<std::pair<int, int>, int> decode_sightings_;
   std::map<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_;
+  std::vector<std::string> setup_report_;  // what tune_projections() measured
 };
 
 void check_options(const RunnerOptions& o) {
@@ -279,14 +282,49 @@ void CudaRunner::warm_up(int max_num_seqs) {
   for (int b = 0; b * block_size < prompt; ++b) prefill.block_table.push_back(b);
   Logits logits;
   forward(Batch{{prefill}}, logits);
-  // One row: the GEMV; 2, 9, 17, 33: SkinnyGemm's builds for up to 8, 16, 32, 64 rows; more:
-  // cuBLAS.
+  tune_projections();  // on the activations the prefill left, not on zeros
+  // One row: the GEMV; 2, 9, 17, 33: SkinnyGemm's builds for up to 8, 16, 32, 64 rows (or
+  // cuBLAS where it was faster); more: cuBLAS.
   for (int seqs : {1, 2, 9, 17, 33, kSkinnyMaxRows + 1}) {
     if (seqs > max_num_seqs) break;
     forward(Batch{std::vector<SequenceChunk>(size_t(seqs), SequenceChunk{{0}, 0, {0}, false})},
             logits);
   }
   decode_sightings_.clear();  // serving captures its own graphs, as if from a cold start
+}
+
+// SkinnyGemm and cuBLAS, timed on each projection's shape at each SkinnyGemm build's row count;
+// Gemm sends those calls to the faster from now on. Each layer's matrix in turn, so the weights
+// come from memory as in a forward pass.
+void CudaRunner::tune_projections() {
+  NvtxRange range{"tune_projections"};
+  const LlamaConfig& c = config_;
+  Workspace& ws = *workspace_;
+  const int rows = std::min(kSkinnyMaxRows, ws.capacity.tokens);
+  std::vector<const bf16*> wqkv, wo, w_gate_up, w_down;
+  for (const DeviceLayer& layer : device_weights_.layers) {
+    wqkv.push_back(layer.wqkv.data());
+    wo.push_back(layer.wo.data());
+    w_gate_up.push_back(layer.w_gate_up.data());
+    w_down.push_back(layer.w_down.data());
+  }
+  const int H = c.hidden_size, I = c.intermediate_size;
+  const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  auto tune = [&](const char* name, Gemm::Product product, const bf16* x,
+                  const std::vector<const bf16*>& weights, void* y, int in, int out, int max_rows) {
+    const std::string report =
+        gemm_.tune(product, x, weights, y, ws.gate_up.data(), in, out, max_rows);
+    if (!report.empty())
+      setup_report_.push_back(std::string(name) + " " + std::to_string(out) + "x" +
+                              std::to_string(in) + ": " + report);
+  };
+  tune("qkv", Gemm::Product::bf16, ws.normed.data(), wqkv, ws.qkv.data(), H, qkv_dim, rows);
+  tune("o", Gemm::Product::bf16, ws.attn.data(), wo, ws.proj.data(), c.q_dim(), H, rows);
+  tune("gate_up", Gemm::Product::silu_mul, ws.normed.data(), w_gate_up, ws.act.data(), H, 2 * I,
+       rows);
+  tune("down", Gemm::Product::bf16, ws.act.data(), w_down, ws.proj.data(), I, H, rows);
+  tune("lm_head", Gemm::Product::f32, ws.normed.data(), {device_weights_.lm_head}, ws.logits.data(),
+       H, c.vocab_size, std::min(rows, ws.capacity.logit_rows));
 }
 
 CudaRunner::~CudaRunner() {

@@ -1,7 +1,8 @@
 // The projections of the forward pass: y = x . W^T with x [rows, in] and W in Hugging Face's
 // [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), 2 to 64
-// rows to SkinnyGemm, the rest through cuBLAS: one handle per stream, with its own workspace so
-// the calls can be captured into CUDA graphs.
+// rows to SkinnyGemm unless tune() found cuBLAS faster for that shape and number of rows, the
+// rest through cuBLAS: one handle per stream, with its own workspace so the calls can be
+// captured into CUDA graphs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -9,6 +10,11 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -38,14 +44,34 @@ class Gemm {
   void linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                      int in, int out);
 
+  // What a call computes: linear(), linear_f32() or linear_silu_mul().
+  enum class Product { bf16, f32, silu_mul };
+
+  // Times SkinnyGemm against cuBLAS (with the SiLU*mul kernel after it, for silu_mul) on [out,
+  // in] matrices at each SkinnyGemm build's row count up to max_rows, and from then on sends the
+  // calls of that product, shape and build to the faster. Successive calls take successive
+  // matrices of `weights` (every layer's, say), so that they come from memory, not from L2, as
+  // in a forward pass. x holds max_rows rows of `in`; y (act, for silu_mul) and gate_up take
+  // the results. Not while a graph is being captured. Returns what it measured.
+  std::string tune(Product product, const __nv_bfloat16* x,
+                   const std::vector<const __nv_bfloat16*>& weights, void* y,
+                   __nv_bfloat16* gate_up, int in, int out, int max_rows);
+
  private:
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,
            int in, int out);
+  // Whether a call goes to SkinnyGemm: it applies, and tune() did not find cuBLAS faster.
+  bool skinny_for(Product product, int rows, int in, int out) const;
+  // Milliseconds one call takes: the best of three runs of five, after two untimed; call(i) is
+  // the i-th call.
+  float time_call(const std::function<void(int)>& call);
 
   cudaStream_t stream_;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::byte> workspace_;
   SkinnyGemm skinny_;
+  // (product, in, out, SkinnyGemm build) -> cuBLAS was faster; absent: not tuned, SkinnyGemm.
+  std::map<std::tuple<Product, int, int, int>, bool> cublas_faster_;
 };
 
 }  // namespace pipeline::cuda

@@ -215,6 +215,12 @@ bool skinny_gemm_applies(int rows, int in) {
   return rows >= 2 && rows <= kSkinnyMaxRows && in % 8 == 0;
 }
 
+int skinny_build_rows(int rows) {
+  for (int build : kSkinnyBuildRows)
+    if (rows <= build) return build;
+  return kSkinnyMaxRows;
+}
+
 SkinnyGemm::SkinnyGemm(cudaStream_t stream) : stream_(stream) {
   int device = 0, sms = 0;
   PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
@@ -253,10 +259,11 @@ void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, 
   const int per_split = (in + splits - 1) / splits;
   const int k_slice = (per_split + kChunk - 1) / kChunk * kChunk;
   const dim3 grid(tiles, splits);
-  const auto kernel = rows <= 8    ? skinny_gemm_kernel<1, Out, kSiluMul>
-                      : rows <= 16 ? skinny_gemm_kernel<2, Out, kSiluMul>
-                      : rows <= 32 ? skinny_gemm_kernel<4, Out, kSiluMul>
-                                   : skinny_gemm_kernel<8, Out, kSiluMul>;
+  const int build = skinny_build_rows(rows);
+  const auto kernel = build == 8    ? skinny_gemm_kernel<1, Out, kSiluMul>
+                      : build == 16 ? skinny_gemm_kernel<2, Out, kSiluMul>
+                      : build == 32 ? skinny_gemm_kernel<4, Out, kSiluMul>
+                                    : skinny_gemm_kernel<8, Out, kSiluMul>;
   launch_dependent(kernel, grid, kThreads, 0, stream_, x, w, y, rows, in, out, k_slice,
                    partials_.data(), arrivals_.data());
 }

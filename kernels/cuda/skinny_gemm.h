@@ -13,11 +13,17 @@
 
 namespace pipeline::cuda {
 
-// The kernel is built for up to 8, 16, 32 and 64 rows (one to eight n-tiles of 8 rows).
+// The kernel is built for up to 8, 16, 32 and 64 rows (one to eight n-tiles of 8 rows); a call
+// runs the smallest build that holds its rows.
+constexpr int kSkinnyBuildRows[] = {8, 16, 32, 64};
 constexpr int kSkinnyMaxRows = 64;
 
 // True when SkinnyGemm handles this product: 2..kSkinnyMaxRows rows, `in` a multiple of 8.
 bool skinny_gemm_applies(int rows, int in);
+
+// The build a call of `rows` rows (2..kSkinnyMaxRows) runs: the smallest kSkinnyBuildRows entry
+// that holds them.
+int skinny_build_rows(int rows);
 
 // The kernel's launcher, with the scratch of its split-k reduction sized for the device. Its
 // calls go to one stream, in order, as the scratch is reused from call to call.
