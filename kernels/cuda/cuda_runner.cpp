@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_objects.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/device_weights.h"
 #include "kernels/cuda/gemm.h"
@@ -91,32 +92,6 @@ void copy_out(const float* src, size_t count, std::vector<float>& dst) {
                       std::copy(src + r.begin(), src + r.end(), dst.data() + r.begin());
                     });
 }
-
-// An owned CUDA stream.
-class Stream {
- public:
-  Stream() { PIPELINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-// An instantiated CUDA graph.
-class GraphExec {
- public:
-  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
-  ~GraphExec() { cudaGraphExecDestroy(exec_); }
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
-  void launch(cudaStream_t stream) const { PIPELINE_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
-
- private:
-  cudaGraphExec_t exec_;
-};
 
 // Device buffers of one forward pass, sized for a StepCapacity.
 struct Workspace {
@@ -397,21 +372,8 @@ void CudaRunner::run_decode(const StepShape& shape) {
       enqueue_forward(shape);
       return;
     }
-    cudaGraph_t graph = nullptr;
-    PIPELINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue_forward(shape);
-    } catch (...) {
-      cudaStreamEndCapture(stream, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    PIPELINE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    PIPELINE_CUDA_CHECK(instantiated);
-    found = decode_graphs_.emplace(key, std::make_unique<GraphExec>(exec)).first;
+    found =
+        decode_graphs_.emplace(key, capture_graph(stream, [&] { enqueue_forward(shape); })).first;
   }
   NvtxRange range{"decode_graph"};
   found->second->launch(stream);

@@ -52,7 +52,7 @@ class Gemm {
   // calls of that product, shape and build to the faster. Successive calls take successive
   // matrices of `weights` (every layer's, say), so that they come from memory, not from L2, as
   // in a forward pass. x holds max_rows rows of `in`; y (act, for silu_mul) and gate_up take
-  // the results. Not while a graph is being captured. Returns what it measured.
+  // the results. Not while the stream is being captured. Returns what it measured.
   std::string tune(Product product, const __nv_bfloat16* x,
                    const std::vector<const __nv_bfloat16*>& weights, void* y,
                    __nv_bfloat16* gate_up, int in, int out, int max_rows);
@@ -62,8 +62,8 @@ class Gemm {
            int in, int out);
   // Whether a call goes to SkinnyGemm: it applies, and tune() did not find cuBLAS faster.
   bool skinny_for(Product product, int rows, int in, int out) const;
-  // Milliseconds one call takes: the best of three runs of five, after two untimed; call(i) is
-  // the i-th call.
+  // Milliseconds one call takes: eight calls captured as a graph, the best of three replays
+  // after an untimed one; call(i) makes the i-th call.
   float time_call(const std::function<void(int)>& call);
 
   cudaStream_t stream_;

@@ -1,0 +1,71 @@
+// Owned CUDA objects (a stream, an event, an instantiated graph) and the capture of a stream's
+// work into a graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <memory>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace pipeline::cuda {
+
+class Stream {
+ public:
+  Stream() { PIPELINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { PIPELINE_CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class GraphExec {
+ public:
+  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
+  ~GraphExec() { cudaGraphExecDestroy(exec_); }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  void launch(cudaStream_t stream) const { PIPELINE_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+// What `enqueue` puts on `stream`, captured (none of it runs) and instantiated as a graph. The
+// capture is ended even when `enqueue` throws.
+inline std::unique_ptr<GraphExec> capture_graph(cudaStream_t stream,
+                                                const std::function<void()>& enqueue) {
+  cudaGraph_t graph = nullptr;
+  PIPELINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  PIPELINE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  PIPELINE_CUDA_CHECK(instantiated);
+  return std::make_unique<GraphExec>(exec);
+}
+
+}  // namespace pipeline::cuda
