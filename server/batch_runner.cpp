@@ -108,7 +108,8 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
       }
       ++next;
     }
-    if (auto finished = results.pop(std::min(next_report, Clock::now() + period))) {
+    if (progress.in_flight == 0) continue;  // all answered at submission (refusals)
+    if (auto finished = results.pop(next_report)) {
       --progress.in_flight;
       write(*finished, progress);
     }
