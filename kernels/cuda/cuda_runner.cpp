@@ -245,9 +245,8 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
 // The first call of each kernel loads its module, and cuBLAS chooses an algorithm for each new
 // shape: the last H200 run's first prefill (16 prompts of 32 tokens) took 176 ms where the
 // arithmetic needs ~15. So before serving, one prefill of kWarmUpTokens and a decode step for
-// each projection path, up to the
-// sequences the runner was made for. They write only into the first KV blocks, which no
-// sequence reads before writing its own keys there.
+// each projection path, up to the sequences the runner was made for. They write only into the first
+// KV blocks, which no sequence reads before writing its own keys there.
 void CudaRunner::warm_up(int max_num_seqs) {
   NvtxRange range{"warm_up"};
   const int block_size = kv_shape_.block_size;

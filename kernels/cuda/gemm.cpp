@@ -34,25 +34,22 @@ Gemm::~Gemm() {
 void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                   int in, int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
-  if (skinny_for(Product::bf16, rows, in, out)) return skinny_.run(x, w, y, rows, in, out);
-  linear_cublas(x, w, y, rows, in, out);
+  project(Product::bf16, !skinny_for(Product::bf16, rows, in, out), x, w, y, nullptr, rows, in,
+          out);
 }
 
 void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                       int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
-  if (skinny_for(Product::f32, rows, in, out)) return skinny_.run(x, w, y, rows, in, out);
-  run(x, w, y, CUDA_R_32F, rows, in, out);
+  project(Product::f32, !skinny_for(Product::f32, rows, in, out), x, w, y, nullptr, rows, in, out);
 }
 
 void Gemm::linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                            __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in,
                            int inter) {
   if (gemv_applies(rows, in)) return gemv_silu_mul(x, w_gate_up, act, in, inter, stream_);
-  if (skinny_for(Product::silu_mul, rows, in, 2 * inter))
-    return skinny_.run_silu_mul(x, w_gate_up, act, rows, in, inter);
-  linear_cublas(x, w_gate_up, gate_up, rows, in, 2 * inter);
-  silu_mul(gate_up, rows, inter, act, stream_);
+  project(Product::silu_mul, !skinny_for(Product::silu_mul, rows, in, 2 * inter), x, w_gate_up, act,
+          gate_up, rows, in, 2 * inter);
 }
 
 void Gemm::linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
@@ -70,6 +67,23 @@ void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaData
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void Gemm::project(Product product, bool cublas, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                   void* y, __nv_bfloat16* gate_up, int rows, int in, int out) {
+  auto* y16 = static_cast<__nv_bfloat16*>(y);
+  switch (product) {
+    case Product::bf16:
+      return cublas ? run(x, w, y, CUDA_R_16BF, rows, in, out)
+                    : skinny_.run(x, w, y16, rows, in, out);
+    case Product::f32:
+      return cublas ? run(x, w, y, CUDA_R_32F, rows, in, out)
+                    : skinny_.run(x, w, static_cast<float*>(y), rows, in, out);
+    case Product::silu_mul:
+      if (!cublas) return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2);
+      run(x, w, gate_up, CUDA_R_16BF, rows, in, out);
+      return silu_mul(gate_up, rows, out / 2, y16, stream_);
+  }
+}
+
 bool Gemm::skinny_for(Product product, int rows, int in, int out) const {
   if (!skinny_gemm_applies(rows, in)) return false;
   const auto tuned = cublas_faster_.find({product, in, out, skinny_build_rows(rows)});
@@ -79,32 +93,15 @@ bool Gemm::skinny_for(Product product, int rows, int in, int out) const {
 std::string Gemm::tune(Product product, const __nv_bfloat16* x,
                        const std::vector<const __nv_bfloat16*>& weights, void* y,
                        __nv_bfloat16* gate_up, int in, int out, int max_rows) {
-  auto* y16 = static_cast<__nv_bfloat16*>(y);
   auto matrix = [&](int i) { return weights[size_t(i) % weights.size()]; };
   std::string report;
   for (int rows : kSkinnyBuildRows) {
     if (rows > max_rows || !skinny_gemm_applies(rows, in)) break;
-    const float skinny_ms = time_call([&](int i) {
-      switch (product) {
-        case Product::bf16:
-          return skinny_.run(x, matrix(i), y16, rows, in, out);
-        case Product::f32:
-          return skinny_.run(x, matrix(i), static_cast<float*>(y), rows, in, out);
-        case Product::silu_mul:
-          return skinny_.run_silu_mul(x, matrix(i), y16, rows, in, out / 2);
-      }
-    });
-    const float cublas_ms = time_call([&](int i) {
-      switch (product) {
-        case Product::bf16:
-          return run(x, matrix(i), y, CUDA_R_16BF, rows, in, out);
-        case Product::f32:
-          return run(x, matrix(i), y, CUDA_R_32F, rows, in, out);
-        case Product::silu_mul:
-          run(x, matrix(i), gate_up, CUDA_R_16BF, rows, in, out);
-          return silu_mul(gate_up, rows, out / 2, y16, stream_);
-      }
-    });
+    auto time_path = [&](bool cublas) {
+      return time_call(
+          [&](int i) { project(product, cublas, x, matrix(i), y, gate_up, rows, in, out); });
+    };
+    const float skinny_ms = time_path(false), cublas_ms = time_path(true);
     const bool cublas = cublas_ms < skinny_ms;
     cublas_faster_[{product, in, out, rows}] = cublas;
     char clause[128];

@@ -60,6 +60,11 @@ class Gemm {
  private:
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,
            int in, int out);
+  // One product by one path: SkinnyGemm, or cuBLAS (for silu_mul, the gate/up columns into
+  // gate_up, then the SiLU*mul kernel). y is bf16, float32 for f32, act for silu_mul; out is the
+  // weight rows (2 * inter for silu_mul).
+  void project(Product product, bool cublas, const __nv_bfloat16* x, const __nv_bfloat16* w,
+               void* y, __nv_bfloat16* gate_up, int rows, int in, int out);
   // Whether a call goes to SkinnyGemm: it applies, and tune() did not find cuBLAS faster.
   bool skinny_for(Product product, int rows, int in, int out) const;
   // Milliseconds one call takes: eight calls captured as a graph, the best of three replays
