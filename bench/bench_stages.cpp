@@ -139,10 +139,11 @@ struct StageBench {
         context{config, runner.config(), tokenizer, ChatTemplate::Llama2,
                 runner, scheduler,       metrics,   1} {}
 
-  std::unique_ptr<Stage> make(const std::string& name) {
+  // The registry's stage `name`, on `on` (by default the shared context).
+  std::unique_ptr<Stage> make(const std::string& name, EngineContext* on = nullptr) {
     GraphNodeSpec spec;
     spec.name = spec.stage = name;
-    return StageRegistry::global().find(name)->make(spec, context);
+    return StageRegistry::global().find(name)->make(spec, on ? *on : context);
   }
 
   // A chat request of a system prompt and a `words`-word user message, through tokenize.
@@ -247,9 +248,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
   const EngineContext& shared = b->context;
   EngineContext own{shared.config, shared.model, shared.tokenizer, shared.chat_template,
                     shared.runner, scheduler,    shared.metrics,   shared.seed_base};
-  GraphNodeSpec spec;
-  spec.name = spec.stage = "batch_window";
-  auto stage = StageRegistry::global().find("batch_window")->make(spec, own);
+  auto stage = b->make("batch_window", &own);
   Mailbox mailbox;
   const Emit gateway = [&](Message m) { mailbox.put(std::move(m)); };
 
