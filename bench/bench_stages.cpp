@@ -13,12 +13,11 @@
 // ../shared/models/llama2-tokenizer/tokenizer.model (from the repository root). The stages log as
 // they do in a server (tokenize: a line per request): send stderr to a file.
 #include <benchmark/benchmark.h>
+#include <concurrentqueue/blockingconcurrentqueue.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -90,30 +89,6 @@ class CountingSink final : public RequestSink {
   void on_finish(const Completion&) override {}
   void on_error(const RequestError&) override {}
   uint64_t deltas = 0;
-};
-
-// The last message a stage emitted, handed from whichever thread emitted it.
-class Mailbox {
- public:
-  void put(Message message) {
-    {
-      std::lock_guard lock(mutex_);
-      message_ = std::move(message);
-    }
-    ready_.notify_one();
-  }
-  Message take() {
-    std::unique_lock lock(mutex_);
-    ready_.wait(lock, [&] { return message_.has_value(); });
-    Message message = std::move(*message_);
-    message_.reset();
-    return message;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::optional<Message> message_;
 };
 
 // English prose of `words` words, for prompts.
@@ -249,8 +224,14 @@ void BM_Stage_batch_window(benchmark::State& state) {
   EngineContext own{shared.config, shared.model, shared.tokenizer, shared.chat_template,
                     shared.runner, scheduler,    shared.metrics,   shared.seed_base};
   auto stage = b->make("batch_window", &own);
-  Mailbox mailbox;
-  const Emit gateway = [&](Message m) { mailbox.put(std::move(m)); };
+  // What the scheduler's thread emits, handed to this one.
+  moodycamel::BlockingConcurrentQueue<Message> emitted;
+  const Emit gateway = [&](Message m) { emitted.enqueue(std::move(m)); };
+  auto next_emitted = [&] {
+    Message message;
+    emitted.wait_dequeue(message);
+    return message;
+  };
 
   // The result of a step over `work`: every sequence one token longer, as the model stages
   // leave it.
@@ -267,7 +248,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
   // Answer prefills until all the sequences decode together.
   std::vector<SequencePtr> running;
   for (;;) {
-    Message next = mailbox.take();
+    Message next = next_emitted();
     if (auto* prefill = std::get_if<PrefillBatch>(&next)) {
       (*stage)(step_result(prefill->seqs, true), gateway);
       continue;
@@ -278,7 +259,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
   }
   for (auto _ : state) {
     (*stage)(step_result(running, false), gateway);
-    running = std::get<DecodeBatch>(mailbox.take()).seqs;
+    running = std::get<DecodeBatch>(next_emitted()).seqs;
   }
   scheduler.stop();
 }
