@@ -57,7 +57,9 @@ StageMetrics::StageMetrics(std::string node) : node(std::move(node)), seconds(kL
 Metrics::Metrics()
     : prefill_batch_size({1, 2, 4, 8, 16, 32, 64, 128, 256}),
       time_to_first_token(kLatencyBounds),
-      inter_token_latency(kLatencyBounds) {}
+      inter_token_latency(kLatencyBounds),
+      prefill_forward_seconds(kLatencyBounds),
+      decode_forward_seconds(kLatencyBounds) {}
 
 StageMetrics& Metrics::add_stage(const std::string& node) {
   return stages_.emplace_back(node);
@@ -110,6 +112,10 @@ std::string Metrics::prometheus_text() const {
   write_help(out, "pipeline_inter_token_latency_seconds", "histogram",
              "Seconds between a sequence's consecutive tokens.");
   inter_token_latency.write(out, "pipeline_inter_token_latency_seconds", "");
+  write_help(out, "pipeline_forward_seconds", "histogram",
+             "Seconds of the model's forward pass per batch, without sampling.");
+  prefill_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"prefill\"");
+  decode_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"decode\"");
   return out;
 }
 

@@ -78,6 +78,10 @@ class Metrics {
   Gauge kv_blocks_total;
   Histogram time_to_first_token;  // seconds from arrival to the first sampled token
   Histogram inter_token_latency;  // seconds between a sequence's consecutive tokens
+  // The runner's forward() alone (on a GPU: the inputs up, the device's work, the logits
+  // back), so that a step's time splits into the model's and the host's (sampling, bookkeeping).
+  Histogram prefill_forward_seconds;
+  Histogram decode_forward_seconds;
 
  private:
   std::deque<StageMetrics> stages_;

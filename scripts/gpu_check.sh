@@ -304,12 +304,17 @@ if [[ -s $OUT/metrics.txt ]]; then
 import re, sys
 sums, counts = {}, {}
 for line in open(sys.argv[1]):
-    m = re.match(r'pipeline_stage_seconds_(sum|count)\{stage="([^"]+)"\} (\S+)', line)
+    m = re.match(r'pipeline_(stage|forward)_seconds_(sum|count)\{(?:stage|phase)="([^"]+)"\} (\S+)',
+                 line)
     if m:
-        (sums if m[1] == "sum" else counts)[m[2]] = float(m[3])
+        (sums if m[2] == "sum" else counts)[(m[1], m[3])] = float(m[4])
+def mean_ms(key):
+    return f"{counts[key]:.0f} x {1e3 * sums[key] / counts[key]:.2f} ms" if counts.get(key) else "none"
 print("serve, per node: " + ", ".join(
-    f"{node} {counts[node]:.0f} calls x {1e3 * sums[node] / counts[node]:.2f} ms"
-    for node in sums if counts.get(node)))
+    f"{node} {mean_ms((kind, node))}" for kind, node in sums if kind == "stage"))
+# The decode node's time less its forward passes is the host's share: sampling and bookkeeping.
+print("serve, forward passes: prefill " + mean_ms(("forward", "prefill")) + ", decode " +
+      mean_ms(("forward", "decode")))
 PY
 fi
 if [[ -s $OUT/bench_serve.json ]]; then

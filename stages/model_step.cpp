@@ -42,6 +42,8 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     return result;
   }
   const auto now = Clock::now();
+  (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)
+      .observe(seconds_since(start, now));
   // Each sequence samples from its own row with its own sampler: in parallel, since a large
   // batch's sampling would otherwise stall the device between steps.
   std::vector<SampledToken> sampled(seqs.size());

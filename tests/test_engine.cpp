@@ -260,12 +260,17 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   EXPECT_EQ(m.kv_blocks_used.value(), 0);
   EXPECT_EQ(m.time_to_first_token.count(), 1u);
   EXPECT_EQ(m.inter_token_latency.count(), 19u);
+  EXPECT_EQ(m.prefill_forward_seconds.count(), 1u);
+  EXPECT_EQ(m.decode_forward_seconds.count(), 19u);
+  EXPECT_GT(m.decode_forward_seconds.sum(), 0.0);
   const auto text = engine.metrics_text();
   EXPECT_NE(text.find("pipeline_stage_calls_total{stage=\"tokenize\"} 1\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("pipeline_stage_calls_total{stage=\"decode\"} 19\n"), std::string::npos);
   EXPECT_NE(text.find("pipeline_generation_tokens_total 20\n"), std::string::npos);
   EXPECT_NE(text.find("pipeline_kv_blocks_used 0\n"), std::string::npos);
+  EXPECT_NE(text.find("pipeline_forward_seconds_count{phase=\"decode\"} 19\n"), std::string::npos)
+      << text;
 }
 
 }  // namespace
