@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a GPU machine, in under 10 minutes on one H200 with 16 cores:
-# build (Release, sm_90 only, just the targets needed), run the CUDA tests, run part of them
-# again under compute-sanitizer memcheck, write a random llama2-7b checkpoint, run the decode
+# build (Release, sm_90 only, just the targets needed), run the CUDA tests (the kernels alone,
+# then the runner), run them again under compute-sanitizer (memcheck; racecheck for the kernels
+# alone), write a random llama2-7b checkpoint, run the decode
 # benchmark on it, serve it with `pipeline run` and measure that with `pipeline bench-serve`,
 # and print a short table last. Logs go to $OUT (or /tmp/gpu_check) when set.
 #
@@ -27,7 +28,7 @@ sources_hash() {
     -not -path 'tests/node/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
 }
 DEPS_PREFIX=/opt/pipeline-deps
-TARGETS=(test_cuda_runner bench_cuda_kernels bench_cuda_decode pipeline)
+TARGETS=(test_cuda_kernels test_cuda_runner bench_cuda_kernels bench_cuda_decode pipeline)
 DEPS_PACKAGES=(
   libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libhwloc15 libconcurrentqueue-dev
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev zlib1g-dev
@@ -142,30 +143,39 @@ if [[ ! -f $MODEL_DIR/config.json ]]; then
   model_pid=$!
 fi
 
-# ---- Tests, then a memcheck pass over the prefill/decode/graph paths.
-t=$(date +%s)
-timeout "$(left 150)" "$BIN/test_cuda_runner" > "$OUT/test.log" 2>&1
-status=$?
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |relative L2|^\[  FAILED" "$OUT/test.log"
-note test_cuda_runner "exit $status, $(grep -c '^\[       OK' "$OUT/test.log") passed, $(grep -c '^\[  FAILED  \] CudaRunner.* ms)$' "$OUT/test.log") failed, $(seconds_since "$t") s"
-[[ $status -ne 0 ]] && tail -60 "$OUT/test.log"
+# ---- Tests: each kernel alone (which one is wrong, when something is), then the runner; then
+# the sanitizers over the kernels and the prefill/decode/graph paths.
+for test in test_cuda_kernels test_cuda_runner; do
+  t=$(date +%s)
+  timeout "$(left 150)" "$BIN/$test" > "$OUT/$test.log" 2>&1
+  status=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |relative L2|^\[  FAILED" "$OUT/$test.log"
+  note "$test" "exit $status, $(grep -c '^\[       OK' "$OUT/$test.log") passed, $(grep -c '^\[  FAILED  \] .* ms)$' "$OUT/$test.log") failed, $(seconds_since "$t") s"
+  [[ $status -ne 0 ]] && grep -m60 -B2 -A8 -E "Failure|error" "$OUT/$test.log"
+done
 
 sanitizer=/usr/local/cuda/bin/compute-sanitizer
 [[ -x $sanitizer ]] || sanitizer=$(command -v compute-sanitizer || true)
-memcheck_s=$(($(left 9999) - 360))  # 360 s stay for the three benchmarks
-((memcheck_s > 120)) && memcheck_s=120
-if [[ -n $sanitizer && $memcheck_s -lt 30 ]]; then
-  note memcheck "skipped: the benchmark needs the $(left 9999) s left"
-elif [[ -n $sanitizer ]]; then
-  t=$(date +%s)
-  timeout "$memcheck_s" "$sanitizer" --tool memcheck --error-exitcode 99 "$BIN/test_cuda_runner" \
-    --gtest_filter='CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden:CudaRunner.BatchOfEightMatchesSolo:CudaRunner.ProjectionsMatchFloat64Reference' \
-    > "$OUT/memcheck.log" 2>&1
-  status=$?
-  note memcheck "exit $status, $(grep -m1 -E 'ERROR SUMMARY' "$OUT/memcheck.log" || echo 'no summary'), $(seconds_since "$t") s"
-  [[ $status -ne 0 ]] && grep -m40 -E "Invalid|ERROR|at 0x|by thread|FAILED" "$OUT/memcheck.log"
+sanitizer_s=$(($(left 9999) - 360))  # 360 s stay for the three benchmarks
+((sanitizer_s > 180)) && sanitizer_s=180
+# $1: tool, $2: seconds at most, $3: test executable, $4: gtest filter.
+sanitize() {
+  local log="$OUT/$1_$3.log" t=$(date +%s)
+  timeout "$2" "$sanitizer" --tool "$1" --error-exitcode 99 "$BIN/$3" --gtest_filter="$4" \
+    > "$log" 2>&1
+  local status=$?
+  note "$1 $3" "exit $status, $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" || echo 'no summary'), $(seconds_since "$t") s"
+  [[ $status -ne 0 ]] && grep -m40 -E "Invalid|ERROR|Race|hazard|at 0x|by thread|FAILED" "$log"
+}
+if [[ -z $sanitizer ]]; then
+  note sanitizers "compute-sanitizer not found"
+elif ((sanitizer_s < 30)); then
+  note sanitizers "skipped: the benchmarks need the $(left 9999) s left"
 else
-  note memcheck "compute-sanitizer not found"
+  sanitize memcheck $((sanitizer_s / 6)) test_cuda_kernels '*'
+  sanitize racecheck $((sanitizer_s / 6)) test_cuda_kernels '*Attention*'
+  sanitize memcheck $((sanitizer_s * 2 / 3)) test_cuda_runner \
+    'CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden:CudaRunner.BatchOfEightMatchesSolo:CudaRunner.ProjectionsMatchFloat64Reference'
 fi
 
 # ---- The decode step's parts alone on llama2-7b's shapes (no checkpoint needed), then the

@@ -203,8 +203,8 @@ TEST(CudaRunner, LogitsMatchFloat64GoldenOnRandomH128) {
 }
 
 // Prefill of 100 tokens, a second chunk of 100 at start_pos 100 (attending to cached keys),
-// then 100 decode steps crossing the 256-position decode partition: every row must agree with
-// the one-shot prefill up to bf16 rounding (the two paths round in different orders; a CPU
+// then 100 decode steps crossing a decode partition boundary (position 256): every row must agree
+// with the one-shot prefill up to bf16 rounding (the two paths round in different orders; a CPU
 // emulation of this runner's rounding puts random-h128 at ~1e-2 from float32).
 TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
   SKIP_WITHOUT_CUDA();

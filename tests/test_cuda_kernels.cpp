@@ -1,0 +1,521 @@
+// The CUDA backend's attention and small kernels one at a time, against float64 references
+// computed on the host from the same bf16 inputs. The runner tests (test_cuda_runner.cpp) check
+// whole forward passes of small models; these say which kernel is wrong when one of those
+// fails, and cover what those models do not have: LLaMA-2-7B's head size with 1, 2, 4 and 8
+// query heads per KV head, contexts of many decode partitions with a short last one, more
+// partitions launched than a sequence needs, block tables scattered over the pool, and rows of
+// 7B's hidden size and wider. Without a CUDA device every test skips, saying why.
+#include <gtest/gtest.h>
+
+#ifdef PIPELINE_HAVE_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/cuda_objects.h"
+#include "kernels/cuda/cuda_runner.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/step_inputs.h"
+#include "model/batch.h"
+
+namespace pipeline::cuda {
+namespace {
+
+#define SKIP_WITHOUT_CUDA()                                                      \
+  do {                                                                           \
+    std::string why;                                                             \
+    if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
+  } while (0)
+
+constexpr int kBlockSize = 16;
+constexpr double kRopeTheta = 10000.0;
+
+double value(bf16 x) {
+  return double(__bfloat162float(x));
+}
+
+bf16 to_bf16(double x) {
+  return __float2bfloat16(float(x));
+}
+
+std::vector<bf16> random_bf16(std::mt19937& rng, size_t n, float low = -1.0f, float high = 1.0f) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = __float2bfloat16(uniform(rng));
+  return v;
+}
+
+// The copy is complete on return: from pageable memory cudaMemcpy may return before its DMA
+// ends, and the kernels run on a stream that does not wait for the legacy stream's copies.
+template <typename T>
+DeviceBuffer<T> upload(const std::vector<T>& host) {
+  DeviceBuffer<T> device(host.size());
+  PIPELINE_CUDA_CHECK(
+      cudaMemcpy(device.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
+  return device;
+}
+
+// Waits for the device, then copies `device` back.
+template <typename T>
+std::vector<T> download(const DeviceBuffer<T>& device) {
+  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<T> host(device.size());
+  PIPELINE_CUDA_CHECK(
+      cudaMemcpy(host.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// sqrt(sum (ours - ref)^2 / sum ref^2) over n values from each.
+template <typename Ours>
+double relative_l2(const Ours* ours, const double* ref, size_t n) {
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double o = double(ours[i]);
+    if (!std::isfinite(o)) return INFINITY;
+    err += (o - ref[i]) * (o - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(err / norm);
+}
+
+double relative_l2(const bf16* ours, const double* ref, size_t n) {
+  std::vector<double> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = value(ours[i]);
+  return relative_l2(values.data(), ref, n);
+}
+
+// One head of head_dim values rotated to `position` the rotate-half way, as Hugging Face's
+// LlamaRotaryEmbedding does (and kernels/cpu/rope.cpp).
+std::vector<double> rotated(const bf16* head, int head_dim, int position) {
+  const int half = head_dim / 2;
+  std::vector<double> out(static_cast<size_t>(head_dim));
+  for (int i = 0; i < half; ++i) {
+    const double angle = position * std::pow(kRopeTheta, -2.0 * i / head_dim);
+    const double a = value(head[i]), b = value(head[i + half]);
+    out[size_t(i)] = a * std::cos(angle) - b * std::sin(angle);
+    out[size_t(i + half)] = b * std::cos(angle) + a * std::sin(angle);
+  }
+  return out;
+}
+
+struct HeadShape {
+  int num_heads, num_kv_heads, head_dim;
+  int qkv_dim() const { return (num_heads + 2 * num_kv_heads) * head_dim; }
+  int group() const { return num_heads / num_kv_heads; }
+  std::string name() const {
+    return std::to_string(num_heads) + " query / " + std::to_string(num_kv_heads) +
+           " KV heads of " + std::to_string(head_dim);
+  }
+};
+
+// One layer's paged K and V pools ([block][slot][kv_head][head_dim]) filled at random, on the
+// host and on the device.
+struct KvPool {
+  KvPool(std::mt19937& rng, int blocks, const HeadShape& shape)
+      : shape(shape),
+        k(random_bf16(rng, size_t(blocks) * kBlockSize * shape.num_kv_heads * shape.head_dim)),
+        v(random_bf16(rng, k.size())),
+        k_d(upload(k)),
+        v_d(upload(v)) {}
+
+  // K (or V) of `kv_head` at cache slot `slot`.
+  const bf16* at(const std::vector<bf16>& pool, int slot, int kv_head) const {
+    return pool.data() + (size_t(slot) * shape.num_kv_heads + kv_head) * shape.head_dim;
+  }
+
+  HeadShape shape;
+  std::vector<bf16> k, v;
+  DeviceBuffer<bf16> k_d, v_d;
+};
+
+// Sequences of (start_pos, new tokens) with block tables drawn at random from a pool of
+// `pool_blocks`, as blocks come back from a BlockManager after churn.
+Batch scattered_batch(std::mt19937& rng, const std::vector<std::pair<int, int>>& chunks,
+                      int pool_blocks) {
+  std::vector<int32_t> free_blocks(static_cast<size_t>(pool_blocks));
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  Batch batch;
+  size_t next = 0;
+  for (const auto& [start, n] : chunks) {
+    SequenceChunk chunk;
+    chunk.tokens.assign(size_t(n), 0);
+    chunk.start_pos = start;
+    const int blocks = (start + n + kBlockSize - 1) / kBlockSize;
+    for (int b = 0; b < blocks; ++b) chunk.block_table.push_back(free_blocks.at(next++));
+    batch.seqs.push_back(std::move(chunk));
+  }
+  return batch;
+}
+
+int slot_of(const SequenceChunk& seq, int position) {
+  return seq.block_table[size_t(position / kBlockSize)] * kBlockSize + position % kBlockSize;
+}
+
+// The runner's packed step inputs (positions, slots, context lengths, block tables, prefill
+// tiles) for a batch, on the device.
+struct PackedStep {
+  PackedStep(const Batch& batch, int max_blocks_per_seq)
+      : layout({batch.total_tokens(), int(batch.seqs.size()), batch.logit_rows()},
+               max_blocks_per_seq, kPrefillTileQueries) {
+    std::vector<int32_t> packed(layout.total);
+    shape = pack_step(batch, layout, kBlockSize, packed.data());
+    indices = upload(packed);
+  }
+  const int32_t* at(size_t offset) const { return indices.data() + offset; }
+
+  StepLayout layout;
+  StepShape shape;
+  DeviceBuffer<int32_t> indices;
+};
+
+// ---- Decode attention
+
+// Float64 attention of sequence `s`'s new token (row s of qkv, at position start_pos) over the
+// cache, the new k (rotated, as the kernel stores it in bf16) and v in place of the cache's
+// slot for that position. Returns [num_heads * head_dim].
+std::vector<double> decode_reference(const HeadShape& shape, const std::vector<bf16>& qkv,
+                                     const KvPool& pool, const SequenceChunk& seq, int s) {
+  const int D = shape.head_dim, position = seq.start_pos;
+  const bf16* row = qkv.data() + size_t(s) * shape.qkv_dim();
+  std::vector<double> out(size_t(shape.num_heads) * D, 0.0);
+  for (int h = 0; h < shape.num_heads; ++h) {
+    const int kv_head = h / shape.group();
+    const std::vector<double> q = rotated(row + size_t(h) * D, D, position);
+    const bf16* k_new = row + size_t(shape.num_heads + kv_head) * D;
+    const bf16* v_new = row + size_t(shape.num_heads + shape.num_kv_heads + kv_head) * D;
+    std::vector<double> k_new_stored = rotated(k_new, D, position);
+    for (double& x : k_new_stored) x = value(to_bf16(x));
+    std::vector<double> scores(size_t(position) + 1);
+    for (int p = 0; p <= position; ++p) {
+      double dot = 0.0;
+      const bf16* key = pool.at(pool.k, slot_of(seq, p), kv_head);
+      for (int d = 0; d < D; ++d)
+        dot += q[size_t(d)] * (p == position ? k_new_stored[size_t(d)] : value(key[d]));
+      scores[size_t(p)] = dot / std::sqrt(double(D));
+    }
+    const double max = *std::max_element(scores.begin(), scores.end());
+    double sum = 0.0;
+    for (double& x : scores) sum += (x = std::exp(x - max));
+    for (int p = 0; p <= position; ++p) {
+      const bf16* val = p == position ? v_new : pool.at(pool.v, slot_of(seq, p), kv_head);
+      for (int d = 0; d < D; ++d)
+        out[size_t(h) * D + size_t(d)] += scores[size_t(p)] / sum * value(val[d]);
+    }
+  }
+  return out;
+}
+
+// One new token for each of six sequences whose contexts are 1 position, within the first
+// partition, exactly one partition, one past it, several with a short last one, and nine; then
+// the same step with more partitions launched than the longest needs (as the runner rounds
+// them up), and again (the arrival counts must be back at zero).
+void check_decode_attention(const HeadShape& shape) {
+  SCOPED_TRACE(shape.name());
+  std::mt19937 rng(11 + shape.group());
+  const std::vector<int> contexts = {1, 100, kDecodePartition, kDecodePartition + 1, 300, 1100};
+  std::vector<std::pair<int, int>> chunks;
+  for (int context : contexts) chunks.push_back({context - 1, 1});
+  constexpr int kPoolBlocks = 160, kMaxBlocksPerSeq = 72, kMaxSplits = 16;
+  const Batch batch = scattered_batch(rng, chunks, kPoolBlocks);
+  const PackedStep step(batch, kMaxBlocksPerSeq);
+  ASSERT_TRUE(step.shape.decode);
+  KvPool pool(rng, kPoolBlocks, shape);
+  const std::vector<bf16> qkv = random_bf16(rng, contexts.size() * shape.qkv_dim());
+  const DeviceBuffer<bf16> qkv_d = upload(qkv);
+  const int seqs = int(contexts.size()), D = shape.head_dim;
+
+  Stream stream;
+  const DecodeScratch scratch(seqs, shape.num_heads, shape.num_kv_heads, D, kMaxSplits,
+                              stream.get());
+  const PagedKv kv{pool.k_d.data(),
+                   pool.v_d.data(),
+                   step.at(step.layout.block_tables),
+                   kMaxBlocksPerSeq,
+                   kBlockSize,
+                   shape.num_kv_heads,
+                   D};
+  const DecodeNewTokens fresh{step.at(step.layout.positions), step.at(step.layout.slots),
+                              float(kRopeTheta), pool.k_d.data(), pool.v_d.data()};
+  DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * D);
+  auto run = [&](int splits) {
+    paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
+                           step.at(step.layout.context_lens), seqs, shape.num_heads, splits,
+                           scratch, out_d.data(), stream.get());
+    return download(out_d);
+  };
+  const int needed = (contexts.back() + kDecodePartition - 1) / kDecodePartition;
+  const std::vector<bf16> out = run(needed);
+
+  const size_t row = size_t(shape.num_heads) * D;
+  for (int s = 0; s < seqs; ++s) {
+    const std::vector<double> ref = decode_reference(shape, qkv, pool, batch.seqs[size_t(s)], s);
+    EXPECT_LT(relative_l2(out.data() + size_t(s) * row, ref.data(), row), 1e-2)
+        << "sequence " << s << ", context " << contexts[size_t(s)];
+  }
+  // The new token's k (rotated) and v are in the cache at its slot.
+  const std::vector<bf16> k_after = download(pool.k_d), v_after = download(pool.v_d);
+  for (int s = 0; s < seqs; ++s) {
+    const SequenceChunk& seq = batch.seqs[size_t(s)];
+    const bf16* row_in = qkv.data() + size_t(s) * shape.qkv_dim();
+    for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head) {
+      const int slot = slot_of(seq, seq.start_pos);
+      const std::vector<double> k_ref =
+          rotated(row_in + size_t(shape.num_heads + kv_head) * D, D, seq.start_pos);
+      EXPECT_LT(relative_l2(pool.at(k_after, slot, kv_head), k_ref.data(), size_t(D)), 1e-2)
+          << "sequence " << s << ": k in the cache";
+      const bf16* v_ref = row_in + size_t(shape.num_heads + shape.num_kv_heads + kv_head) * D;
+      EXPECT_TRUE(std::equal(v_ref, v_ref + D, pool.at(v_after, slot, kv_head),
+                             [](bf16 a, bf16 b) { return value(a) == value(b); }))
+          << "sequence " << s << ": v in the cache";
+    }
+  }
+  // Partitions past a sequence's context do nothing, and the merge runs in partition order
+  // whichever block ends last: the same bits with more partitions launched, and again.
+  const int rounded = (needed + 3) / 4 * 4;
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    const std::vector<bf16> again = run(rounded);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), again.begin(),
+                           [](bf16 a, bf16 b) { return value(a) == value(b); }))
+        << rounded << " partitions launched, call " << repeat + 1;
+  }
+}
+
+TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {
+  SKIP_WITHOUT_CUDA();
+  for (int group : {1, 2, 4, 8}) check_decode_attention({2 * group, 2, 128});
+  check_decode_attention({8, 4, 8});    // stories260K's heads
+  check_decode_attention({4, 4, 256});  // the widest head the kernel takes
+}
+
+// ---- Prefill attention and the rotary embedding it follows
+
+// Four prompts, ragged, two of them chunks that start past position 0 (their earlier keys are
+// already cached), one of a single token; tiles of kPrefillTileQueries with short last ones.
+const std::vector<std::pair<int, int>> kPrefillChunks = {{0, 70}, {40, 33}, {0, 1}, {190, 64}};
+constexpr int kPrefillPoolBlocks = 64, kPrefillMaxBlocksPerSeq = 20;
+
+void check_prefill_attention(const HeadShape& shape) {
+  SCOPED_TRACE(shape.name());
+  std::mt19937 rng(23 + shape.group());
+  const Batch batch = scattered_batch(rng, kPrefillChunks, kPrefillPoolBlocks);
+  const PackedStep step(batch, kPrefillMaxBlocksPerSeq);
+  KvPool pool(rng, kPrefillPoolBlocks, shape);
+  const int tokens = batch.total_tokens(), D = shape.head_dim;
+  const std::vector<bf16> qkv = random_bf16(rng, size_t(tokens) * shape.qkv_dim());
+  const DeviceBuffer<bf16> qkv_d = upload(qkv);
+  const PagedKv kv{pool.k_d.data(),
+                   pool.v_d.data(),
+                   step.at(step.layout.block_tables),
+                   kPrefillMaxBlocksPerSeq,
+                   kBlockSize,
+                   shape.num_kv_heads,
+                   D};
+  DeviceBuffer<bf16> out_d(size_t(tokens) * shape.num_heads * D);
+  Stream stream;
+  prefill_attention(qkv_d.data(), shape.qkv_dim(), kv, step.at(step.layout.tiles), step.shape.tiles,
+                    step.at(step.layout.q_offsets), step.at(step.layout.q_lens),
+                    step.at(step.layout.start_positions), shape.num_heads, out_d.data(),
+                    stream.get());
+  const std::vector<bf16> out = download(out_d);
+
+  int t = 0;
+  double worst = 0.0;
+  for (const SequenceChunk& seq : batch.seqs) {
+    for (int i = 0; i < int(seq.tokens.size()); ++i, ++t) {
+      const int position = seq.start_pos + i;
+      for (int h = 0; h < shape.num_heads; ++h) {
+        const int kv_head = h / shape.group();
+        const bf16* q = qkv.data() + size_t(t) * shape.qkv_dim() + size_t(h) * D;
+        std::vector<double> scores(size_t(position) + 1);
+        for (int p = 0; p <= position; ++p) {
+          const bf16* key = pool.at(pool.k, slot_of(seq, p), kv_head);
+          double dot = 0.0;
+          for (int d = 0; d < D; ++d) dot += value(q[d]) * value(key[d]);
+          scores[size_t(p)] = dot / std::sqrt(double(D));
+        }
+        const double max = *std::max_element(scores.begin(), scores.end());
+        double sum = 0.0;
+        for (double& x : scores) sum += (x = std::exp(x - max));
+        std::vector<double> ref(size_t(D), 0.0);
+        for (int p = 0; p <= position; ++p) {
+          const bf16* val = pool.at(pool.v, slot_of(seq, p), kv_head);
+          for (int d = 0; d < D; ++d) ref[size_t(d)] += scores[size_t(p)] / sum * value(val[d]);
+        }
+        const double err =
+            relative_l2(out.data() + (size_t(t) * shape.num_heads + h) * D, ref.data(), size_t(D));
+        EXPECT_LT(err, 1e-2) << "token " << t << " (position " << position << "), head " << h;
+        worst = std::max(worst, err);
+      }
+    }
+  }
+  std::cout << shape.name() << ": prefill attention worst relative L2 " << worst << "\n";
+}
+
+TEST(CudaKernels, PrefillAttentionMatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  check_prefill_attention({2, 2, 128});
+  check_prefill_attention({8, 2, 128});
+  check_prefill_attention({8, 4, 8});
+}
+
+// q rotated in place and k (rotated) and v written to each token's slot, for head sizes whose
+// half is a multiple of 8 and of 4 only.
+TEST(CudaKernels, RopeWriteKvRotatesQAndFillsTheCache) {
+  SKIP_WITHOUT_CUDA();
+  for (const HeadShape shape : {HeadShape{8, 2, 128}, HeadShape{8, 4, 8}, HeadShape{4, 2, 24}}) {
+    SCOPED_TRACE(shape.name());
+    std::mt19937 rng(5);
+    const Batch batch = scattered_batch(rng, kPrefillChunks, kPrefillPoolBlocks);
+    const PackedStep step(batch, kPrefillMaxBlocksPerSeq);
+    KvPool pool(rng, kPrefillPoolBlocks, shape);
+    const int tokens = batch.total_tokens(), D = shape.head_dim;
+    const std::vector<bf16> qkv = random_bf16(rng, size_t(tokens) * shape.qkv_dim());
+    DeviceBuffer<bf16> qkv_d = upload(qkv);
+    Stream stream;
+    rope_write_kv(qkv_d.data(), tokens, step.at(step.layout.positions), step.at(step.layout.slots),
+                  shape.num_heads, shape.num_kv_heads, D, float(kRopeTheta), pool.k_d.data(),
+                  pool.v_d.data(), stream.get());
+    const std::vector<bf16> qkv_after = download(qkv_d);
+    const std::vector<bf16> k_after = download(pool.k_d), v_after = download(pool.v_d);
+    int t = 0;
+    for (const SequenceChunk& seq : batch.seqs) {
+      for (int i = 0; i < int(seq.tokens.size()); ++i, ++t) {
+        const int position = seq.start_pos + i, slot = slot_of(seq, position);
+        const bf16* row = qkv.data() + size_t(t) * shape.qkv_dim();
+        for (int h = 0; h < shape.num_heads; ++h) {
+          const std::vector<double> ref = rotated(row + size_t(h) * D, D, position);
+          EXPECT_LT(relative_l2(qkv_after.data() + size_t(t) * shape.qkv_dim() + size_t(h) * D,
+                                ref.data(), size_t(D)),
+                    1e-2)
+              << "token " << t << ", q head " << h;
+        }
+        for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head) {
+          const std::vector<double> k_ref =
+              rotated(row + size_t(shape.num_heads + kv_head) * D, D, position);
+          EXPECT_LT(relative_l2(pool.at(k_after, slot, kv_head), k_ref.data(), size_t(D)), 1e-2)
+              << "token " << t << ", k head " << kv_head;
+          const bf16* v = row + size_t(shape.num_heads + shape.num_kv_heads + kv_head) * D;
+          EXPECT_TRUE(std::equal(v, v + D, pool.at(v_after, slot, kv_head),
+                                 [](bf16 a, bf16 b) { return value(a) == value(b); }))
+              << "token " << t << ", v head " << kv_head;
+        }
+      }
+    }
+  }
+}
+
+// ---- The row kernels
+
+// residual += delta then the normalised row, for 7B's hidden size, one that is a multiple of 4
+// but not of 8, and the widest supported; then the logits' form: no delta, a gather of rows.
+TEST(CudaKernels, AddRmsNormMatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  constexpr float kEps = 1e-5f;
+  for (int hidden : {4096, 516, kMaxHiddenSize}) {
+    SCOPED_TRACE("hidden " + std::to_string(hidden));
+    std::mt19937 rng(hidden);
+    constexpr int kRows = 3;
+    std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+    std::vector<float> residual(size_t(kRows) * hidden);
+    for (float& x : residual) x = uniform(rng);
+    const std::vector<bf16> delta = random_bf16(rng, residual.size());
+    const std::vector<bf16> weight = random_bf16(rng, size_t(hidden), 0.5f, 1.5f);
+    DeviceBuffer<float> residual_d = upload(residual);
+    const DeviceBuffer<bf16> delta_d = upload(delta), weight_d = upload(weight);
+    DeviceBuffer<bf16> out_d(residual.size());
+    const std::vector<int32_t> gather = {2, 0};
+    const DeviceBuffer<int32_t> gather_d = upload(gather);
+    Stream stream;
+
+    auto expect_normalised = [&](const std::vector<bf16>& out, int r, const float* x) {
+      double sum_sq = 0.0;
+      for (int c = 0; c < hidden; ++c) sum_sq += double(x[c]) * x[c];
+      const double inv_rms = 1.0 / std::sqrt(sum_sq / hidden + kEps);
+      std::vector<double> ref(static_cast<size_t>(hidden));
+      for (int c = 0; c < hidden; ++c) ref[size_t(c)] = x[c] * inv_rms * value(weight[size_t(c)]);
+      EXPECT_LT(relative_l2(out.data() + size_t(r) * hidden, ref.data(), size_t(hidden)), 1e-2)
+          << "output row " << r;
+    };
+
+    add_rmsnorm(residual_d.data(), delta_d.data(), weight_d.data(), nullptr, kRows, hidden, kEps,
+                out_d.data(), stream.get());
+    std::vector<float> summed(residual.size());
+    for (size_t i = 0; i < summed.size(); ++i) summed[i] = residual[i] + __bfloat162float(delta[i]);
+    EXPECT_EQ(download(residual_d), summed) << "residual += delta";
+    const std::vector<bf16> out = download(out_d);
+    for (int r = 0; r < kRows; ++r) expect_normalised(out, r, summed.data() + size_t(r) * hidden);
+
+    add_rmsnorm(residual_d.data(), nullptr, weight_d.data(), gather_d.data(), int(gather.size()),
+                hidden, kEps, out_d.data(), stream.get());
+    EXPECT_EQ(download(residual_d), summed) << "no delta: the residual stays";
+    const std::vector<bf16> gathered = download(out_d);
+    for (size_t r = 0; r < gather.size(); ++r)
+      expect_normalised(gathered, int(r), summed.data() + size_t(gather[r]) * hidden);
+  }
+}
+
+TEST(CudaKernels, EmbeddingGatherCopiesEachTokensRow) {
+  SKIP_WITHOUT_CUDA();
+  for (int hidden : {4096, 516}) {
+    std::mt19937 rng(3);
+    constexpr int kVocab = 64;
+    const std::vector<bf16> embed = random_bf16(rng, size_t(kVocab) * hidden);
+    const std::vector<int32_t> tokens = {5, 0, kVocab - 1, 5};
+    const DeviceBuffer<bf16> embed_d = upload(embed);
+    const DeviceBuffer<int32_t> tokens_d = upload(tokens);
+    DeviceBuffer<float> residual_d(tokens.size() * hidden);
+    Stream stream;
+    embedding_gather(embed_d.data(), tokens_d.data(), int(tokens.size()), hidden, residual_d.data(),
+                     stream.get());
+    const std::vector<float> residual = download(residual_d);
+    for (size_t t = 0; t < tokens.size(); ++t)
+      for (int c = 0; c < hidden; ++c)
+        ASSERT_EQ(residual[t * hidden + size_t(c)],
+                  __bfloat162float(embed[size_t(tokens[t]) * hidden + size_t(c)]))
+            << "hidden " << hidden << ", token " << t << ", column " << c;
+  }
+}
+
+// 7B's intermediate size and sizes that take the kernel's 4-, 2- and 1-wide builds.
+TEST(CudaKernels, SiluMulOfInterleavedPairs) {
+  SKIP_WITHOUT_CUDA();
+  for (int inter : {11008, 1376, 6, 5}) {
+    std::mt19937 rng(inter);
+    constexpr int kTokens = 3;
+    const std::vector<bf16> gate_up = random_bf16(rng, size_t(kTokens) * 2 * inter, -4.0f, 4.0f);
+    const DeviceBuffer<bf16> gate_up_d = upload(gate_up);
+    DeviceBuffer<bf16> out_d(size_t(kTokens) * inter);
+    Stream stream;
+    silu_mul(gate_up_d.data(), kTokens, inter, out_d.data(), stream.get());
+    const std::vector<bf16> out = download(out_d);
+    std::vector<double> ref(out.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double gate = value(gate_up[2 * i]), up = value(gate_up[2 * i + 1]);
+      ref[i] = gate / (1.0 + std::exp(-gate)) * up;
+    }
+    EXPECT_LT(relative_l2(out.data(), ref.data(), ref.size()), 1e-2) << "inter " << inter;
+  }
+}
+
+}  // namespace
+}  // namespace pipeline::cuda
+
+#else  // built without the CUDA backend
+
+TEST(CudaKernels, NeedTheCudaBackend) {
+  GTEST_SKIP() << "no CUDA device: built without the CUDA backend";
+}
+
+#endif
