@@ -172,7 +172,7 @@ if [[ -z $sanitizer ]]; then
 elif ((sanitizer_s < 30)); then
   note sanitizers "skipped: the benchmarks need the $(left 9999) s left"
 else
-  sanitize memcheck $((sanitizer_s / 6)) test_cuda_kernels '*'
+  sanitize memcheck $((sanitizer_s / 6)) test_cuda_kernels '*:-*At7BShapes*'
   sanitize racecheck $((sanitizer_s / 6)) test_cuda_kernels '*Attention*'
   sanitize memcheck $((sanitizer_s * 2 / 3)) test_cuda_runner \
     'CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden:CudaRunner.BatchOfEightMatchesSolo:CudaRunner.ProjectionsMatchFloat64Reference'
