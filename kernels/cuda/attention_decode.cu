@@ -134,13 +134,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int b = threadIdx.x; b < num_blocks; b += kThreads) blocks_s[b] = table[first_block + b];
   __syncthreads();
 
-  // q of the group's heads, rotated and pre-scaled (log2 units). The last partition's block
-  // also appends the new k (rotated) and v, which its loop below then reads back: a barrier
+  // q of the group's heads, rotated, rounded to bf16 as rope_write_kv stores a prefill's q (so
+  // decode and prefill attend with the same q), and pre-scaled (log2 units). The last partition's
+  // block also appends the new k (rotated) and v, which its loop below then reads back: a barrier
   // makes a block's global writes visible to its own threads.
   const float scale = kLog2e * rsqrtf(float(D));
   const bf16* q_row = qkv + size_t(seq) * qkv_stride + size_t(first_head) * D;
   for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads)
-    q_s[idx] = rotated(q_row + (idx / D) * D, idx % D, half, cos_s, sin_s) * scale;
+    q_s[idx] = round_to_bf16(rotated(q_row + (idx / D) * D, idx % D, half, cos_s, sin_s)) * scale;
   if (split == parts - 1) {
     const bf16* k_new = qkv + size_t(seq) * qkv_stride + size_t(num_heads + kv_head) * D;
     const bf16* v_new = k_new + size_t(kv.num_kv_heads) * D;

@@ -34,6 +34,12 @@ __device__ __forceinline__ void store_pack(__nv_bfloat16* p, const Bf16Pack<N>& 
   *reinterpret_cast<Bf16Pack<N>*>(p) = pack;
 }
 
+// x as a bf16 store and reload would leave it: where a fused kernel keeps in registers a value
+// that the unfused path stores as bf16, it rounds it here so both paths compute the same.
+__device__ __forceinline__ float round_to_bf16(float x) {
+  return __bfloat162float(__float2bfloat16(x));
+}
+
 // A float32 result stored as the output's type.
 __device__ __forceinline__ void store_value(float* y, float v) {
   *y = v;

@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x < kColumnsPerBlock / 2) {
       const int k = 2 * threadIdx.x;
       if (first + k < out)
-        store_value(y + (first + k) / 2, silu(column_total(k)) * column_total(k + 1));
+        store_value(y + (first + k) / 2, silu_mul_epilogue(column_total(k), column_total(k + 1)));
     }
   } else if (threadIdx.x < kColumnsPerBlock && first + int(threadIdx.x) < out) {
     store_value(y + first + threadIdx.x, column_total(threadIdx.x));

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         const int column = e < 2 ? column_a : column_b;
         const int row = 8 * j + 2 * t + (e & 1);
         if (g % 2 == 0 && column < out && row < rows)
-          store_value(y + size_t(row) * (out / 2) + column / 2, silu(acc[j][e]) * up);
+          store_value(y + size_t(row) * (out / 2) + column / 2, silu_mul_epilogue(acc[j][e], up));
       }
     return;
   }
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         const float up = __shfl_down_sync(0xffffffffu, sum, 1);  // column + 1, in the next lane
         if (el.valid && el.column % 2 == 0)
           store_value(y + size_t(el.row) * (out / 2) + (first_column + el.column) / 2,
-                      silu(sum) * up);
+                      silu_mul_epilogue(sum, up));
       } else if (el.valid) {
         store_value(y + size_t(el.row) * out + first_column + el.column, sum);
       }
