@@ -170,7 +170,7 @@ void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefault
   real("repetition_penalty", p.repetition_penalty);
   real("presence_penalty", p.presence_penalty);
   real("frequency_penalty", p.frequency_penalty);
-  if (node["top_k"]) p.top_k = r.integer(node["top_k"], "sampling.top_k", 0);
+  if (node["top_k"]) p.top_k = r.integer(node["top_k"], "sampling.top_k", -1);
   if (node["repeat_last_n"])
     p.repeat_last_n = r.integer(node["repeat_last_n"], "sampling.repeat_last_n", -1);
   if (node["seed"] && !node["seed"].IsNull())

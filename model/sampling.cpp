@@ -83,7 +83,7 @@ std::string validate(const SamplingParams& p) {
     return out_of_range("temperature", "between 0 and 2", p.temperature);
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
     return out_of_range("top_p", "greater than 0 and at most 1", p.top_p);
-  if (p.top_k < 0) return out_of_range("top_k", "at least 0 (0 = off)", p.top_k);
+  if (p.top_k < -1) return out_of_range("top_k", "-1 or 0 (off) or a count", p.top_k);
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
     return out_of_range("min_p", "between 0 and 1", p.min_p);
   if (!(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty)))

@@ -13,7 +13,7 @@ namespace pipeline {
 
 struct SamplingParams {
   float temperature = 1.0f;         // 0 = greedy
-  int top_k = 0;                    // 0 = off
+  int top_k = 0;                    // 0 or -1 (as vLLM spells it) = off
   float top_p = 1.0f;               // 1 = off
   float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off; over the last repeat_last_n tokens
@@ -26,7 +26,7 @@ struct SamplingParams {
 };
 
 // An error message naming the first parameter outside its (OpenAI) range, or empty when all
-// are valid: temperature [0, 2], top_p (0, 1], top_k >= 0, min_p [0, 1],
+// are valid: temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
 // repetition_penalty > 0, presence/frequency_penalty [-2, 2], top_logprobs [0, 20],
 // repeat_last_n >= -1.
 std::string validate(const SamplingParams& params);

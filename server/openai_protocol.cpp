@@ -59,10 +59,10 @@ int read_int(const json& body, const char* name, int fallback, int min, int max)
   const json* value = find_field(body, name);
   if (!value) return fallback;
   if (!value->is_number_integer()) throw wrong_type(name, "an integer", *value);
-  const bool in_range = value->is_number_unsigned()
-                            ? value->get<uint64_t>() <= uint64_t(max)
-                            : value->get<int64_t>() >= min && value->get<int64_t>() <= max;
-  if (!in_range)
+  // A non-negative literal in a request's text parses as unsigned: compare it as a whole.
+  const bool fits = !value->is_number_unsigned() || value->get<uint64_t>() <= uint64_t(INT64_MAX);
+  const int64_t number = fits ? value->get<int64_t>() : 0;
+  if (!fits || number < min || number > max)
     throw invalid(name, "'" + std::string(name) + "' must be between " + std::to_string(min) +
                             " and " + std::to_string(max) + ", got " + value->dump() + ".");
   return static_cast<int>(value->get<int64_t>());
@@ -75,6 +75,35 @@ std::optional<uint64_t> read_seed(const json& body, std::optional<uint64_t> fall
   // A negative seed is as good a seed as any: keep its bits.
   return value->is_number_unsigned() ? value->get<uint64_t>()
                                      : static_cast<uint64_t>(value->get<int64_t>());
+}
+
+// OpenAI fields this server does not implement: refused where they would change the answer (a
+// client must not get an answer it did not ask for), accepted at their neutral value.
+void refuse_unsupported(Endpoint endpoint, const json& body) {
+  auto refuse_unless = [&](const char* name, auto&& neutral, const std::string& why) {
+    const json* value = find_field(body, name);
+    if (value && !neutral(*value))
+      throw invalid(name, std::string(name) + " is not supported" + why);
+  };
+  auto empty = [](const json& v) {
+    return v.is_string() ? v.get_ref<const std::string&>().empty()
+                         : (v.is_object() || v.is_array()) && v.empty();
+  };
+  auto no_call = [](const json& v) { return v == "none" || v == "auto"; };
+  refuse_unless("logit_bias", empty, "");
+  refuse_unless("suffix", empty, "");
+  refuse_unless("tools", empty, " (no function calling)");
+  refuse_unless("functions", empty, " (no function calling)");
+  refuse_unless("tool_choice", no_call, " (no function calling)");
+  refuse_unless("function_call", no_call, " (no function calling)");
+  refuse_unless(
+      "response_format",
+      [](const json& v) { return v.is_object() && v.value("type", json()) == "text"; },
+      " beyond {\"type\": \"text\"} (no structured output)");
+  if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
+    throw invalid("top_logprobs",
+                  "top_logprobs is a chat parameter; /v1/completions takes the number of "
+                  "alternatives in logprobs");
 }
 
 // n and best_of: several choices per request are not implemented.
@@ -224,10 +253,10 @@ SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
   SamplingParams params = defaults;
   params.temperature = read_float(body, "temperature", defaults.temperature);
   params.top_p = read_float(body, "top_p", defaults.top_p);
-  params.top_k = read_int(body, "top_k", defaults.top_k, INT_MIN, INT_MAX);
+  params.top_k = read_int(body, "top_k", defaults.top_k, -1, INT_MAX);
   params.min_p = read_float(body, "min_p", defaults.min_p);
   params.repetition_penalty = read_float(body, "repetition_penalty", defaults.repetition_penalty);
-  params.repeat_last_n = read_int(body, "repeat_last_n", defaults.repeat_last_n, INT_MIN, INT_MAX);
+  params.repeat_last_n = read_int(body, "repeat_last_n", defaults.repeat_last_n, -1, INT_MAX);
   params.presence_penalty = read_float(body, "presence_penalty", defaults.presence_penalty);
   params.frequency_penalty = read_float(body, "frequency_penalty", defaults.frequency_penalty);
   params.seed = read_seed(body, defaults.seed);
@@ -283,6 +312,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
     require_single_choice(body, "best_of");
   }
   require_single_choice(body, "n");
+  refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
   request.max_tokens = read_max_tokens(endpoint, body, model.defaults.max_tokens);
   request.sampling = read_sampling(body, model.defaults.params);

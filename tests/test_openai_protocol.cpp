@@ -266,7 +266,8 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "temperature", -0.1), "temperature", "between 0 and 2"},
       {chat, with(chat_body(), "top_p", 0), "top_p", "greater than 0"},
       {chat, with(chat_body(), "top_p", 1.5), "top_p", "at most 1"},
-      {chat, with(chat_body(), "top_k", -1), "top_k", "at least 0"},
+      {chat, with(chat_body(), "top_k", -2), "top_k", "between -1"},
+      {chat, with(chat_body(), "top_k", 1000000000000), "top_k", "between -1"},
       {chat, with(chat_body(), "top_k", 1.5), "top_k", "integer"},
       {chat, with(chat_body(), "min_p", 2), "min_p", "between 0 and 1"},
       {chat, with(chat_body(), "repetition_penalty", 0), "repetition_penalty", "greater than 0"},
@@ -286,7 +287,46 @@ std::vector<BadInput> bad_inputs() {
        "between 0 and 20"},
       {completion, with(completion_body(), "logprobs", 6), "logprobs", "between 0 and 5"},
       {completion, with(completion_body(), "logprobs", true), "logprobs", "integer"},
+      {chat, with(chat_body(), "logit_bias", {{"50256", -100}}), "logit_bias", "not supported"},
+      {chat, with(chat_body(), "logit_bias", "x"), "logit_bias", "not supported"},
+      {completion, with(completion_body(), "suffix", "The end."), "suffix", "not supported"},
+      {chat, with(chat_body(), "tools", {{{"type", "function"}}}), "tools", "function calling"},
+      {chat, with(chat_body(), "tool_choice", "required"), "tool_choice", "function calling"},
+      {chat, with(chat_body(), "functions", {{{"name", "f"}}}), "functions", "function calling"},
+      {chat, with(chat_body(), "response_format", {{"type", "json_object"}}), "response_format",
+       "structured output"},
+      {completion, with(completion_body(), "top_logprobs", 2), "top_logprobs", "logprobs"},
   };
+}
+
+// As a request's text arrives: a non-negative number parses as unsigned, which the range checks
+// must see as the number it is.
+TEST(ParseRequest, RangesHoldForNumbersParsedFromText) {
+  for (const char* field : {"max_tokens", "n"}) {
+    const json body = parse_json_body(R"({"model": "stories260K", "prompt": "a", ")" +
+                                      std::string(field) + R"(": 0})");
+    const RequestError error = rejection(Endpoint::Completions, body);
+    EXPECT_EQ(error.http_status, 400) << field;
+    EXPECT_EQ(error.param, field);
+  }
+  const json huge = parse_json_body(
+      R"({"model": "stories260K", "prompt": "a", "max_tokens": 18446744073709551615})");
+  EXPECT_EQ(rejection(Endpoint::Completions, huge).param, "max_tokens");
+  const json ok = parse_json_body(R"({"model": "stories260K", "prompt": "a", "max_tokens": 3})");
+  EXPECT_EQ(parse_completion(ok).request->max_tokens, 3);
+}
+
+// The OpenAI fields this server does not implement pass at their neutral values, and -1 turns
+// top_k off as vLLM spells it.
+TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
+  json body = chat_body();
+  body.update({{"logit_bias", json::object()},
+               {"tools", json::array()},
+               {"tool_choice", "none"},
+               {"response_format", {{"type", "text"}}},
+               {"top_k", -1}});
+  EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
+  EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
 }
 
 TEST(ParseRequest, EachBadInputIsA400NamingItsParameter) {

@@ -421,6 +421,7 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
   edge.frequency_penalty = 2.0f;
   edge.top_logprobs = 20;
   edge.repeat_last_n = -1;
+  edge.top_k = -1;
   EXPECT_EQ(validate(edge), "");
 
   const auto expect_rejected = [](auto change, const std::string& message) {
@@ -438,7 +439,8 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
   expect_rejected([](SamplingParams& p) { p.top_p = 0.0f; },
                   "top_p must be greater than 0 and at most 1, got 0");
   expect_rejected([](SamplingParams& p) { p.top_p = 1.5f; }, "top_p must be");
-  expect_rejected([](SamplingParams& p) { p.top_k = -1; }, "top_k must be at least 0");
+  expect_rejected([](SamplingParams& p) { p.top_k = -2; },
+                  "top_k must be -1 or 0 (off) or a count");
   expect_rejected([](SamplingParams& p) { p.min_p = 1.1f; }, "min_p must be between 0 and 1");
   expect_rejected([](SamplingParams& p) { p.repetition_penalty = 0.0f; },
                   "repetition_penalty must be greater than 0");
