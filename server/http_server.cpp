@@ -6,6 +6,7 @@
 #include <ctime>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -14,6 +15,7 @@
 #include <sys/socket.h>
 
 #include "server/openai_protocol.h"
+#include "server/peer_connection.h"
 #include "server/queue_sink.h"
 
 namespace pipeline {
@@ -43,6 +45,13 @@ const std::map<std::string, std::string>& route_methods() {
 }
 
 constexpr std::string_view kModelPrefix = "/v1/models/";
+
+// The one method a known path takes; empty for an unknown path.
+std::string allowed_method(const std::string& path) {
+  if (auto route = route_methods().find(path); route != route_methods().end()) return route->second;
+  if (path.size() > kModelPrefix.size() && path.starts_with(kModelPrefix)) return "GET";
+  return "";
+}
 
 // A route's name for metrics labels: unknown paths share one label so they cannot grow the
 // label set without bound.
@@ -246,7 +255,9 @@ struct HttpServer::Impl {
     const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
                                                              httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      reply_error(res, unanswered_error(req, res.status));
+      const RequestError error = unanswered_error(req, res.status);
+      if (error.http_status == 405) res.set_header("Allow", allowed_method(req.path));
+      reply_error(res, error);
       return httplib::Server::HandlerResponse::Handled;
     };
     server.set_error_handler(on_error);
@@ -271,17 +282,20 @@ struct HttpServer::Impl {
   // httplib answered without a handler: no route, a known route with another method, or a
   // protocol-level refusal such as 413.
   static RequestError unanswered_error(const httplib::Request& req, int status) {
+    // httplib refuses a POST whose body it cannot read (no Content-Length, say) before routing.
+    if (status == 400)
+      return make_error(400,
+                        "The request could not be read: a " + req.method +
+                            " needs a body with a Content-Length header (or chunked).",
+                        "invalid_request_error", "");
     if (status != 404)
       return make_error(status, "The request was refused (HTTP " + std::to_string(status) + ").",
                         "invalid_request_error", "");
-    auto route = route_methods().find(req.path);
-    const bool model_route = req.path.starts_with(kModelPrefix);
-    if (route != route_methods().end() || model_route) {
-      const std::string allowed = model_route ? "GET" : route->second;
+    const std::string allowed = allowed_method(req.path);
+    if (!allowed.empty() && req.method != allowed)
       return make_error(405,
                         req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
                         "invalid_request_error", "method_not_allowed");
-    }
     return make_error(404, "Unknown request URL: " + req.method + " " + req.path + ".",
                       "invalid_request_error", "unknown_url");
   }
@@ -318,13 +332,17 @@ struct HttpServer::Impl {
     }
     ResponseBuilder builder(*parsed.request, parsed.options, served.name,
                             [this](int32_t token) { return engine.tokenizer().token_text(token); });
+    const PeerConnection peer(req.remote_addr, req.remote_port, port);
     // Nothing is committed before the first event, so an error the pipeline raises before the
     // first token (a prompt longer than the context, say) still gets its own status.
-    SinkEvent first = wait_event(*sink);
-    if (auto* error = std::get_if<RequestError>(&first)) return reply_error(res, *error);
-    if (!parsed.options.stream) return reply_whole(res, *sink, builder, std::move(first));
+    std::optional<SinkEvent> first = wait_event(*sink, peer, *parsed.request);
+    if (!first) return reply_error(res, client_gone_error());
+    if (auto* error = std::get_if<RequestError>(&*first)) return reply_error(res, *error);
+    if (!parsed.options.stream)
+      return reply_whole(res, *sink, peer, *parsed.request, builder, std::move(*first));
+    // From here the stream's writes tell whether the client is still there.
     auto stream = std::make_shared<EventStream>(parsed.request, sink, std::move(builder),
-                                                parsed.options.include_usage, std::move(first),
+                                                parsed.options.include_usage, std::move(*first),
                                                 std::move(active_response));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -333,15 +351,22 @@ struct HttpServer::Impl {
         [stream](bool success) { stream->released(success); });
   }
 
-  static SinkEvent wait_event(QueueSink& sink) {
-    while (true)
-      if (auto event = sink.next(kEventPoll)) return std::move(*event);
+  // The request's next event; nothing when its client left first, and then the request is
+  // cancelled (the scheduler drops it and frees its KV blocks at its next step).
+  static std::optional<SinkEvent> wait_event(QueueSink& sink, const PeerConnection& peer,
+                                             Request& request) {
+    while (true) {
+      if (auto event = sink.next(kEventPoll)) return event;
+      if (peer.closed()) {
+        request.cancelled.store(true);
+        return std::nullopt;
+      }
+    }
   }
 
-  // Collects the whole answer. A client that leaves meanwhile goes unnoticed (httplib tells a
-  // handler nothing about its connection): the request runs to its end, max_tokens bounds it.
-  static void reply_whole(httplib::Response& res, QueueSink& sink, ResponseBuilder& builder,
-                          SinkEvent event) {
+  // Collects the whole answer, or gives up when the client leaves.
+  static void reply_whole(httplib::Response& res, QueueSink& sink, const PeerConnection& peer,
+                          Request& request, ResponseBuilder& builder, SinkEvent event) {
     while (true) {
       if (auto* delta = std::get_if<Delta>(&event)) {
         builder.append(*delta);
@@ -350,8 +375,16 @@ struct HttpServer::Impl {
       } else {
         return reply_error(res, std::get<RequestError>(event));
       }
-      event = wait_event(sink);
+      std::optional<SinkEvent> next = wait_event(sink, peer, request);
+      if (!next) return reply_error(res, client_gone_error());
+      event = std::move(*next);
     }
+  }
+
+  // The status nginx gave "client closed request": nobody reads it, /metrics counts it.
+  static RequestError client_gone_error() {
+    return make_error(499, "The client closed the connection.", "invalid_request_error",
+                      "cancelled");
   }
 
   static RequestError shutting_down_error() {
@@ -363,6 +396,7 @@ struct HttpServer::Impl {
   int64_t created;
   httplib::Server server;
   int listen_socket = -1;
+  int port = 0;  // the port bound, which identifies a request's connection (PeerConnection)
   HttpCounters counters;
   std::atomic<int64_t> active{0};
   std::atomic<bool> stopping{false};
@@ -381,6 +415,7 @@ int HttpServer::bind(const std::string& host, int port) {
   if (bound <= 0)
     throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) +
                              " (address in use or not available)");
+  impl_->port = bound;
   // httplib 0.11 listens with a backlog of 5: a burst of clients connecting at once would
   // overflow it and wait a second for TCP to retry. Listening again only widens the backlog.
   ::listen(impl_->listen_socket, SOMAXCONN);

@@ -39,6 +39,7 @@ struct Reply {
   int status = 0;
   json body;
   std::string raw;
+  httplib::Headers headers;
 };
 
 Reply send(int port, const std::string& method, const std::string& path, const std::string& body,
@@ -50,7 +51,7 @@ Reply send(int port, const std::string& method, const std::string& path, const s
                                : client.Get(path.c_str(), headers);
   if (!result)
     throw std::runtime_error(method + " " + path + ": " + httplib::to_string(result.error()));
-  Reply reply{result->status, json(), result->body};
+  Reply reply{result->status, json(), result->body, result->headers};
   reply.body = json::parse(result->body, nullptr, /*allow_exceptions=*/false);
   return reply;
 }
@@ -319,22 +320,31 @@ TEST_F(ServerE2E, SixteenConcurrentStreamsArePrefilledTogetherAndMatchTheirSoloA
   EXPECT_EQ(metric(port(), "pipeline_prefill_batch_size_sum") - prefilled_before, kRequests);
 }
 
-// Opens a streaming request on a raw socket, reads until the first bytes of the body arrived,
-// and hangs up.
-void stream_then_hang_up(int port, const json& body) {
+// A raw connection on which a completion request was sent; the caller closes it.
+int send_raw_completion(int port, const json& body) {
   const std::string payload = body.dump();
   const std::string request =
       "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
       "Content-Type: application/json\r\nContent-Length: " +
       std::to_string(payload.size()) + "\r\n\r\n" + payload;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
+  if (fd < 0) throw std::runtime_error("socket() failed");
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(uint16_t(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      write(fd, request.data(), request.size()) != ssize_t(request.size())) {
+    close(fd);
+    throw std::runtime_error("cannot send a request to port " + std::to_string(port));
+  }
+  return fd;
+}
+
+// Opens a streaming request on a raw socket, reads until the first bytes of the body arrived,
+// and hangs up.
+void stream_then_hang_up(int port, const json& body) {
+  const int fd = send_raw_completion(port, body);
   std::string received;
   char buffer[1024];
   while (received.find("data: ") == std::string::npos) {
@@ -363,6 +373,30 @@ TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
   EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480);
   // And the server goes on serving.
   EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
+// A client that leaves while its request waits in the batch window, streaming or not: the
+// request is cancelled and never prefilled, rather than computed for nobody.
+TEST(ServerE2EClientLeaves, ARequestWhoseClientLeftBeforeItsAnswerIsNeverRun) {
+  ServerProcess server(stories_config("scheduler:\n  window_ms: 1500\n  max_batch: 16\n"));
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "whole answer");
+    const double failed_before = metric(server.port(), "pipeline_requests_failed_total");
+    const double prefills_before = metric(server.port(), "pipeline_prefill_batches_total");
+    json body = completion_body("Once upon a time", 64);
+    body["stream"] = stream;
+    const int fd = send_raw_completion(server.port(), body);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    close(fd);
+    // The window closes 1.5 s after the arrival; the scheduler drops the request then.
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (metric(server.port(), "pipeline_requests_failed_total") == failed_before &&
+           Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(metric(server.port(), "pipeline_requests_failed_total") - failed_before, 1);
+    EXPECT_EQ(metric(server.port(), "pipeline_prefill_batches_total"), prefills_before);
+  }
+  EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
 struct BadCall {
@@ -406,6 +440,9 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
       {"POST", "/v1/models", "{}", 405, "", "method_not_allowed", "GET"},
       {"GET", "/v1/nothing-here", "", 404, "", "unknown_url", "/v1/nothing-here"},
       {"GET", "/v1/models/gpt-4", "", 404, "", "model_not_found", "gpt-4"},
+      {"GET", "/v1/models/", "", 404, "", "unknown_url", "/v1/models/"},
+      {"POST", "/v1/chat/completions", with(good, "logit_bias", {{"13", 5}}).dump(), 400,
+       "logit_bias", "", "not supported"},
   };
   for (const BadCall& call : calls) {
     SCOPED_TRACE(call.method + " " + call.path + " " + call.body.substr(0, 200));
@@ -420,6 +457,11 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
     EXPECT_EQ(error["code"], call.code.empty() ? json() : json(call.code));
     EXPECT_NE(error["message"].get<std::string>().find(call.message_part), std::string::npos)
         << error["message"];
+    if (call.status == 405) {
+      const auto allow = reply.headers.find("Allow");
+      ASSERT_NE(allow, reply.headers.end()) << reply.raw;
+      EXPECT_EQ(allow->second, call.message_part);
+    }
     const Reply after = post(port(), "/v1/chat/completions", good);
     EXPECT_EQ(after.status, 200) << after.raw;
   }

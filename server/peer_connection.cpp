@@ -1,0 +1,62 @@
+#include "server/peer_connection.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <charconv>
+#include <filesystem>
+#include <system_error>
+
+namespace pipeline {
+namespace {
+
+// One end of a socket as httplib names a peer: the numeric host, and the port.
+bool endpoint_of(const sockaddr_storage& address, socklen_t length, std::string& host, int& port) {
+  char host_text[NI_MAXHOST], port_text[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host_text, sizeof host_text,
+                  port_text, sizeof port_text, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  host = host_text;
+  port = std::atoi(port_text);
+  return true;
+}
+
+bool connects(int fd, const std::string& remote_addr, int remote_port, int local_port) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  std::string host;
+  int port = 0;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+      !endpoint_of(address, length, host, port) || port != remote_port || host != remote_addr)
+    return false;
+  length = sizeof address;
+  return getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0 &&
+         endpoint_of(address, length, host, port) && port == local_port;
+}
+
+}  // namespace
+
+PeerConnection::PeerConnection(const std::string& remote_addr, int remote_port, int local_port) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    const std::string name = entry.path().filename().string();
+    int fd = -1;
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
+    if (connects(fd, remote_addr, remote_port, local_port)) {
+      fd_ = fd;
+      return;
+    }
+  }
+}
+
+bool PeerConnection::closed() const {
+  if (fd_ < 0) return false;
+  // The peer's FIN shows as POLLRDHUP, a reset as POLLERR/POLLHUP; bytes of a next request
+  // (POLLIN alone) are not an end.
+  pollfd poll_fd{fd_, POLLRDHUP, 0};
+  return ::poll(&poll_fd, 1, 0) > 0 &&
+         (poll_fd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,99 @@
+// PeerConnection finds a server-side socket by its two ends and tells when the client left.
+#include "server/peer_connection.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace pipeline {
+namespace {
+
+int port_of(int fd, bool peer) {
+  sockaddr_in address{};
+  socklen_t length = sizeof address;
+  const int got = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length)
+                       : getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  if (got != 0) throw std::runtime_error("getsockname/getpeername failed");
+  return ntohs(address.sin_port);
+}
+
+// A listening socket on 127.0.0.1, a client connected to it and the server's end of that
+// connection, as a server's connection thread has it.
+struct Connection {
+  Connection() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) ||
+        listen(listener, 1))
+      throw std::runtime_error("cannot listen on 127.0.0.1");
+    server_port = port_of(listener, false);
+    address.sin_port = htons(uint16_t(server_port));
+    client = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+      throw std::runtime_error("cannot connect");
+    accepted = accept(listener, nullptr, nullptr);
+    client_port = port_of(client, false);
+  }
+  ~Connection() {
+    for (int fd : {listener, client, accepted})
+      if (fd >= 0) close(fd);
+  }
+  int listener = -1, client = -1, accepted = -1;
+  int server_port = 0, client_port = 0;
+};
+
+bool closed_within(const PeerConnection& peer, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!peer.closed()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(PeerConnection, SeesTheClientLeave) {
+  Connection connection;
+  const PeerConnection peer("127.0.0.1", connection.client_port, connection.server_port);
+  ASSERT_TRUE(peer.found());
+  EXPECT_FALSE(peer.closed());
+  // The bytes of a next request are not an end.
+  ASSERT_EQ(write(connection.client, "GET / HTTP/1.1\r\n", 16), 16);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(peer.closed());
+  // The client's end stays open (its descriptor valid), so only the server's end can see this.
+  ASSERT_EQ(shutdown(connection.client, SHUT_WR), 0);
+  EXPECT_TRUE(closed_within(peer, std::chrono::seconds(2)));
+}
+
+TEST(PeerConnection, SeesAClosedClient) {
+  Connection connection;
+  const PeerConnection peer("127.0.0.1", connection.client_port, connection.server_port);
+  ASSERT_TRUE(peer.found());
+  close(connection.client);
+  connection.client = -1;
+  EXPECT_TRUE(closed_within(peer, std::chrono::seconds(2)));
+}
+
+TEST(PeerConnection, MatchesBothEnds) {
+  Connection connection;
+  EXPECT_FALSE(PeerConnection("127.0.0.1", connection.client_port, connection.client_port).found());
+  EXPECT_FALSE(PeerConnection("10.1.2.3", connection.client_port, connection.server_port).found());
+}
+
+TEST(PeerConnection, WithoutASocketNeverReportsAnEnd) {
+  const PeerConnection nobody("127.0.0.1", 1, 2);
+  EXPECT_FALSE(nobody.found());
+  EXPECT_FALSE(nobody.closed());
+}
+
+}  // namespace
+}  // namespace pipeline
