@@ -49,17 +49,21 @@ class FieldReader {
     if (!node.IsMap()) fail(node, field, "expected a mapping");
   }
 
-  // Every key of `node` must be one of `known`.
+  // Every key of `node` must be one of `known`, and appear once: yaml-cpp keeps a repeated
+  // key and reads the first, which would silently drop the second.
   void check_keys(const YAML::Node& node, const std::string& section,
                   const std::set<std::string>& known) const {
+    std::map<std::string, int> first_line;
     for (const auto& entry : node) {
       const auto key = entry.first.as<std::string>();
+      const std::string field = section.empty() ? key : section + "." + key;
       if (!known.contains(key)) {
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        fail(entry.first, section.empty() ? key : section + "." + key,
-             "unknown field (known: " + list + ")");
+        fail(entry.first, field, "unknown field (known: " + list + ")");
       }
+      if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
+        fail(entry.first, field, "given twice (first on line " + std::to_string(it->second) + ")");
     }
   }
 
@@ -177,7 +181,11 @@ void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefault
     p.seed = r.scalar<uint64_t>(node["seed"], "sampling.seed", "a non-negative integer");
   if (node["max_tokens"])
     sampling.max_tokens = r.integer(node["max_tokens"], "sampling.max_tokens", 1);
-  if (const auto problem = validate(p); !problem.empty()) r.fail(node, "sampling", problem);
+  // The sampler's message starts with the parameter's name, which is the field's.
+  if (const auto problem = validate(p); !problem.empty()) {
+    const std::string key = problem.substr(0, problem.find(' '));
+    r.fail(node[key] ? node[key] : node, "sampling." + key, problem);
+  }
 }
 
 // "unlimited" (0), "serial" (1) or a positive count.

@@ -127,13 +127,16 @@ TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
   EXPECT_NE(error_of("model: {path: m}\nscheduler:\n  windw_ms: 5\n")
                 .find(file + ":3: field 'scheduler.windw_ms': unknown field"),
             std::string::npos);
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  port: 8000\n  port: 8001\n"),
+            file + ":4: field 'server.port': given twice (first on line 3)");
+  EXPECT_EQ(error_of("model: {path: m}\ndevice: cpu\ndevice: cuda\n"),
+            file + ":3: field 'device': given twice (first on line 2)");
 }
 
 TEST_F(ServeConfigTest, SamplingAndGraphErrors) {
   const std::string file = (dir_ / "serve.yaml").string();
-  EXPECT_NE(error_of("model: {path: m}\nsampling:\n  temperature: 5\n")
-                .find(file + ":3: field 'sampling': "),
-            std::string::npos);
+  EXPECT_EQ(error_of("model: {path: m}\nsampling:\n  top_p: 0.9\n  temperature: 5\n"),
+            file + ":4: field 'sampling.temperature': temperature must be between 0 and 2, got 5");
   EXPECT_EQ(
       error_of(
           "model: {path: m}\ngraph:\n  nodes:\n    - {name: a, concurrency: lots}\n  edges: []\n"),
@@ -158,6 +161,11 @@ TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
             file +
                 ": override 'scheduler.window_ms=abc': field 'scheduler.window_ms': expected an "
                 "integer, got 'abc'");
+  EXPECT_EQ(
+      error_of("model: {path: m}\nsampling:\n  temperature: 1\n", {"sampling.temperature=-1"}),
+      file +
+          ": override 'sampling.temperature=-1': field 'sampling.temperature': temperature "
+          "must be between 0 and 2, got -1");
   EXPECT_NE(error_of("model: {path: m}\n", {"scheduler.nope=1"})
                 .find("field 'scheduler.nope': unknown field"),
             std::string::npos);
