@@ -33,7 +33,7 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_batch=8 (repeatable)\n"
     "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
-    "and exit 0.";
+    "and exit 0; a second one fails those still in flight at once.";
 
 // --host and --port, then the overrides every config-loading command takes (--set last, so
 // that it wins).
@@ -87,19 +87,30 @@ int run_command(int argc, char** argv) {
   Engine engine(config);
   HttpServer server(engine);
   const int port = server.bind(config.server.host, config.server.port);
-  std::fprintf(stderr, "pipeline run: serving model '%s' on %s; listening on http://%s:%d\n",
-               engine.model_name().c_str(), config.device.c_str(), config.server.host.c_str(),
-               port);
+  std::fprintf(stderr, "pipeline run: serving model '%s'; listening on http://%s:%d\n",
+               engine.model_name().c_str(), config.server.host.c_str(), port);
 
   std::atomic<bool> server_ended{false};
   std::atomic<bool> signalled{false};
+  auto signal_name = [](int signal_number) {
+    return signal_number == SIGINT ? "SIGINT" : "SIGTERM";
+  };
   std::thread stopper([&] {
     const int signal_number = wait_for_stop_signal(server_ended);
     if (signal_number == 0) return;
     signalled.store(true);
-    std::fprintf(stderr, "pipeline run: %s received, finishing requests in flight (up to %d s)\n",
-                 signal_number == SIGINT ? "SIGINT" : "SIGTERM", config.server.shutdown_grace_s);
-    server.shutdown(std::chrono::seconds(config.server.shutdown_grace_s));
+    std::fprintf(stderr,
+                 "pipeline run: %s received, finishing requests in flight (up to %d s; another "
+                 "signal ends them now)\n",
+                 signal_name(signal_number), config.server.shutdown_grace_s);
+    std::thread shutting_down(
+        [&] { server.shutdown(std::chrono::seconds(config.server.shutdown_grace_s)); });
+    if (const int second = wait_for_stop_signal(server_ended); second != 0) {
+      std::fprintf(stderr, "pipeline run: second %s: failing the requests still in flight\n",
+                   signal_name(second));
+      engine.end_grace();
+    }
+    shutting_down.join();
   });
   server.serve();
   server_ended.store(true);

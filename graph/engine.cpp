@@ -47,6 +47,7 @@ struct Engine::Impl {
   std::condition_variable live_changed;
   std::map<uint64_t, std::weak_ptr<Sequence>> live;
   bool accepting = true;
+  bool grace_ended = false;
   uint64_t next_number = 0;
 
   std::mutex shutdown_mutex;
@@ -135,7 +136,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
     std::unique_lock lock(m.live_mutex);
     m.accepting = false;
     if (!m.live.empty()) log_line("shutting down: %zu requests in flight", m.live.size());
-    m.live_changed.wait_for(lock, grace, [&] { return m.live.empty(); });
+    m.live_changed.wait_for(lock, grace, [&] { return m.live.empty() || m.grace_ended; });
     for (auto& [number, weak] : m.live)
       if (auto seq = weak.lock()) remaining.push_back(std::move(seq));
   }
@@ -145,6 +146,14 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   m.scheduler->stop();
   m.graph->wait();
   m.shut_down = true;
+}
+
+void Engine::end_grace() {
+  {
+    std::lock_guard lock(impl_->live_mutex);
+    impl_->grace_ended = true;
+  }
+  impl_->live_changed.notify_all();
 }
 
 std::string Engine::metrics_text() const {

@@ -28,6 +28,9 @@ class Engine {
   // Stops accepting, lets in-flight requests finish for up to `grace`, then fails the rest
   // through their sinks. Idempotent.
   void shutdown(std::chrono::milliseconds grace);
+  // Ends a shutdown's grace now (a second Ctrl-C): the requests still in flight fail at once.
+  // Callable from any thread, before or during shutdown().
+  void end_grace();
 
   // Prometheus text exposition of every metric.
   std::string metrics_text() const;

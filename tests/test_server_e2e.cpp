@@ -622,5 +622,29 @@ TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
   EXPECT_EQ(stream.finish_reason, "length");
 }
 
+// A second SIGTERM ends the grace at once: a request still waiting (here in a long batch
+// window) fails with a 503 and the server exits 0 without waiting the grace out.
+TEST(ServerE2EShutdown, ASecondSigtermFailsWhatIsStillInFlightAtOnce) {
+  ServerProcess server(
+      stories_config("  shutdown_grace_s: 60\nscheduler:\n  window_ms: 30000\n  max_batch: 16\n"));
+  auto waiting = std::async(std::launch::async, [&] {
+    return post(server.port(), "/v1/completions", completion_body("Once upon a time", 8));
+  });
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (metric(server.port(), "pipeline_waiting_sequences") < 1 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  server.signal(SIGTERM);
+  ASSERT_TRUE(server.stderr_shows("SIGTERM received", std::chrono::seconds(10)))
+      << server.stderr_text();
+  const auto second = Clock::now();
+  EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
+  EXPECT_LT(Clock::now() - second, std::chrono::seconds(10));
+  const Reply reply = waiting.get();
+  EXPECT_EQ(reply.status, 503) << reply.raw;
+  EXPECT_EQ(reply.body["error"]["message"], "server shutting down") << reply.raw;
+  EXPECT_TRUE(server.stderr_text().find("second SIGTERM") != std::string::npos)
+      << server.stderr_text();
+}
+
 }  // namespace
 }  // namespace pipeline

@@ -84,6 +84,16 @@ class ServerProcess {
     return stderr_;
   }
 
+  void signal(int signal_number) { kill(pid_, signal_number); }
+
+  // Whether the server's stderr shows `text` within `timeout`.
+  bool stderr_shows(const std::string& text, std::chrono::seconds timeout) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, timeout, [&] {
+      return stderr_.find(text) != std::string::npos || stderr_closed_;
+    }) && stderr_.find(text) != std::string::npos;
+  }
+
   // Sends SIGTERM and waits: the exit code, or -1 when the process did not exit normally in
   // time (it is killed then).
   int terminate(std::chrono::seconds timeout) {
