@@ -181,6 +181,17 @@ struct PackedStep {
   DeviceBuffer<int32_t> indices;
 };
 
+// The attention kernels' view of the pool through a step's block tables.
+PagedKv paged_kv(const KvPool& pool, const PackedStep& step) {
+  return {pool.k_d.data(),
+          pool.v_d.data(),
+          step.at(step.layout.block_tables),
+          step.layout.max_blocks_per_seq,
+          kBlockSize,
+          pool.shape.num_kv_heads,
+          pool.shape.head_dim};
+}
+
 // ---- Decode attention
 
 // Float64 attention of sequence `s`'s new token (row s of qkv, at position start_pos) over the
@@ -240,13 +251,7 @@ void check_decode_attention(const HeadShape& shape) {
   Stream stream;
   const DecodeScratch scratch(seqs, shape.num_heads, shape.num_kv_heads, D, kMaxSplits,
                               stream.get());
-  const PagedKv kv{pool.k_d.data(),
-                   pool.v_d.data(),
-                   step.at(step.layout.block_tables),
-                   kMaxBlocksPerSeq,
-                   kBlockSize,
-                   shape.num_kv_heads,
-                   D};
+  const PagedKv kv = paged_kv(pool, step);
   const DecodeNewTokens fresh{step.at(step.layout.positions), step.at(step.layout.slots),
                               float(kRopeTheta), pool.k_d.data(), pool.v_d.data()};
   DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * D);
@@ -316,13 +321,7 @@ void check_prefill_attention(const HeadShape& shape) {
   const int tokens = batch.total_tokens(), D = shape.head_dim;
   const std::vector<bf16> qkv = random_bf16(rng, size_t(tokens) * shape.qkv_dim());
   const DeviceBuffer<bf16> qkv_d = upload(qkv);
-  const PagedKv kv{pool.k_d.data(),
-                   pool.v_d.data(),
-                   step.at(step.layout.block_tables),
-                   kPrefillMaxBlocksPerSeq,
-                   kBlockSize,
-                   shape.num_kv_heads,
-                   D};
+  const PagedKv kv = paged_kv(pool, step);
   DeviceBuffer<bf16> out_d(size_t(tokens) * shape.num_heads * D);
   Stream stream;
   prefill_attention(qkv_d.data(), shape.qkv_dim(), kv, step.at(step.layout.tiles), step.shape.tiles,
