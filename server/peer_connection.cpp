@@ -38,9 +38,11 @@ bool connects(int fd, const std::string& remote_addr, int remote_port, int local
 }  // namespace
 
 PeerConnection::PeerConnection(const std::string& remote_addr, int remote_port, int local_port) {
+  // Descriptors open and close meanwhile on other threads: a failed step ends the search.
   std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
-    const std::string name = entry.path().filename().string();
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
     int fd = -1;
     if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
     if (connects(fd, remote_addr, remote_port, local_port)) {
