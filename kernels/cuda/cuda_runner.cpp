@@ -206,10 +206,12 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
   size_t free_bytes = 0, total_bytes = 0;
   PIPELINE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t weight_bytes = device_weight_bytes(*weights_);
-  if (weight_bytes >= free_bytes)
+  if (weight_bytes + upload_scratch_bytes(c) >= free_bytes)
     throw std::runtime_error("model does not fit on the GPU: its bf16 weights need " +
-                             gib_string(weight_bytes) + ", the device has " +
-                             gib_string(free_bytes) + " free of " + gib_string(total_bytes));
+                             gib_string(weight_bytes) + " (and " +
+                             gib_string(upload_scratch_bytes(c)) +
+                             " more while they upload), the device has " + gib_string(free_bytes) +
+                             " free of " + gib_string(total_bytes));
   {
     NvtxRange range{"upload_weights"};
     device_weights_ = upload_weights(*weights_, stream_.get());

@@ -14,6 +14,8 @@ bool is_tied(const LlamaWeights& w) {
   return w.lm_head.data == w.embed.data;
 }
 
+constexpr size_t kStagingBytes = size_t(64) << 20;
+
 // Copies checkpoint tensors to the device in bf16, converting other dtypes through a bounded
 // staging buffer so a float32 7B checkpoint never needs a second full copy on the device.
 class Uploader {
@@ -66,7 +68,6 @@ class Uploader {
   }
 
  private:
-  static constexpr size_t kStagingBytes = size_t(64) << 20;
   cudaStream_t stream_;
   DeviceBuffer<std::byte> staging_;
 };
@@ -81,6 +82,10 @@ size_t device_weight_bytes(const LlamaWeights& weights) {
          {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down})
       elements += size_t(t->numel());
   return elements * sizeof(bf16);
+}
+
+size_t upload_scratch_bytes(const LlamaConfig& c) {
+  return kStagingBytes + 2 * size_t(c.intermediate_size) * size_t(c.hidden_size) * sizeof(bf16);
 }
 
 size_t decode_weight_bytes(const LlamaConfig& c) {

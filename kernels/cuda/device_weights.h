@@ -35,6 +35,9 @@ struct DeviceWeights {
 
 // Device bytes the bf16 weights take, to check the fit before uploading.
 size_t device_weight_bytes(const LlamaWeights& weights);
+// Device bytes upload_weights() holds besides the weights while it runs (its staging buffer and
+// one layer's gate and up before they are interleaved).
+size_t upload_scratch_bytes(const LlamaConfig& config);
 
 // The bf16 bytes a decode step reads: every matrix but the embedding (only gathered rows).
 size_t decode_weight_bytes(const LlamaConfig& config);
