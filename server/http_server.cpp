@@ -196,7 +196,12 @@ struct HttpServer::Impl {
       : engine(engine_ref),
         served{engine_ref.model_name(), engine_ref.config().sampling},
         created(std::time(nullptr)) {
-    const int threads = std::max(64, engine.config().scheduler.max_num_seqs + 16);
+    // A completion request holds its connection thread until it ends, so every request the
+    // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when
+    // the queue is full, /health, /metrics. With fewer, requests past the threads would wait
+    // unseen in httplib's own queue instead of getting their place or their 503.
+    const auto& limits = engine.config();
+    const int threads = limits.scheduler.max_num_seqs + limits.server.max_queue + 16;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server.set_payload_max_length(16 << 20);
     // Stream chunks are small writes: send each at once rather than wait for an ACK (Nagle).

@@ -582,6 +582,27 @@ TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
   EXPECT_EQ(send(server.port(), "GET", "/v1/models", "", right).status, 200);
 }
 
+// More requests at once than any fixed pool of connection threads would serve: every one the
+// queue can hold reaches the engine at once (a window holds them all), none waits unseen for
+// a thread, and all complete.
+TEST(ServerE2EQueueFull, EveryRequestTheQueueCanHoldReachesTheEngine) {
+  ServerProcess server(
+      stories_config("  max_queue: 120\nscheduler:\n  window_ms: 3000\n  max_batch: 128\n"));
+  constexpr int kRequests = 100;
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < kRequests; ++i)
+    replies.push_back(std::async(std::launch::async, [&, i] {
+      return post(server.port(), "/v1/completions", completion_body(story_prompt(i), 4));
+    }));
+  const auto deadline = Clock::now() + std::chrono::milliseconds(2500);
+  while (metric(server.port(), "pipeline_requests_added_total") < kRequests &&
+         Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(metric(server.port(), "pipeline_requests_added_total"), kRequests);
+  EXPECT_EQ(metric(server.port(), "pipeline_prefill_batches_total"), 0) << "the window closed";
+  for (auto& future : replies) EXPECT_EQ(future.get().status, 200);
+}
+
 TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
   // The batch window holds the first two in the waiting queue while the rest arrive.
   ServerProcess server(stories_config("  max_queue: 2\nscheduler:\n  window_ms: 1000\n"));
