@@ -2,6 +2,7 @@
 #include "server/openai_protocol.h"
 
 #include <limits>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -327,6 +328,94 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
+}
+
+// A JSON value of a random kind, nested up to `depth`.
+json random_value(std::mt19937& rng, int depth) {
+  const int kinds = depth > 0 ? 10 : 8;
+  switch (std::uniform_int_distribution<int>(0, kinds - 1)(rng)) {
+    case 0:
+      return nullptr;
+    case 1:
+      return rng() % 2 == 0;
+    case 2:
+      return int(rng() % 7) - 3;
+    case 3:
+      return std::numeric_limits<int64_t>::min();
+    case 4:
+      return ~uint64_t{0};
+    case 5:
+      return std::uniform_real_distribution<double>(-1e12, 1e12)(rng);
+    case 6:
+      return std::string(rng() % 3, "ab\n\xff"[rng() % 4]);
+    case 7:
+      return json::array();
+    case 8: {
+      json array = json::array();
+      for (int i = int(rng() % 3); i > 0; --i) array.push_back(random_value(rng, depth - 1));
+      return array;
+    }
+    default: {
+      json object = json::object();
+      for (const char* key : {"role", "content", "type", "text", "include_usage"})
+        if (rng() % 2 == 0) object[key] = random_value(rng, depth - 1);
+      return object;
+    }
+  }
+}
+
+// Whatever the fields hold, a body is accepted or refused with an ApiError: never another
+// exception (which the server could only answer with a 500).
+TEST(ParseRequest, RandomFieldValuesAreAcceptedOrRefusedWithAnApiError) {
+  const std::vector<std::string> fields = {"model",
+                                           "messages",
+                                           "prompt",
+                                           "max_tokens",
+                                           "max_completion_tokens",
+                                           "temperature",
+                                           "top_p",
+                                           "top_k",
+                                           "min_p",
+                                           "repetition_penalty",
+                                           "repeat_last_n",
+                                           "presence_penalty",
+                                           "frequency_penalty",
+                                           "seed",
+                                           "stop",
+                                           "stream",
+                                           "stream_options",
+                                           "logprobs",
+                                           "top_logprobs",
+                                           "n",
+                                           "best_of",
+                                           "echo",
+                                           "ignore_eos",
+                                           "logit_bias",
+                                           "suffix",
+                                           "tools",
+                                           "tool_choice",
+                                           "functions",
+                                           "function_call",
+                                           "response_format",
+                                           "user"};
+  std::mt19937 rng(2024);
+  for (int i = 0; i < 20000; ++i) {
+    const bool chat = i % 2 == 0;
+    json body = chat ? chat_body() : completion_body();
+    for (int changes = 1 + int(rng() % 3); changes > 0; --changes) {
+      const std::string& field = fields[rng() % fields.size()];
+      body[field] = random_value(rng, 2);
+    }
+    if (chat && rng() % 4 == 0) body["messages"] = json::array({random_value(rng, 2)});
+    try {
+      parse_openai_request(chat ? Endpoint::ChatCompletions : Endpoint::Completions, body,
+                           served_model());
+    } catch (const ApiError&) {
+    } catch (const std::exception& e) {
+      FAIL() << "not an ApiError: " << e.what()
+             << "\nbody: " << body.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+  }
 }
 
 TEST(ParseRequest, EachBadInputIsA400NamingItsParameter) {
