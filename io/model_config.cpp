@@ -1,6 +1,7 @@
 #include "io/model_config.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -27,16 +28,31 @@ json read_json(const std::filesystem::path& path) {
   }
 }
 
-// Reads a positive integer field; `fallback` < 0 makes it required.
+// The largest dimension and context this code takes: far past any LLaMA-family model, and
+// small enough that sizes and positions computed in int never overflow.
+constexpr int64_t kMaxDimension = int64_t(1) << 20;
+
+// The value of an integer that fits int64, else `otherwise`. (A non-negative literal parses as
+// unsigned, and one past INT64_MAX would otherwise read as negative.)
+int64_t integer_or(const json& value, int64_t otherwise) {
+  if (!value.is_number_integer()) return otherwise;
+  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX)) return otherwise;
+  return value.get<int64_t>();
+}
+
+// Reads an integer field in [1, kMaxDimension]; `fallback` < 0 makes it required.
 int positive_int(const std::filesystem::path& file, const json& j, const char* field,
                  int fallback = -1) {
   if (!j.contains(field) || j[field].is_null()) {
     if (fallback < 0) fail(file, field, "is missing");
     return fallback;
   }
-  if (!j[field].is_number_integer() || j[field].get<int64_t>() <= 0)
-    fail(file, field, "must be a positive integer, got " + j[field].dump());
-  return j[field].get<int>();
+  const json& value = j[field];
+  const int64_t number = integer_or(value, 0);
+  if (number < 1 || number > kMaxDimension)
+    fail(file, field,
+         "must be an integer from 1 to " + std::to_string(kMaxDimension) + ", got " + value.dump());
+  return int(number);
 }
 
 float positive_float(const std::filesystem::path& file, const json& j, const char* field,
@@ -51,9 +67,10 @@ std::vector<int32_t> token_ids(const std::filesystem::path& file, const json& va
                                const char* field) {
   std::vector<int32_t> ids;
   const auto add = [&](const json& v) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    const int64_t id = integer_or(v, -1);
+    if (id < 0 || id > INT32_MAX)
       fail(file, field, "must be a token id or a list of them, got " + value.dump());
-    ids.push_back(v.get<int32_t>());
+    ids.push_back(int32_t(id));
   };
   if (value.is_array()) {
     for (const auto& v : value) add(v);
@@ -116,16 +133,22 @@ LlamaConfig load_llama_config(const std::filesystem::path& model_dir) {
     c.torch_dtype = j["torch_dtype"].get<std::string>();
 
   // generation_config.json, when present, says where generation ends (possibly several ids).
+  auto eos_file = file;  // the file the end ids came from, for the message below
   const auto gen_file = model_dir / "generation_config.json";
   if (std::filesystem::exists(gen_file)) {
     const json g = read_json(gen_file);
-    if (g.contains("eos_token_id") && !g["eos_token_id"].is_null())
+    if (g.contains("eos_token_id") && !g["eos_token_id"].is_null()) {
       c.eos_token_ids = token_ids(gen_file, g["eos_token_id"], "eos_token_id");
+      eos_file = gen_file;
+    }
     if (g.contains("bos_token_id") && !g["bos_token_id"].is_null())
       c.bos_token_id = token_ids(gen_file, g["bos_token_id"], "bos_token_id").at(0);
   }
   for (int32_t id : c.eos_token_ids)
-    if (id >= c.vocab_size) fail(file, "eos_token_id", "holds an id beyond vocab_size");
+    if (id >= c.vocab_size)
+      fail(
+          eos_file, "eos_token_id",
+          "holds id " + std::to_string(id) + ", beyond vocab_size " + std::to_string(c.vocab_size));
   return c;
 }
 

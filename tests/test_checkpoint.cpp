@@ -247,6 +247,33 @@ TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
   auto error = load_error();
   EXPECT_NE(error.find("config.json: field 'num_key_value_heads'"), std::string::npos) << error;
 
+  // Sizes past int (which once wrapped modulo 2^32) and absurd contexts are refused by name.
+  config["num_key_value_heads"] = 4;
+  for (const char* text : {"4294967297", "100000000000", "18446744073709551615", "0", "-8"}) {
+    const std::string body = config.dump();
+    const std::string with_huge =
+        body.substr(0, body.size() - 1) + R"(,"max_position_embeddings":)" + text + "}";
+    std::ofstream(dir_ / "config.json") << with_huge;
+    error = load_error();
+    EXPECT_NE(error.find("field 'max_position_embeddings' must be an integer from 1 to 1048576"),
+              std::string::npos)
+        << text << ": " << error;
+  }
+  const nlohmann::json hidden_size = config["hidden_size"];
+  config["hidden_size"] = 4294967360ull;
+  std::ofstream(dir_ / "config.json") << config.dump();
+  EXPECT_NE(load_error().find("field 'hidden_size' must be an integer"), std::string::npos);
+  config["hidden_size"] = hidden_size;
+  std::ofstream(dir_ / "config.json") << config.dump();
+
+  // An end id out of the vocabulary is reported against the file it came from.
+  std::ofstream(dir_ / "generation_config.json") << R"({"eos_token_id": [2, 100000]})";
+  error = load_error();
+  EXPECT_NE(error.find("generation_config.json: field 'eos_token_id' holds id 100000"),
+            std::string::npos)
+      << error;
+  fs::remove(dir_ / "generation_config.json");
+
   config.erase("num_key_value_heads");
   config.erase("hidden_size");
   std::ofstream(dir_ / "config.json") << config.dump();
