@@ -147,6 +147,7 @@ GraphPlan plan_graph(const ServeConfig& config, const StageRegistry& registry) {
   const auto& spec = config.graph;
   GraphPlan plan;
   std::map<std::string, size_t> by_name;
+  std::map<const StageInfo*, size_t> single;  // stages that may appear once -> their node
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const auto& node = spec.nodes[i];
     if (auto it = by_name.find(node.name); it != by_name.end())
@@ -163,6 +164,16 @@ GraphPlan plan_graph(const ServeConfig& config, const StageRegistry& registry) {
     if (stage->serial && node.concurrency != 1)
       errors.fail(node.line, node_field(i) + ".concurrency",
                   "stage '" + stage->name + "' runs one message at a time; it must be serial");
+    // The scheduler and the model steps own the runner and the KV blocks, detokenize and emit
+    // each request's text and event order: a second node of one of them would run every
+    // message twice (the graph hands a message to each node that accepts it).
+    if (stage->serial || stage->needs_every) {
+      if (const auto [first, added] = single.emplace(stage, i); !added)
+        errors.fail(node.line, node_field(i) + ".stage",
+                    "stage '" + stage->name + "' may appear once; node '" + node.name +
+                        "' repeats node '" + spec.nodes[first->second].name + "' (line " +
+                        std::to_string(spec.nodes[first->second].line) + ")");
+    }
     by_name.emplace(node.name, i);
     plan.nodes.push_back({node, stage});
     check_params(errors, i, plan.nodes.back());

@@ -155,10 +155,32 @@ TEST_F(GraphBuilderTest, AnEdgeThatCarriesNothing) {
 TEST_F(GraphBuilderTest, ANodeOffThePathFromInputToOutput) {
   // A second output that nothing feeds.
   std::string graph = six_nodes();
-  graph.insert(graph.find("  edges:"), "    - { name: orphan, stage: emit }\n");
+  graph.insert(graph.find("  edges:"),
+               "    - { name: orphan, stage: test_counted_sink, limit: 1 }\n");
   EXPECT_EQ(error_of(graph), file() +
                                  ":13: field 'graph.nodes[6]': node 'orphan' is not on a "
                                  "path from the input 'tokenize' to an output");
+}
+
+// Two nodes of a stage that owns the runner, the scheduler's state or a request's text and event
+// order would each run every message they are handed: the graph refuses them.
+TEST_F(GraphBuilderTest, StatefulStagesAppearOnce) {
+  std::string graph = six_nodes("{ name: emit, stage: emit }",
+                                "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
+                                "prefill->batch, decode->batch, prefill->detok, decode->detok, "
+                                "detok->emit, detok->emit2, tokenize->emit2]");
+  graph.insert(graph.find("  edges:"), "    - { name: emit2, stage: emit }\n");
+  EXPECT_EQ(error_of(graph), file() +
+                                 ":13: field 'graph.nodes[6].stage': stage 'emit' may appear "
+                                 "once; node 'emit2' repeats node 'emit' (line 12)");
+  for (const char* stage : {"batch_window", "prefill", "decode_step", "detokenize"}) {
+    std::string twice = six_nodes();
+    twice.insert(twice.find("  edges:"),
+                 std::string("    - { name: second, stage: ") + stage + " }\n");
+    EXPECT_NE(error_of(twice).find("stage '" + std::string(stage) + "' may appear once"),
+              std::string::npos)
+        << stage;
+  }
 }
 
 TEST_F(GraphBuilderTest, SerialStagesStaySerial) {
