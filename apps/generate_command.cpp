@@ -66,7 +66,7 @@ int generate_command(int argc, char** argv) {
   auto runner = make_runner(device, weights, runner_options);
   request.prompt = tokenizer.encode(prompt, /*add_bos=*/true);
 
-  IncrementalDecoder decoder(tokenizer);
+  IncrementalDecoder decoder(tokenizer, request.prompt);
   std::string text;
   Generator generator(*runner, /*fallback_seed=*/std::random_device{}());
   const auto results =

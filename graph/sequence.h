@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,9 @@ struct GeneratedToken {
 
 // Detokenize's per-sequence state: tokens come back into order, then become text.
 struct TextState {
-  TextState(const Tokenizer& tokenizer, std::vector<std::string> stops)
-      : decoder(tokenizer), stops(std::move(stops)) {}
+  TextState(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+            std::vector<std::string> stops)
+      : decoder(tokenizer, prompt), stops(std::move(stops)) {}
 
   InOrder<GeneratedToken> tokens;  // its lock guards the fields below
   IncrementalDecoder decoder;

@@ -41,7 +41,8 @@ Utf8Status leading_character(std::string_view bytes, size_t& length) {
 
 }  // namespace
 
-IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> prompt)
+    : tokenizer_(tokenizer), text_started_(!prompt.empty() && !tokenizer.decode(prompt).empty()) {}
 
 std::string IncrementalDecoder::push(int32_t token) {
   // Checkpoints may pad their embedding beyond the tokenizer's pieces; padding ids, which a

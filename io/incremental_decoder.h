@@ -1,10 +1,14 @@
 // Token ids to text one token at a time, as sentencepiece would decode the whole sequence:
-// "▁" becomes a space (none before the first piece), byte-fallback pieces <0xNN> are joined
-// into whole UTF-8 characters, and no partial character is ever returned. The concatenation
-// of every push() and the final flush() equals Tokenizer::decode of all the ids.
+// "▁" becomes a space (none before the first piece of a text), byte-fallback pieces <0xNN> are
+// joined into whole UTF-8 characters, and no partial character is ever returned. The
+// concatenation of every push() and the final flush() is what the ids add to the prompt's text:
+// Tokenizer::decode(prompt + ids) less Tokenizer::decode(prompt). So after a prompt with text
+// the first piece keeps its space ("to" + " go", as OpenAI's and vLLM's completions give it),
+// and after none (or only a BOS) it is the start of the text.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,7 +18,8 @@ namespace pipeline {
 
 class IncrementalDecoder {
  public:
-  explicit IncrementalDecoder(const Tokenizer& tokenizer);
+  // `prompt`: the ids the decoded text continues.
+  explicit IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> prompt = {});
 
   // Appends a token; returns the text it completes (possibly empty). Ids beyond the
   // tokenizer's vocabulary (embedding padding) add nothing; a negative id throws std::out_of_range.

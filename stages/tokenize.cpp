@@ -25,11 +25,15 @@ void TokenizeStage::prepare(Sequence& seq) const {
   const std::string prompt_param = req.chat ? "messages" : "prompt";
   if (auto problem = validate(req.sampling); !problem.empty()) throw Refusal{problem, ""};
   try {
-    seq.text = std::make_unique<TextState>(ctx_.tokenizer, req.stop);
     seq.tokens = req.chat ? apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages)
                           : ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);
   } catch (const std::invalid_argument& e) {
-    throw Refusal{e.what(), seq.text ? prompt_param : "stop"};
+    throw Refusal{e.what(), prompt_param};
+  }
+  try {
+    seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop);
+  } catch (const std::invalid_argument& e) {
+    throw Refusal{e.what(), "stop"};
   }
   const int n = int(seq.tokens.size());
   if (n == 0) throw Refusal{"the prompt is empty", prompt_param};

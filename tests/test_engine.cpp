@@ -82,7 +82,10 @@ class SoloReference {
     Generator generator(*runner_, 1);
     auto result = generator.run(std::span(&request, 1)).front();
     if (result.finish == FinishReason::Stop) result.tokens.pop_back();  // the end-of-sequence id
-    return tokenizer_.decode(result.tokens);
+    // What the tokens add to the prompt's text (the first one's space included).
+    std::vector<int32_t> all = request.prompt;
+    all.insert(all.end(), result.tokens.begin(), result.tokens.end());
+    return tokenizer_.decode(all).substr(tokenizer_.decode(request.prompt).size());
   }
 
  private:

@@ -95,6 +95,30 @@ TEST(IncrementalDecoder, LeadingSpaceOfTheFirstPieceOnly) {
   expect_same_as_whole_decode(tokenizer, {2, 15043, 1, 15043});
 }
 
+// After a prompt with text the first piece keeps its space: the pushes are what the ids add to
+// the prompt's text, so prompt + completion reads as the whole sequence decoded. After a BOS
+// alone, the first piece starts the text.
+TEST(IncrementalDecoder, AfterAPromptTheFirstSpaceStays) {
+  for (const Tokenizer& tokenizer : {llama2_tokenizer(), stories_tokenizer()}) {
+    for (const auto& [prompt, continuation] :
+         std::vector<std::pair<std::string, std::string>>{{"Lily wanted to", " go on a trip."},
+                                                          {"Once upon a time", ", there was"},
+                                                          {"The cat", " said: \"héllo 🙂\""},
+                                                          {"", "Once upon a time"}}) {
+      const std::vector<int32_t> prompt_ids = tokenizer.encode(prompt, true);
+      const std::vector<int32_t> all = tokenizer.encode(prompt + continuation, true);
+      ASSERT_EQ(std::vector<int32_t>(all.begin(), all.begin() + prompt_ids.size()), prompt_ids)
+          << prompt;
+      IncrementalDecoder decoder(tokenizer, prompt_ids);
+      std::string text;
+      for (size_t i = prompt_ids.size(); i < all.size(); ++i) text += decoder.push(all[i]);
+      text += decoder.flush();
+      EXPECT_EQ(text, continuation);
+      EXPECT_EQ(tokenizer.decode(prompt_ids) + text, tokenizer.decode(all));
+    }
+  }
+}
+
 TEST(IncrementalDecoder, InvalidBytesBecomeReplacementCharactersAsInSentencepiece) {
   const Tokenizer tokenizer = llama2_tokenizer();
   const auto byte = [](int value) { return int32_t(3 + value); };
