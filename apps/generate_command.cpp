@@ -37,7 +37,7 @@ SamplingParams sampling_from(Options& options) {
   p.repeat_last_n = int(options.integer("--repeat-last-n", p.repeat_last_n));
   p.presence_penalty = float(options.number("--presence-penalty", p.presence_penalty));
   p.frequency_penalty = float(options.number("--frequency-penalty", p.frequency_penalty));
-  if (const auto seed = options.find("--seed")) p.seed = options.integer("--seed", 0);
+  if (const auto seed = options.find("--seed")) p.seed = options.integer("--seed", 0, 0);
   if (const auto error = validate(p); !error.empty()) throw UsageError(error);
   return p;
 }

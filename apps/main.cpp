@@ -26,18 +26,24 @@ constexpr Subcommand kSubcommands[] = {
      "measure a running server's throughput and latency"},
 };
 
-void print_usage() {
-  std::fprintf(stderr, "usage: pipeline <command> [options]\n\ncommands:\n");
-  for (const auto& sub : kSubcommands) std::fprintf(stderr, "  %-11s %s\n", sub.name, sub.summary);
-  std::fprintf(stderr, "\n'pipeline <command> --help' describes a command's options.\n");
+// To stdout when asked for (as every command's --help), to stderr after a mistake.
+void print_usage(std::FILE* out) {
+  std::fprintf(out, "usage: pipeline <command> [options]\n\ncommands:\n");
+  for (const auto& sub : kSubcommands) std::fprintf(out, "  %-11s %s\n", sub.name, sub.summary);
+  std::fprintf(out, "\n'pipeline <command> --help' describes a command's options.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h") {
-    print_usage();
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  if (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h" ||
+      std::string_view(argv[1]) == "help") {
+    print_usage(stdout);
+    return 0;
   }
   for (const auto& sub : kSubcommands) {
     if (std::strcmp(argv[1], sub.name) != 0) continue;
@@ -52,6 +58,6 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "pipeline: unknown command '%s'\n\n", argv[1]);
-  print_usage();
+  print_usage(stderr);
   return 2;
 }

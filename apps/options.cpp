@@ -9,7 +9,7 @@ Options::Options(int argc, char** argv, std::string usage, std::initializer_list
   std::set<std::string> flag_names(flags.begin(), flags.end());
   flag_names.insert("--help");
   for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
+    const std::string arg = argv[i] == std::string("-h") ? "--help" : argv[i];
     if (arg.rfind("--", 0) != 0 || arg == "--") {
       positional_.push_back(arg);
       continue;
@@ -24,7 +24,7 @@ Options::Options(int argc, char** argv, std::string usage, std::initializer_list
     } else if (i + 1 < argc) {
       values_.emplace(name, argv[++i]);
     } else {
-      throw UsageError(name + " needs a value");
+      dangling_ = name;
     }
   }
 }
@@ -42,6 +42,7 @@ bool Options::flag(const std::string& name) {
 
 std::optional<std::string> Options::find(const std::string& name) {
   read_.insert(name);
+  if (dangling_ == name) throw UsageError(name + " needs a value");
   const auto count = values_.count(name);
   if (count == 0) return std::nullopt;
   if (count > 1) throw UsageError(name + " given more than once");
@@ -69,6 +70,14 @@ int64_t Options::integer(const std::string& name, int64_t fallback) {
   throw UsageError(name + ": expected an integer, got '" + *value + "'");
 }
 
+int64_t Options::integer(const std::string& name, int64_t fallback, int64_t min) {
+  const int64_t n = integer(name, fallback);
+  if (n < min)
+    throw UsageError(name + ": expected an integer of at least " + std::to_string(min) + ", got " +
+                     std::to_string(n));
+  return n;
+}
+
 double Options::number(const std::string& name, double fallback) {
   const auto value = find(name);
   if (!value) return fallback;
@@ -89,16 +98,21 @@ std::vector<std::string> Options::all(const std::string& name) {
 }
 
 std::vector<std::string> Options::positional(size_t min_count, size_t max_count) {
+  positional_read_ = true;
   if (positional_.size() < min_count || positional_.size() > max_count)
     throw UsageError("expected " +
                      (min_count == max_count
                           ? std::to_string(min_count)
                           : std::to_string(min_count) + " to " + std::to_string(max_count)) +
-                     " arguments, got " + std::to_string(positional_.size()) + "\n" + usage_);
+                     (max_count == 1 ? " argument" : " arguments") + ", got " +
+                     std::to_string(positional_.size()) + "\n" + usage_);
   return positional_;
 }
 
 void Options::finish() const {
+  if (dangling_ && !read_.count(*dangling_)) throw UsageError("unknown option " + *dangling_);
+  if (!positional_read_ && !positional_.empty())
+    throw UsageError("unexpected argument '" + positional_.front() + "'");
   for (const auto& name : flags_given_)
     if (!read_.count(name) && name != "--help") throw UsageError("unknown option " + name);
   for (const auto& [name, value] : values_)

@@ -1,5 +1,6 @@
 // Command-line options of one subcommand: "--name value", "--name=value", boolean flags named
-// up front, and positional arguments. Every mistake throws UsageError naming the option.
+// up front, and positional arguments; -h is --help. Every mistake throws UsageError naming the
+// option or argument.
 #pragma once
 
 #include <cstdint>
@@ -31,11 +32,14 @@ class Options {
   std::string get(const std::string& name, const std::string& fallback);
   std::string required(const std::string& name);
   int64_t integer(const std::string& name, int64_t fallback);
+  // An integer at least `min`.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min);
   double number(const std::string& name, double fallback);
   std::vector<std::string> all(const std::string& name);  // a repeatable option
   std::vector<std::string> positional(size_t min_count, size_t max_count);
 
-  // Throws UsageError on any option the command did not read.
+  // Throws UsageError on any option the command did not read, and on positional arguments a
+  // command that takes none was given.
   void finish() const;
 
  private:
@@ -43,7 +47,11 @@ class Options {
   std::set<std::string> flags_given_;
   std::multimap<std::string, std::string> values_;
   std::vector<std::string> positional_;
+  bool positional_read_ = false;
   std::set<std::string> read_;
+  // The last argument, when it is an option name with no value after it: "needs a value" if the
+  // command reads it, "unknown option" if not.
+  std::optional<std::string> dangling_;
 };
 
 }  // namespace pipeline

@@ -132,5 +132,43 @@ TEST(GenerateCommand, UsageErrorsNameTheOption) {
   EXPECT_NE(result.err.find("/nonexistent"), std::string::npos) << result.err;
 }
 
+// What a mistyped command line gets: each mistake named, exit 2, nothing run.
+TEST(Commands, MistakesOnTheCommandLineAreNamed) {
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"generate", "--model", "m", "--prompt", "x", "--bogus"}, "unknown option --bogus"},
+      {{"generate", "--model", "m", "--prompt", "x", "--max-tokens"}, "--max-tokens needs a value"},
+      {{"generate", "--model", "m", "--prompt", "x", "extra"}, "unexpected argument 'extra'"},
+      {{"generate", "--model", "m", "--prompt", "x", "--seed", "-3"},
+       "--seed: expected an integer of at least 0, got -3"},
+      {{"make-model", "--shape", "tiny", "--out", "d", "extra"}, "unexpected argument 'extra'"},
+      {{"batch", "--input", "f", "--output", "o"}, "expected 1 argument, got 0"},
+      {{"graph", "c.yaml", "k=v"}, "expected 1 argument, got 2"},
+  };
+  for (const auto& c : cases) {
+    const auto result = run_pipeline(c.args);
+    EXPECT_EQ(result.exit_code, 2) << c.args[0] << ": " << result.err;
+    EXPECT_NE(result.err.find(c.message), std::string::npos) << result.err;
+  }
+  // -h is --help for every command, and help goes to stdout.
+  for (const char* command : {"run", "generate", "batch", "graph", "make-model", "bench-serve"}) {
+    const auto result = run_pipeline({command, "-h"});
+    EXPECT_EQ(result.exit_code, 0) << command << ": " << result.err;
+    EXPECT_NE(result.out.find("usage: pipeline"), std::string::npos) << command;
+  }
+  const auto top = run_pipeline({"--help"});
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_NE(top.out.find("usage: pipeline <command>"), std::string::npos) << top.out;
+}
+
+TEST(GraphCommand, TakesTheSameOverridesAsRun) {
+  const auto result = run_pipeline(
+      {"graph", (testing::source_dir() / "configs/demo.yaml").string(), "--set", "graph.nodes=[]"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("override 'graph.nodes=[]'"), std::string::npos) << result.err;
+}
+
 }  // namespace
 }  // namespace pipeline
