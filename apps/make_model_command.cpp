@@ -144,7 +144,7 @@ void write_config(const std::filesystem::path& dir, const ModelShape& s, DType d
 }
 
 void write_readme(const std::filesystem::path& dir, const ModelShape& s, DType dtype, uint64_t seed,
-                  int tokenizer_vocab) {
+                  const std::filesystem::path& corpus, int tokenizer_vocab) {
   std::ofstream out(dir / "README.md");
   out << "# " << s.name << " — RANDOM WEIGHTS\n\n"
       << "Written by `pipeline make-model --shape " << s.name << " --dtype " << dtype_name(dtype)
@@ -155,17 +155,22 @@ void write_readme(const std::filesystem::path& dir, const ModelShape& s, DType d
       << s.heads << " heads (" << s.kv_heads << " key/value), vocab " << s.vocab << ", context "
       << s.max_positions << (s.tied ? ", tied embeddings" : ", untied lm_head")
       << ".\n\n`tokenizer.model` is a " << tokenizer_vocab
-      << "-piece sentencepiece BPE model trained on the project's data/tokenizer_corpus.txt;"
-      << "\nembedding rows beyond it are padding.\n";
+      << "-piece sentencepiece BPE model trained on " << corpus.filename().string()
+      << ";\nembedding rows beyond it are padding.\n";
 }
 
 }  // namespace
 
 int make_model_command(int argc, char** argv) {
-  Options options(argc, argv,
-                  "usage: pipeline make-model --shape NAME --out DIR [--seed S] "
-                  "[--dtype bf16|f16|f32] [--corpus FILE]\n"
-                  "shapes: tiny (the demo model), llama2-110m, tinyllama-1.1b, llama2-7b");
+  Options options(
+      argc, argv,
+      "usage: pipeline make-model --shape NAME --out DIR [--seed S] "
+      "[--dtype bf16|f16|f32] [--corpus FILE]\n"
+      "Writes a random-weight checkpoint of a real shape in Hugging Face layout.\n"
+      "  --shape NAME    tiny (the demo model), llama2-110m, tinyllama-1.1b, llama2-7b\n"
+      "  --seed S        the weights' seed (0); the same seed writes the same files\n"
+      "  --corpus FILE   text the tokenizer is trained on (the project's\n"
+      "                  data/tokenizer_corpus.txt)");
   if (options.help()) return 0;
   // A copy: GCC 13 takes a reference bound to find_shape's temporary argument for a dangling one.
   const ModelShape shape = find_shape(options.required("--shape"));
@@ -177,11 +182,18 @@ int make_model_command(int argc, char** argv) {
       options.get("--corpus", PIPELINE_SOURCE_DIR "/data/tokenizer_corpus.txt");
   options.finish();
 
-  std::filesystem::create_directories(out);
-  const int tokenizer_vocab =
-      train_tokenizer(corpus, std::min(shape.vocab, kMaxTokenizerVocab), out / "tokenizer.model");
+  // A failure leaves no folder behind that it created (one that existed stays).
+  const bool created = std::filesystem::create_directories(out);
+  int tokenizer_vocab = 0;
+  try {
+    tokenizer_vocab =
+        train_tokenizer(corpus, std::min(shape.vocab, kMaxTokenizerVocab), out / "tokenizer.model");
+  } catch (...) {
+    if (created) std::filesystem::remove_all(out);
+    throw;
+  }
   write_config(out, shape, *dtype, seed);
-  write_readme(out, shape, *dtype, seed, tokenizer_vocab);
+  write_readme(out, shape, *dtype, seed, corpus, tokenizer_vocab);
   const auto specs = tensor_specs(shape, *dtype);
   write_safetensors(
       out / "model.safetensors", specs,

@@ -15,8 +15,11 @@ int train_tokenizer(const std::filesystem::path& corpus, int vocab_size,
   if (vocab_size <= 0)
     throw std::invalid_argument("train_tokenizer: vocab_size must be positive, got " +
                                 std::to_string(vocab_size));
-  if (!std::filesystem::is_regular_file(corpus))
+  if (!std::filesystem::exists(corpus))
     throw std::runtime_error("tokenizer corpus " + corpus.string() + ": no such file");
+  if (!std::filesystem::is_regular_file(corpus) || std::filesystem::file_size(corpus) == 0)
+    throw std::runtime_error("tokenizer corpus " + corpus.string() +
+                             ": not a text file with content (a directory, a device or empty)");
 
   const std::unordered_map<std::string, std::string> options = {
       {"input", corpus.string()},

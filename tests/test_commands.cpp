@@ -163,6 +163,17 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
   EXPECT_NE(top.out.find("usage: pipeline <command>"), std::string::npos) << top.out;
 }
 
+TEST(MakeModelCommand, ABadCorpusIsNamedAndLeavesNoFolder) {
+  const auto dir = testing::make_temp_dir("make-model-corpus");
+  const auto out = dir / "model";
+  const auto result = run_pipeline(
+      {"make-model", "--shape", "tiny", "--out", out.string(), "--corpus", dir.string()});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("not a text file with content"), std::string::npos) << result.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GraphCommand, TakesTheSameOverridesAsRun) {
   const auto result = run_pipeline(
       {"graph", (testing::source_dir() / "configs/demo.yaml").string(), "--set", "graph.nodes=[]"});
