@@ -96,6 +96,12 @@ void check_flow(const Errors& errors, const GraphPlan& plan,
   std::vector<std::vector<size_t>> next(n), prev(n);
   for (const auto& [from, to] : plan.edges) next[from].push_back(to), prev[to].push_back(from);
 
+  const bool has_output =
+      std::any_of(plan.nodes.begin(), plan.nodes.end(),
+                  [](const PlannedNode& node) { return !node.stage->produces; });
+  if (!has_output)
+    errors.fail(plan.nodes.front().spec.line, "graph.nodes",
+                "the graph has no output: no node's stage delivers results (an emit stage)");
   const auto from_input = reachable(n, plan.input, next);
   std::vector<bool> to_output(n, false);
   for (size_t i = 0; i < n; ++i) {

@@ -231,7 +231,8 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
   r.require_map(node, "graph");
   r.check_keys(node, "graph", {"nodes", "edges"});
   if (!node["nodes"] || !node["nodes"].IsSequence() || node["nodes"].size() == 0)
-    r.fail(node["nodes"] ? node["nodes"] : node, "graph.nodes", "expected a list of nodes");
+    r.fail(node["nodes"] ? node["nodes"] : node, "graph.nodes",
+           "expected a list of at least one node");
   if (!node["edges"] || !node["edges"].IsSequence())
     r.fail(node["edges"] ? node["edges"] : node, "graph.edges", "expected a list of edges");
   GraphSpec spec;
