@@ -77,6 +77,7 @@ int64_t positive(Options& options, const std::string& name, int64_t fallback) {
 BenchSettings settings_from(Options& options) {
   BenchSettings s;
   s.url = options.required("--url");
+  if (s.url.ends_with('/')) s.url.pop_back();  // the root; paths are appended with their slash
   s.requests = int(positive(options, "--requests", s.requests));
   s.concurrency =
       int(std::min<int64_t>(positive(options, "--concurrency", s.requests), s.requests));

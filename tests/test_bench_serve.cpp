@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/sse_client.h"
-#include "tests/support/server_process.h"
 #include "tests/support/command.h"
+#include "tests/support/server_process.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
@@ -247,6 +247,7 @@ TEST(BenchServe, AWellFormedFakeStreamIsMeasured) {
   const json report = json::parse(run.out);
   EXPECT_EQ(report["completion_tokens"], 12);
   EXPECT_EQ(report["prompt_tokens"], 9);
+  EXPECT_EQ(report["url"], server.url()) << "the root, without the trailing slash";
 }
 
 // ---- SseParser
