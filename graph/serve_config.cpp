@@ -24,6 +24,8 @@ edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill-
         decode->batch, prefill->detok, decode->detok, detok->emit]
 )";
 
+constexpr int kMaxQueue = 4096;
+
 // Reads fields of one YAML document and words errors with the file and line they came from.
 // Overridden fields are reported as the override that set them.
 class FieldReader {
@@ -134,7 +136,14 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
   }
   if (node["api_key"] && !node["api_key"].IsNull())
     server.api_key = r.string(node["api_key"], "server.api_key");
-  if (node["max_queue"]) server.max_queue = r.integer(node["max_queue"], "server.max_queue", 1);
+  if (node["max_queue"]) {
+    // Each waiting request holds an HTTP connection thread (server/http_server.cpp).
+    server.max_queue = r.integer(node["max_queue"], "server.max_queue", 1);
+    if (server.max_queue > kMaxQueue)
+      r.fail(node["max_queue"], "server.max_queue",
+             "must be at most " + std::to_string(kMaxQueue) +
+                 " (each waiting request holds a connection thread)");
+  }
   if (node["shutdown_grace_s"])
     server.shutdown_grace_s = r.integer(node["shutdown_grace_s"], "server.shutdown_grace_s", 0);
 }

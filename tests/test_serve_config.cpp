@@ -111,6 +111,10 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":3: field 'scheduler.window_ms': expected an integer, got 'soon'");
   EXPECT_EQ(error_of("model: {path: m}\nserver:\n  port: 70000\n"),
             file + ":3: field 'server.port': must be at most 65535");
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  max_queue: 5000\n"),
+            file +
+                ":3: field 'server.max_queue': must be at most 4096 (each waiting request holds a "
+                "connection thread)");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_batch: 0\n"),
             file + ":3: field 'scheduler.max_batch': must be at least 1");
   EXPECT_EQ(error_of("model: {path: m}\ndevice: tpu\n"),
