@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/json_integer.h"
 #include "io/safetensors.h"
 
 namespace pipeline {
@@ -32,14 +33,6 @@ json read_json(const std::filesystem::path& path) {
 // small enough that sizes and positions computed in int never overflow.
 constexpr int64_t kMaxDimension = int64_t(1) << 20;
 
-// The value of an integer that fits int64, else `otherwise`. (A non-negative literal parses as
-// unsigned, and one past INT64_MAX would otherwise read as negative.)
-int64_t integer_or(const json& value, int64_t otherwise) {
-  if (!value.is_number_integer()) return otherwise;
-  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX)) return otherwise;
-  return value.get<int64_t>();
-}
-
 // Reads an integer field in [1, kMaxDimension]; `fallback` < 0 makes it required.
 int positive_int(const std::filesystem::path& file, const json& j, const char* field,
                  int fallback = -1) {
@@ -48,7 +41,7 @@ int positive_int(const std::filesystem::path& file, const json& j, const char* f
     return fallback;
   }
   const json& value = j[field];
-  const int64_t number = integer_or(value, 0);
+  const int64_t number = json_int64(value).value_or(0);
   if (number < 1 || number > kMaxDimension)
     fail(file, field,
          "must be an integer from 1 to " + std::to_string(kMaxDimension) + ", got " + value.dump());
@@ -67,7 +60,7 @@ std::vector<int32_t> token_ids(const std::filesystem::path& file, const json& va
                                const char* field) {
   std::vector<int32_t> ids;
   const auto add = [&](const json& v) {
-    const int64_t id = integer_or(v, -1);
+    const int64_t id = json_int64(v).value_or(-1);
     if (id < 0 || id > INT32_MAX)
       fail(file, field, "must be a token id or a list of them, got " + value.dump());
     ids.push_back(int32_t(id));

@@ -3,7 +3,10 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <optional>
 #include <random>
+
+#include "io/json_integer.h"
 
 namespace pipeline {
 
@@ -59,13 +62,11 @@ int read_int(const json& body, const char* name, int fallback, int min, int max)
   const json* value = find_field(body, name);
   if (!value) return fallback;
   if (!value->is_number_integer()) throw wrong_type(name, "an integer", *value);
-  // A non-negative literal in a request's text parses as unsigned: compare it as a whole.
-  const bool fits = !value->is_number_unsigned() || value->get<uint64_t>() <= uint64_t(INT64_MAX);
-  const int64_t number = fits ? value->get<int64_t>() : 0;
-  if (!fits || number < min || number > max)
+  const std::optional<int64_t> number = json_int64(*value);
+  if (!number || *number < min || *number > max)
     throw invalid(name, "'" + std::string(name) + "' must be between " + std::to_string(min) +
                             " and " + std::to_string(max) + ", got " + value->dump() + ".");
-  return static_cast<int>(value->get<int64_t>());
+  return static_cast<int>(*number);
 }
 
 std::optional<uint64_t> read_seed(const json& body, std::optional<uint64_t> fallback) {
