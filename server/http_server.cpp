@@ -260,9 +260,7 @@ struct HttpServer::Impl {
     const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
                                                              httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      const RequestError error = unanswered_error(req, res.status);
-      if (error.http_status == 405) res.set_header("Allow", allowed_method(req.path));
-      reply_error(res, error);
+      reply_unanswered(req, res);
       return httplib::Server::HandlerResponse::Handled;
     };
     server.set_error_handler(on_error);
@@ -284,25 +282,31 @@ struct HttpServer::Impl {
     });
   }
 
-  // httplib answered without a handler: no route, a known route with another method, or a
-  // protocol-level refusal such as 413.
-  static RequestError unanswered_error(const httplib::Request& req, int status) {
+  // httplib answered without a handler (res.status says how): no route, a known route with
+  // another method (405, with the Allow header), or a protocol-level refusal such as 413.
+  static void reply_unanswered(const httplib::Request& req, httplib::Response& res) {
     // httplib refuses a POST whose body it cannot read (no Content-Length, say) before routing.
-    if (status == 400)
-      return make_error(400,
-                        "The request could not be read: a " + req.method +
-                            " needs a body with a Content-Length header (or chunked).",
-                        "invalid_request_error", "");
-    if (status != 404)
-      return make_error(status, "The request was refused (HTTP " + std::to_string(status) + ").",
-                        "invalid_request_error", "");
+    if (res.status == 400)
+      return reply_error(res, make_error(400,
+                                         "The request could not be read: a " + req.method +
+                                             " needs a body with a Content-Length header (or "
+                                             "chunked).",
+                                         "invalid_request_error", ""));
+    if (res.status != 404)
+      return reply_error(
+          res, make_error(res.status,
+                          "The request was refused (HTTP " + std::to_string(res.status) + ").",
+                          "invalid_request_error", ""));
     const std::string allowed = allowed_method(req.path);
-    if (!allowed.empty() && req.method != allowed)
-      return make_error(405,
-                        req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
-                        "invalid_request_error", "method_not_allowed");
-    return make_error(404, "Unknown request URL: " + req.method + " " + req.path + ".",
-                      "invalid_request_error", "unknown_url");
+    if (!allowed.empty() && req.method != allowed) {
+      res.set_header("Allow", allowed);
+      return reply_error(
+          res,
+          make_error(405, req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
+                     "invalid_request_error", "method_not_allowed"));
+    }
+    reply_error(res, make_error(404, "Unknown request URL: " + req.method + " " + req.path + ".",
+                                "invalid_request_error", "unknown_url"));
   }
 
   json model_object() const {
