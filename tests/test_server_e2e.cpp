@@ -356,6 +356,31 @@ void stream_then_hang_up(int port, const json& body) {
   close(fd);
 }
 
+// A POST without a body (no Content-Length: curl -X POST without -d) is refused by httplib
+// before any route, once its 5 s read timeout ends; the answer still says what is wrong, as an
+// OpenAI error body.
+TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  std::string received;
+  char buffer[1024];
+  for (ssize_t n;
+       received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
+    received.append(buffer, size_t(n));
+  close(fd);
+  EXPECT_NE(received.find("HTTP/1.1 400"), std::string::npos) << received;
+  EXPECT_NE(received.find("needs a body with a Content-Length header"), std::string::npos)
+      << received;
+  EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
 TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
   const double failed_before = metric(port(), "pipeline_requests_failed_total");
   const double generated_before = metric(port(), "pipeline_generation_tokens_total");
