@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "io/tokenizer.h"
 #include "model/llama_weights.h"
@@ -171,6 +172,16 @@ TEST(MakeModelCommand, ABadCorpusIsNamedAndLeavesNoFolder) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.err.find("not a text file with content"), std::string::npos) << result.err;
   EXPECT_FALSE(std::filesystem::exists(out));
+
+  // A corpus of one's own is the one the model's README names.
+  const auto corpus = dir / "my_corpus.txt";
+  std::ofstream(corpus) << std::ifstream(testing::source_dir() / "README.md").rdbuf();
+  const auto made = run_pipeline(
+      {"make-model", "--shape", "tiny", "--out", out.string(), "--corpus", corpus.string()});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  std::stringstream readme;
+  readme << std::ifstream(out / "README.md").rdbuf();
+  EXPECT_NE(readme.str().find("trained on my_corpus.txt"), std::string::npos) << readme.str();
   std::filesystem::remove_all(dir);
 }
 
