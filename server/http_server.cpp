@@ -165,7 +165,10 @@ class EventStream {
       return sse_event(builder_.delta_chunk(*delta));
     }
     ended_ = true;
-    if (auto* error = std::get_if<RequestError>(&event)) return sse_event(error_body(*error));
+    // A stream ends with [DONE] after an error too, as vLLM's does: clients that read until
+    // [DONE] would otherwise take the error for a broken connection.
+    if (auto* error = std::get_if<RequestError>(&event))
+      return sse_event(error_body(*error)) + std::string(kSseDone);
     const auto& completion = std::get<Completion>(event);
     std::string text = sse_event(builder_.finish_chunk(completion.reason));
     if (include_usage_) text += sse_event(builder_.usage_chunk(completion));

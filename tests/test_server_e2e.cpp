@@ -668,6 +668,29 @@ TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
   EXPECT_EQ(stream.finish_reason, "length");
 }
 
+// With no grace, a stream already under way ends with an error event (503, shutting down)
+// followed by [DONE], as a stream that finishes ends with its finish chunk and [DONE].
+TEST(ServerE2EShutdown, AStreamCutOffByTheShutdownEndsWithItsErrorAndDone) {
+  ServerProcess server(stories_config("  shutdown_grace_s: 0\nscheduler:\n  window_ms: 0\n"));
+  json body = completion_body("Once upon a time", 400);
+  body["ignore_eos"] = true;
+  auto in_flight = std::async(std::launch::async,
+                              [&] { return post_stream(server.port(), "/v1/completions", body); });
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (metric(server.port(), "pipeline_generation_tokens_total") < 20 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
+  const Stream stream = in_flight.get();
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  ASSERT_FALSE(stream.events.empty());
+  EXPECT_EQ(stream.finish_reason, "") << "the stream finished before the shutdown";
+  const json& last = stream.events.back();
+  ASSERT_TRUE(last.contains("error")) << last.dump();
+  EXPECT_EQ(last["error"]["message"], "server shutting down");
+  EXPECT_TRUE(stream.done) << stream.raw.substr(stream.raw.size() > 500 ? stream.raw.size() - 500
+                                                                        : 0);
+}
+
 // A second SIGTERM ends the grace at once: a request still waiting (here in a long batch
 // window) fails with a 503 and the server exits 0 without waiting the grace out.
 TEST(ServerE2EShutdown, ASecondSigtermFailsWhatIsStillInFlightAtOnce) {
