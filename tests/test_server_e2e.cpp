@@ -35,6 +35,32 @@ const char* kModel = "stories260K";
 
 // ---- HTTP helpers
 
+// cpp-httplib is an uninstrumented shared library whose client builds function-local static
+// regexes on first use. ThreadSanitizer cannot see the guard that publishes them, so when a
+// process's first request runs on a background thread while the main thread sends another,
+// the main thread's reads of the regex are reported as a race. One request on the main thread
+// before any test starts builds them first (a test run alone, such as the shutdown tests,
+// otherwise starts with a background stream beside a metrics poll).
+class HttpClientStatics : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    httplib::Server server;
+    server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    });
+    const int port = server.bind_to_any_port("127.0.0.1");
+    ASSERT_GT(port, 0);
+    std::thread listener([&] { server.listen_after_bind(); });
+    httplib::Client client("127.0.0.1", port);
+    const httplib::Result result = client.Get("/");
+    server.stop();
+    listener.join();
+    ASSERT_TRUE(result && result->status == 200) << "the warm-up request to an in-process server";
+  }
+};
+const ::testing::Environment* const kHttpClientStatics =
+    ::testing::AddGlobalTestEnvironment(new HttpClientStatics);
+
 struct Reply {
   int status = 0;
   json body;
