@@ -457,8 +457,11 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
   while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // httplib's stop() does nothing before its accept loop runs: repeat it until serve() returned.
+  // serve() returns when every connection thread has: a thread on an idle keep-alive connection
+  // would wait out its 5 s timeout for a next request, so the connections stop reading.
   while (serving && !impl_->serve_returned.load()) {
     impl_->server.stop();
+    stop_reading_connections(impl_->port);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

@@ -22,34 +22,66 @@ bool endpoint_of(const sockaddr_storage& address, socklen_t length, std::string&
   return true;
 }
 
-bool connects(int fd, const std::string& remote_addr, int remote_port, int local_port) {
+// The peer's end of a connected socket; false when fd is not one.
+bool peer_end(int fd, std::string& host, int& port) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  return getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0 &&
+         endpoint_of(address, length, host, port);
+}
+
+bool own_port_is(int fd, int local_port) {
   sockaddr_storage address{};
   socklen_t length = sizeof address;
   std::string host;
   int port = 0;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
-      !endpoint_of(address, length, host, port) || port != remote_port || host != remote_addr)
-    return false;
-  length = sizeof address;
   return getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0 &&
          endpoint_of(address, length, host, port) && port == local_port;
 }
 
-}  // namespace
+bool connects(int fd, const std::string& remote_addr, int remote_port, int local_port) {
+  std::string host;
+  int port = 0;
+  return peer_end(fd, host, port) && port == remote_port && host == remote_addr &&
+         own_port_is(fd, local_port);
+}
 
-PeerConnection::PeerConnection(const std::string& remote_addr, int remote_port, int local_port) {
-  // Descriptors open and close meanwhile on other threads: a failed step ends the search.
+// A connected socket (it has a peer) whose own end is local_port.
+bool accepted_on(int fd, int local_port) {
+  std::string host;
+  int port = 0;
+  return peer_end(fd, host, port) && own_port_is(fd, local_port);
+}
+
+// Calls visit(fd) for the process's open descriptors until it returns true. Descriptors open
+// and close meanwhile on other threads: a failed step ends the walk.
+template <typename Visit>
+void for_each_descriptor(Visit visit) {
   std::error_code error;
   for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
        it.increment(error)) {
     const std::string name = it->path().filename().string();
     int fd = -1;
     if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
-    if (connects(fd, remote_addr, remote_port, local_port)) {
-      fd_ = fd;
-      return;
-    }
+    if (visit(fd)) return;
   }
+}
+
+}  // namespace
+
+void stop_reading_connections(int local_port) {
+  for_each_descriptor([&](int fd) {
+    if (accepted_on(fd, local_port)) ::shutdown(fd, SHUT_RD);
+    return false;
+  });
+}
+
+PeerConnection::PeerConnection(const std::string& remote_addr, int remote_port, int local_port) {
+  for_each_descriptor([&](int fd) {
+    if (!connects(fd, remote_addr, remote_port, local_port)) return false;
+    fd_ = fd;
+    return true;
+  });
 }
 
 bool PeerConnection::closed() const {

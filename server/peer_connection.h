@@ -1,14 +1,21 @@
-// The client connection an HTTP request arrived on, so that a handler waiting on the engine can
-// tell that its client has left and cancel the request, rather than compute an answer nobody
-// will read. cpp-httplib 0.11 (Debian's) gives a handler no handle on its socket (later
-// versions have Request::is_connection_closed), so the socket is found among the process's
-// descriptors by its two ends: the client's address and port, which the request carries, and
-// the server's own port.
+// The client connections of the HTTP server, found among the process's descriptors, because
+// cpp-httplib 0.11 (Debian's) gives no handle on them:
+// - the connection an HTTP request arrived on, so that a handler waiting on the engine can tell
+//   that its client has left and cancel the request, rather than compute an answer nobody will
+//   read (later httplib versions have Request::is_connection_closed). It is found by its two
+//   ends: the client's address and port, which the request carries, and the server's own port;
+// - at shutdown, every connection on the server's port, so that idle keep-alive connections end
+//   at once instead of holding their threads, and the exit, until their timeout.
 #pragma once
 
 #include <string>
 
 namespace pipeline {
+
+// Ends the reading side of every connection accepted on local_port: a connection thread waiting
+// for a next request on a keep-alive connection sees its end and closes it. Writes still go
+// through, so an answer being written is not cut. For shutdown, once the listener has stopped.
+void stop_reading_connections(int local_port);
 
 class PeerConnection {
  public:

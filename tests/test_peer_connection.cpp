@@ -1,4 +1,5 @@
-// PeerConnection finds a server-side socket by its two ends and tells when the client left.
+// PeerConnection finds a server-side socket by its two ends and tells when the client left;
+// stop_reading_connections ends the reads of every connection on a server's port.
 #include "server/peer_connection.h"
 
 #include <arpa/inet.h>
@@ -93,6 +94,28 @@ TEST(PeerConnection, WithoutASocketNeverReportsAnEnd) {
   const PeerConnection nobody("127.0.0.1", 1, 2);
   EXPECT_FALSE(nobody.found());
   EXPECT_FALSE(nobody.closed());
+}
+
+// What a non-blocking read of fd gives: a byte count, 0 at the end, -1 when nothing is there.
+ssize_t read_now(int fd, char* buffer, size_t size) {
+  return recv(fd, buffer, size, MSG_DONTWAIT);
+}
+
+TEST(StopReadingConnections, EndsTheReadsOfThePortsConnectionsAndLetsTheirWritesThrough) {
+  Connection stopping, other;
+  stop_reading_connections(stopping.server_port);
+  char buffer[8];
+  EXPECT_EQ(read_now(stopping.accepted, buffer, sizeof buffer), 0) << "no end of input";
+  EXPECT_EQ(read_now(other.accepted, buffer, sizeof buffer), -1) << "another port's connection";
+  EXPECT_EQ(read_now(stopping.client, buffer, sizeof buffer), -1) << "the client's end";
+  // An answer still being written reaches the client.
+  ASSERT_EQ(write(stopping.accepted, "ok", 2), 2);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  ssize_t got = -1;
+  while ((got = read_now(stopping.client, buffer, sizeof buffer)) < 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(got, 2);
 }
 
 }  // namespace

@@ -717,6 +717,19 @@ TEST(ServerE2EShutdown, AStreamCutOffByTheShutdownEndsWithItsErrorAndDone) {
                                                                         : 0);
 }
 
+// A client that keeps its connection open between requests (as HTTP client libraries' pools
+// do) does not hold the exit back for the keep-alive timeout (5 s).
+TEST(ServerE2EShutdown, AnIdleKeepAliveConnectionDoesNotDelayTheExit) {
+  ServerProcess server(stories_config(""));
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_keep_alive(true);
+  const httplib::Result health = client.Get("/health");
+  ASSERT_TRUE(health && health->status == 200);
+  const auto start = Clock::now();
+  EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3500)) << server.stderr_text();
+}
+
 // A second SIGTERM ends the grace at once: a request still waiting (here in a long batch
 // window) fails with a 503 and the server exits 0 without waiting the grace out.
 TEST(ServerE2EShutdown, ASecondSigtermFailsWhatIsStillInFlightAtOnce) {
