@@ -288,14 +288,22 @@ if [[ -s $OUT/ncu.csv ]]; then
   python3 - "$OUT/ncu.csv" <<'PY'
 import csv, re, sys
 from collections import defaultdict
+def kernel_name(signature):
+    # The name and template arguments, without the parameter list (the first "(" outside <>).
+    name, depth = signature.replace("(anonymous namespace)::", ""), 0
+    for i, c in enumerate(name):
+        depth += (c == "<") - (c == ">")
+        if c == "(" and depth == 0:
+            name = name[:i]
+            break
+    return re.sub(r"^void ", "", name).replace("pipeline::cuda::", "")
 # One step per embedding kernel (each forward pass starts with it): batch 1, 16, 64 in order.
 steps = []
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 for row in csv.DictReader(lines):
     if row.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    name = row["Kernel Name"].replace("(anonymous namespace)::", "")
-    name = re.sub(r"^void ", "", name.split("(")[0]).replace("pipeline::cuda::", "")
+    name = kernel_name(row["Kernel Name"])
     if "embedding_kernel" in name or not steps:
         steps.append(defaultdict(lambda: [0, 0.0]))
     entry = steps[-1][name[:72]]
