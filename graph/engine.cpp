@@ -78,10 +78,16 @@ Engine::Impl::Impl(const ServeConfig& cfg)
   log_line("engine: model %s on %s, KV cache %d blocks of %d tokens, %zu graph nodes",
            model_name.c_str(), runner->device_name().c_str(), kv.num_blocks, kv.block_size,
            plan.nodes.size());
+  const int64_t kv_tokens = int64_t(kv.num_blocks) * kv.block_size;
+  if (kv_tokens < runner->config().max_position_embeddings)
+    log_line(
+        "engine: warning: the KV cache holds %lld tokens, fewer than the model's context "
+        "of %d: a request's prompt and answer together stop at %lld tokens",
+        (long long)kv_tokens, runner->config().max_position_embeddings, (long long)kv_tokens);
 }
 
 void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) {
-  if (seq.counted_waiting.exchange(false)) metrics.waiting_sequences.add(-1);
+  seq.waiting.end(metrics.waiting_sequences);
   const auto& id = seq.request->id;
   if (const auto* completion = std::get_if<Completion>(&ending)) {
     metrics.requests_finished.add();
@@ -125,6 +131,24 @@ SubmitStatus Engine::submit(std::shared_ptr<Request> request) {
   m.metrics.requests_added.add();
   m.graph->put(Submitted{std::move(seq)});
   return SubmitStatus::Accepted;
+}
+
+void Engine::cancel(Request& request) {
+  request.cancelled.store(true);
+  auto& m = *impl_;
+  SequencePtr seq;
+  {
+    std::lock_guard lock(m.live_mutex);
+    for (const auto& [number, weak] : m.live) {
+      auto live = weak.lock();
+      if (live && live->request.get() == &request) {
+        seq = std::move(live);
+        break;
+      }
+    }
+  }
+  // Outside the lock: the ending runs on_end, which takes it.
+  if (seq) seq->stream.fail(cancelled_error());
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {

@@ -25,6 +25,11 @@ class Engine {
   // Never blocks. QueueFull: the waiting queue holds server.max_queue requests (answer 503).
   SubmitStatus submit(std::shared_ptr<Request> request);
 
+  // The client left: the request ends now with 499, so its place in the waiting queue is free
+  // at once, and the scheduler frees its KV blocks at its next step. Nothing happens to a
+  // request that already ended.
+  void cancel(Request& request);
+
   // Stops accepting, lets in-flight requests finish for up to `grace`, then fails the rest
   // through their sinks. Idempotent.
   void shutdown(std::chrono::milliseconds grace);

@@ -44,6 +44,11 @@ struct RequestError {
   std::string code;   // empty: null
 };
 
+// How a request the client gave up on ends (nginx's "client closed request").
+inline RequestError cancelled_error() {
+  return {499, "request cancelled", "cancelled", "", ""};
+}
+
 // Receives a request's results in order: any number of deltas, then exactly one of
 // on_finish or on_error. Calls come from pipeline threads and must not block for long.
 class RequestSink {
@@ -64,7 +69,7 @@ struct Request {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::shared_ptr<RequestSink> sink;
-  // Set by the client side (a disconnect); the scheduler drops the sequence at its next step.
+  // Set by Engine::cancel (the client left); the scheduler drops the sequence at its next step.
   std::atomic<bool> cancelled{false};
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };

@@ -98,6 +98,7 @@ void Scheduler::apply_step(StepResult& result) {
     run_end_ = Clock::now();
   }
   in_flight_.clear();
+  prefilling_ = false;
 }
 
 // Cancelled by the client, stopped by a stop string, or ended elsewhere (shutdown): free the
@@ -105,7 +106,7 @@ void Scheduler::apply_step(StepResult& result) {
 void Scheduler::drop_ended() {
   auto ended = [&](const SequencePtr& s) {
     if (s->request->cancelled.load()) {
-      s->stream.fail({499, "request cancelled", "cancelled", "", ""});
+      s->stream.fail(cancelled_error());
       return true;
     }
     return s->stopped.load() || s->stream.ended();
@@ -154,6 +155,7 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
     SequencePtr seq = take(running_, id);
     release(*seq);
     waiting_.push_front(seq);
+    seq->waiting.enter(metrics_.waiting_sequences);
     metrics_.preemptions.add();
     log_line("request %s preempted after %d tokens (KV cache full); it resumes later",
              seq->request->id.c_str(), seq->generated());
@@ -168,7 +170,7 @@ void Scheduler::start_prefill(const std::vector<uint64_t>& ids) {
     SequencePtr seq = *it;
     waiting_.erase(it);
     blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size);
-    if (seq->counted_waiting.exchange(false)) metrics_.waiting_sequences.add(-1);
+    seq->waiting.leave(metrics_.waiting_sequences);
     SequenceChunk chunk;
     chunk.tokens = seq->tokens;
     chunk.start_pos = 0;
@@ -177,6 +179,7 @@ void Scheduler::start_prefill(const std::vector<uint64_t>& ids) {
     work.seqs.push_back(seq);
   }
   in_flight_ = work.seqs;
+  prefilling_ = true;
   busy_ = true;
   emit_(std::move(work));
 }
@@ -218,7 +221,9 @@ void Scheduler::end_decode_run() {
 }
 
 void Scheduler::update_gauges() {
-  metrics_.running_sequences.set(int64_t(running_.size()));
+  // A prefill's sequences join running_ when it returns; they run already.
+  const size_t prefilling = prefilling_ ? in_flight_.size() : 0;
+  metrics_.running_sequences.set(int64_t(running_.size() + prefilling));
   metrics_.kv_blocks_used.set(blocks_.num_used());
 }
 

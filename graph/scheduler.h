@@ -67,6 +67,7 @@ class Scheduler {
   std::deque<SequencePtr> waiting_;
   std::vector<SequencePtr> running_;
   std::vector<SequencePtr> in_flight_;  // the batch being computed
+  bool prefilling_ = false;             // ... and it is a prefill
   bool busy_ = false;                   // a forward pass is in flight
   std::optional<Clock::time_point> wake_at_;
   // The current run of decode steps, for the "decoded N tokens at X tokens/s" log line.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "graph/in_order.h"
+#include "graph/metrics.h"
 #include "graph/request.h"
 #include "graph/response_stream.h"
 #include "io/incremental_decoder.h"
@@ -42,6 +43,32 @@ struct TextState {
   bool done = false;
   int completion_tokens = 0;
   uint64_t next_event = 0;  // numbers the StreamEvents sent to emit
+};
+
+// Whether a sequence counts among the engine's waiting requests (Metrics::waiting_sequences,
+// which admission holds to server.max_queue): from submission until its prefill starts, again
+// while preempted, never after its end. The scheduler thread and the thread that ends the
+// sequence may race; the three states give every +1 exactly one -1.
+class WaitingCount {
+ public:
+  // Back in the waiting queue (preempted), unless it ended meanwhile.
+  void enter(Gauge& waiting) {
+    State expected = State::Out;
+    if (state_.compare_exchange_strong(expected, State::In)) waiting.add(1);
+  }
+  // Its prefill starts.
+  void leave(Gauge& waiting) {
+    State expected = State::In;
+    if (state_.compare_exchange_strong(expected, State::Out)) waiting.add(-1);
+  }
+  // It ended (answered, failed or cancelled).
+  void end(Gauge& waiting) {
+    if (state_.exchange(State::Ended) == State::In) waiting.add(-1);
+  }
+
+ private:
+  enum class State : uint8_t { Out, In, Ended };
+  std::atomic<State> state_{State::In};  // Engine::submit counted it
 };
 
 struct Sequence {
@@ -78,8 +105,7 @@ struct Sequence {
 
   // Detokenize sets it when a stop string ended the text; the scheduler then drops the sequence.
   std::atomic<bool> stopped{false};
-  // Counted in the engine's waiting requests until first scheduled or ended.
-  std::atomic<bool> counted_waiting{true};
+  WaitingCount waiting;
 
   int generated() const { return int(tokens.size()) - prompt_len; }
 };

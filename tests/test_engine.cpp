@@ -4,6 +4,7 @@
 // every request explicitly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
@@ -169,7 +170,7 @@ TEST(Engine, ACancelledRequestFreesItsBlocks) {
   ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
   ASSERT_TRUE(sink_of(request).wait_for_delta());
   EXPECT_GT(engine.metrics().kv_blocks_used.value(), 0);
-  request->cancelled = true;
+  engine.cancel(*request);
   ASSERT_TRUE(sink_of(request).wait(5s));
   ASSERT_TRUE(sink_of(request).error().has_value());
   EXPECT_EQ(sink_of(request).error()->http_status, 499);
@@ -178,6 +179,58 @@ TEST(Engine, ACancelledRequestFreesItsBlocks) {
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   EXPECT_EQ(engine.metrics().kv_blocks_used.value(), 0);
+}
+
+TEST(Engine, ACancelledWaitingRequestGivesUpItsQueuePlaceAtOnce) {
+  // The window holds the first request in the waiting queue, which the limit of 1 fills.
+  Engine engine(make_config("{window_ms: 60000}", /*max_queue=*/1));
+  auto waiting = make_request(kPrompts[0], 8);
+  ASSERT_EQ(engine.submit(waiting), SubmitStatus::Accepted);
+  EXPECT_EQ(engine.submit(make_request(kPrompts[1], 8)), SubmitStatus::QueueFull);
+  // Until the scheduler holds it (the batch node handed it over; the scheduler's thread takes
+  // it from its inbox within microseconds), so that nothing but the cancel can end it.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (engine.metrics_text().find("pipeline_stage_calls_total{stage=\"batch\"} 1\n") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(50ms);
+  engine.cancel(*waiting);
+  ASSERT_TRUE(sink_of(waiting).wait(1s)) << "the cancel did not end it";
+  ASSERT_TRUE(sink_of(waiting).error().has_value());
+  EXPECT_EQ(sink_of(waiting).error()->http_status, 499);
+  EXPECT_EQ(engine.metrics().waiting_sequences.value(), 0);
+  EXPECT_EQ(engine.submit(make_request(kPrompts[2], 8)), SubmitStatus::Accepted)
+      << "the place stayed taken until the window closed";
+  engine.cancel(*waiting);  // already ended: nothing more happens
+  EXPECT_EQ(engine.metrics().requests_failed.value(), 1u);
+  engine.shutdown(50ms);
+}
+
+TEST(Engine, APreemptedSequenceCountsAsWaitingUntilItResumes) {
+  // As in ASmallKvPoolPreemptsAndStillAnswersIdentically: the four prompts are prefilled
+  // together, so after that every waiting sequence is a preempted one.
+  Engine engine(make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12}"));
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 120, true));
+  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
+  const auto& m = engine.metrics();
+  bool saw_preempted_waiting = false;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  auto all_ended = [&] {
+    return std::all_of(requests.begin(), requests.end(),
+                       [](const auto& r) { return sink_of(r).ended_at().has_value(); });
+  };
+  while (!all_ended() && std::chrono::steady_clock::now() < deadline) {
+    if (m.preemptions.value() > 0 && m.waiting_sequences.value() > 0) saw_preempted_waiting = true;
+    std::this_thread::sleep_for(50us);
+  }
+  for (const auto& r : requests) ASSERT_TRUE(sink_of(r).wait(30s));
+  EXPECT_GT(m.preemptions.value(), 0u);
+  EXPECT_TRUE(saw_preempted_waiting) << "a preempted sequence was counted nowhere";
+  engine.shutdown(1s);
+  EXPECT_EQ(m.waiting_sequences.value(), 0);
+  EXPECT_EQ(m.running_sequences.value(), 0);
 }
 
 TEST(Engine, AFullQueueRefusesAndShutdownFailsWhatIsLeft) {
