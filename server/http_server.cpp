@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -14,6 +15,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include "server/on_demand_thread_pool.h"
 #include "server/openai_protocol.h"
 #include "server/peer_connection.h"
 #include "server/queue_sink.h"
@@ -127,10 +129,11 @@ class ActiveResponse {
 // a server-sent event until the end or until the client goes away.
 class EventStream {
  public:
-  EventStream(std::shared_ptr<Request> request, std::shared_ptr<QueueSink> sink,
+  EventStream(Engine& engine, std::shared_ptr<Request> request, std::shared_ptr<QueueSink> sink,
               ResponseBuilder builder, bool include_usage, SinkEvent first,
               std::unique_ptr<ActiveResponse> active)
-      : request_(std::move(request)),
+      : engine_(engine),
+        request_(std::move(request)),
         sink_(std::move(sink)),
         builder_(std::move(builder)),
         include_usage_(include_usage),
@@ -177,11 +180,11 @@ class EventStream {
   }
 
   bool client_gone() {
-    // The scheduler drops the sequence and frees its KV blocks at its next step.
-    request_->cancelled.store(true);
+    engine_.cancel(*request_);
     return false;
   }
 
+  Engine& engine_;
   std::shared_ptr<Request> request_;
   std::shared_ptr<QueueSink> sink_;
   ResponseBuilder builder_;
@@ -190,6 +193,39 @@ class EventStream {
   std::unique_ptr<ActiveResponse> active_;
   bool opened_ = false;
   bool ended_ = false;
+};
+
+// The clients (host, port) with a request being answered: from routing until the answer is
+// written (httplib's logger runs then, whatever the outcome). The others' connections are idle.
+class ConnectionsAnswering {
+ public:
+  void begin(const httplib::Request& req) {
+    std::lock_guard lock(mutex_);
+    clients_.emplace(req.remote_addr, req.remote_port);
+  }
+  void end(const httplib::Request& req) {
+    std::lock_guard lock(mutex_);
+    clients_.erase({req.remote_addr, req.remote_port});
+  }
+  bool contains(const std::string& host, int port) const {
+    std::lock_guard lock(mutex_);
+    return clients_.count({host, port}) != 0;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<std::pair<std::string, int>> clients_;
+};
+
+// httplib's connection threads, started as connections need them.
+class ConnectionThreads final : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(size_t max_threads) : pool_(max_threads) {}
+  void enqueue(std::function<void()> task) override { pool_.enqueue(std::move(task)); }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  OnDemandThreadPool pool_;
 };
 
 }  // namespace
@@ -202,10 +238,12 @@ struct HttpServer::Impl {
     // A completion request holds its connection thread until it ends, so every request the
     // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when
     // the queue is full, /health, /metrics. With fewer, requests past the threads would wait
-    // unseen in httplib's own queue instead of getting their place or their 503.
+    // unseen in httplib's own queue instead of getting their place or their 503. They start
+    // as connections arrive, so an idle server holds none.
     const auto& limits = engine.config();
-    const int threads = limits.scheduler.max_num_seqs + limits.server.max_queue + 16;
-    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    const size_t threads =
+        size_t(limits.scheduler.max_num_seqs) + size_t(limits.server.max_queue) + 16;
+    server.new_task_queue = [threads] { return new ConnectionThreads(threads); };
     server.set_payload_max_length(16 << 20);
     // Stream chunks are small writes: send each at once rather than wait for an ACK (Nagle).
     server.set_tcp_nodelay(true);
@@ -247,9 +285,11 @@ struct HttpServer::Impl {
     });
   }
 
-  // Authentication, OpenAI-style bodies for httplib's own errors, counters.
+  // Authentication, OpenAI-style bodies for httplib's own errors, counters, and which
+  // connections are answering.
   void install_guards() {
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      answering.begin(req);
       const std::string& key = engine.config().server.api_key;
       if (key.empty() || req.path == "/health" ||
           req.get_header_value("Authorization") == "Bearer " + key)
@@ -283,6 +323,8 @@ struct HttpServer::Impl {
     server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       counters.count(route_label(req.path), res.status);
     });
+    server.set_logger(
+        [this](const httplib::Request& req, const httplib::Response&) { answering.end(req); });
   }
 
   // httplib answered without a handler (res.status says how): no route, a known route with
@@ -353,7 +395,7 @@ struct HttpServer::Impl {
     if (!parsed.options.stream)
       return reply_whole(res, *sink, peer, *parsed.request, builder, std::move(*first));
     // From here the stream's writes tell whether the client is still there.
-    auto stream = std::make_shared<EventStream>(parsed.request, sink, std::move(builder),
+    auto stream = std::make_shared<EventStream>(engine, parsed.request, sink, std::move(builder),
                                                 parsed.options.include_usage, std::move(*first),
                                                 std::move(active_response));
     res.set_header("Cache-Control", "no-cache");
@@ -364,21 +406,21 @@ struct HttpServer::Impl {
   }
 
   // The request's next event; nothing when its client left first, and then the request is
-  // cancelled (the scheduler drops it and frees its KV blocks at its next step).
-  static std::optional<SinkEvent> wait_event(QueueSink& sink, const PeerConnection& peer,
-                                             Request& request) {
+  // cancelled.
+  std::optional<SinkEvent> wait_event(QueueSink& sink, const PeerConnection& peer,
+                                      Request& request) {
     while (true) {
       if (auto event = sink.next(kEventPoll)) return event;
       if (peer.closed()) {
-        request.cancelled.store(true);
+        engine.cancel(request);
         return std::nullopt;
       }
     }
   }
 
   // Collects the whole answer, or gives up when the client leaves.
-  static void reply_whole(httplib::Response& res, QueueSink& sink, const PeerConnection& peer,
-                          Request& request, ResponseBuilder& builder, SinkEvent event) {
+  void reply_whole(httplib::Response& res, QueueSink& sink, const PeerConnection& peer,
+                   Request& request, ResponseBuilder& builder, SinkEvent event) {
     while (true) {
       if (auto* delta = std::get_if<Delta>(&event)) {
         builder.append(*delta);
@@ -410,6 +452,7 @@ struct HttpServer::Impl {
   int listen_socket = -1;
   int port = 0;  // the port bound, which identifies a request's connection (PeerConnection)
   HttpCounters counters;
+  ConnectionsAnswering answering;
   std::atomic<int64_t> active{0};
   std::atomic<bool> stopping{false};
   std::mutex serve_mutex;  // orders serve() against shutdown()
@@ -458,10 +501,13 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // httplib's stop() does nothing before its accept loop runs: repeat it until serve() returned.
   // serve() returns when every connection thread has: a thread on an idle keep-alive connection
-  // would wait out its 5 s timeout for a next request, so the connections stop reading.
+  // would wait out its 5 s timeout for a next request, so idle connections stop reading.
+  const auto answering = [this](const std::string& host, int port) {
+    return impl_->answering.contains(host, port);
+  };
   while (serving && !impl_->serve_returned.load()) {
     impl_->server.stop();
-    stop_reading_connections(impl_->port);
+    stop_reading_idle_connections(impl_->port, answering);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

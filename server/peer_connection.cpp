@@ -46,13 +46,6 @@ bool connects(int fd, const std::string& remote_addr, int remote_port, int local
          own_port_is(fd, local_port);
 }
 
-// A connected socket (it has a peer) whose own end is local_port.
-bool accepted_on(int fd, int local_port) {
-  std::string host;
-  int port = 0;
-  return peer_end(fd, host, port) && own_port_is(fd, local_port);
-}
-
 // Calls visit(fd) for the process's open descriptors until it returns true. Descriptors open
 // and close meanwhile on other threads: a failed step ends the walk.
 template <typename Visit>
@@ -69,9 +62,13 @@ void for_each_descriptor(Visit visit) {
 
 }  // namespace
 
-void stop_reading_connections(int local_port) {
+void stop_reading_idle_connections(
+    int local_port, const std::function<bool(const std::string& host, int port)>& answering) {
   for_each_descriptor([&](int fd) {
-    if (accepted_on(fd, local_port)) ::shutdown(fd, SHUT_RD);
+    std::string host;
+    int port = 0;
+    if (peer_end(fd, host, port) && own_port_is(fd, local_port) && !answering(host, port))
+      ::shutdown(fd, SHUT_RD);
     return false;
   });
 }

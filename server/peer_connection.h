@@ -8,14 +8,18 @@
 //   at once instead of holding their threads, and the exit, until their timeout.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace pipeline {
 
-// Ends the reading side of every connection accepted on local_port: a connection thread waiting
-// for a next request on a keep-alive connection sees its end and closes it. Writes still go
-// through, so an answer being written is not cut. For shutdown, once the listener has stopped.
-void stop_reading_connections(int local_port);
+// Ends the reading side of every connection accepted on local_port but those whose client
+// `answering(host, port)` names: a connection thread waiting for a next request on an idle
+// keep-alive connection sees its end and closes it. Not for a connection with an answer still
+// to write: httplib takes a socket that reads its end for a client gone, and stops writing.
+// For shutdown, once the listener has stopped.
+void stop_reading_idle_connections(
+    int local_port, const std::function<bool(const std::string& host, int port)>& answering);
 
 class PeerConnection {
  public:

@@ -1,0 +1,76 @@
+#include "server/on_demand_thread_pool.h"
+
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+namespace pipeline {
+
+OnDemandThreadPool::OnDemandThreadPool(size_t max_threads) : max_threads_(max_threads) {
+  if (max_threads == 0) throw std::invalid_argument("OnDemandThreadPool needs at least 1 thread");
+}
+
+OnDemandThreadPool::~OnDemandThreadPool() {
+  shutdown();
+}
+
+void OnDemandThreadPool::enqueue(std::function<void()> task) {
+  std::unique_lock lock(mutex_);
+  if (stopping_) throw std::logic_error("OnDemandThreadPool::enqueue after shutdown");
+  tasks_.push_back(std::move(task));
+  // A woken thread leaves idle_ only once it runs, so tasks beyond the idle threads are the
+  // ones no thread will take yet.
+  if (tasks_.size() > idle_ && threads_.size() < max_threads_) {
+    try {
+      threads_.emplace_back([this] { work(); });
+    } catch (const std::system_error&) {
+      // Out of threads: the task waits for a running one, unless there is none.
+      if (threads_.empty()) {
+        tasks_.pop_back();
+        throw;
+      }
+    }
+    return;
+  }
+  lock.unlock();
+  wake_.notify_one();
+}
+
+void OnDemandThreadPool::shutdown() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    threads.swap(threads_);
+  }
+  wake_.notify_all();
+  for (std::thread& thread : threads) thread.join();
+}
+
+size_t OnDemandThreadPool::threads_started() const {
+  std::lock_guard lock(mutex_);
+  return threads_.size();
+}
+
+size_t OnDemandThreadPool::threads_idle() const {
+  std::lock_guard lock(mutex_);
+  return idle_;
+}
+
+void OnDemandThreadPool::work() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    ++idle_;
+    wake_.wait(lock, [this] { return !tasks_.empty() || stopping_; });
+    --idle_;
+    if (tasks_.empty()) return;  // stopping, and nothing left to run
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+}  // namespace pipeline
