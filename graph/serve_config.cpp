@@ -2,6 +2,7 @@
 // naming the file, the line and the field ("serve.yaml:7: field 'scheduler.window_ms': ...").
 #include "graph/serve_config.h"
 
+#include <limits>
 #include <map>
 #include <set>
 
@@ -24,7 +25,8 @@ edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill-
         decode->batch, prefill->detok, decode->detok, detok->emit]
 )";
 
-constexpr int kMaxQueue = 4096;
+// The most requests waiting (server.max_queue), and the most running (scheduler.max_num_seqs).
+constexpr int kMaxRequests = 4096;
 
 // Reads fields of one YAML document and words errors with the file and line they came from.
 // Overridden fields are reported as the override that set them.
@@ -79,9 +81,14 @@ class FieldReader {
     }
   }
 
-  int integer(const YAML::Node& node, const std::string& field, int min) const {
+  // `why`, when given, says what the maximum protects.
+  int integer(const YAML::Node& node, const std::string& field, int min,
+              int max = std::numeric_limits<int>::max(), const std::string& why = "") const {
     const int value = scalar<int>(node, field, "an integer");
     if (value < min) fail(node, field, "must be at least " + std::to_string(min));
+    if (value > max)
+      fail(node, field,
+           "must be at most " + std::to_string(max) + (why.empty() ? "" : " (" + why + ")"));
     return value;
   }
   double number(const YAML::Node& node, const std::string& field) const {
@@ -130,20 +137,13 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
   r.require_map(node, "server");
   r.check_keys(node, "server", {"host", "port", "api_key", "max_queue", "shutdown_grace_s"});
   if (node["host"]) server.host = r.string(node["host"], "server.host");
-  if (node["port"]) {
-    server.port = r.integer(node["port"], "server.port", 0);
-    if (server.port > 65535) r.fail(node["port"], "server.port", "must be at most 65535");
-  }
+  if (node["port"]) server.port = r.integer(node["port"], "server.port", 0, 65535);
   if (node["api_key"] && !node["api_key"].IsNull())
     server.api_key = r.string(node["api_key"], "server.api_key");
-  if (node["max_queue"]) {
-    // Each waiting request holds an HTTP connection thread (server/http_server.cpp).
-    server.max_queue = r.integer(node["max_queue"], "server.max_queue", 1);
-    if (server.max_queue > kMaxQueue)
-      r.fail(node["max_queue"], "server.max_queue",
-             "must be at most " + std::to_string(kMaxQueue) +
-                 " (each waiting request holds a connection thread)");
-  }
+  // Each waiting or running request holds an HTTP connection thread (server/http_server.cpp).
+  if (node["max_queue"])
+    server.max_queue = r.integer(node["max_queue"], "server.max_queue", 1, kMaxRequests,
+                                 "each waiting request holds a connection thread");
   if (node["shutdown_grace_s"])
     server.shutdown_grace_s = r.integer(node["shutdown_grace_s"], "server.shutdown_grace_s", 0);
 }
@@ -156,7 +156,8 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
-    s.max_num_seqs = r.integer(node["max_num_seqs"], "scheduler.max_num_seqs", 1);
+    s.max_num_seqs = r.integer(node["max_num_seqs"], "scheduler.max_num_seqs", 1, kMaxRequests,
+                               "each running request holds a connection thread");
   if (node["kv_block_size"])
     s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1);
   if (node["kv_cache_fraction"]) {

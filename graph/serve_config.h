@@ -13,9 +13,9 @@
 namespace pipeline {
 
 struct ModelSection {
-  std::filesystem::path path;        // Hugging Face model folder
+  std::filesystem::path path;            // Hugging Face model folder
   std::string chat_template = "llama2";  // llama2 | raw
-  std::string name;                  // served model id; defaults to the folder name
+  std::string name;                      // served model id; defaults to the folder name
 };
 
 struct ServerSection {
@@ -32,7 +32,7 @@ struct SchedulerSection {
   int max_num_seqs = 64;
   int kv_block_size = 16;
   double kv_cache_fraction = 0.9;  // of free device memory (CUDA)
-  int kv_cache_blocks = 0;         // explicit pool size; 0 = derive (CPU: max_num_seqs full contexts)
+  int kv_cache_blocks = 0;  // explicit pool size; 0 = derive (CPU: max_num_seqs full contexts)
 };
 
 struct SamplingDefaults {

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
@@ -79,6 +81,25 @@ std::shared_ptr<const LlamaWeights> checked(std::shared_ptr<const LlamaWeights> 
   return weights;
 }
 
+std::string gib_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", bytes / double(int64_t(1) << 30));
+  return text;
+}
+
+// A pool the host could never hold fails here, naming the settings, rather than as a bad_alloc
+// at the start or an out-of-memory kill once its blocks fill (its pages are touched as used).
+void check_pool_fits_memory(const KvCacheShape& shape, double block_bytes) {
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const double pool = block_bytes * double(shape.num_blocks);
+  if (pool > memory)
+    throw std::runtime_error(
+        "the KV cache of " + std::to_string(shape.num_blocks) + " blocks of " +
+        std::to_string(shape.block_size) + " tokens needs " + gib_text(pool) +
+        ", more than this machine's " + gib_text(memory) +
+        " of memory: lower scheduler.kv_cache_blocks or scheduler.kv_block_size");
+}
+
 KvCacheShape derive_kv_shape(const LlamaConfig& c, const RunnerOptions& options) {
   if (options.kv_block_size <= 0) {
     throw std::invalid_argument("RunnerOptions: kv_block_size must be positive, got " +
@@ -97,19 +118,22 @@ KvCacheShape derive_kv_shape(const LlamaConfig& c, const RunnerOptions& options)
   shape.num_kv_heads = c.num_kv_heads;
   shape.head_dim = c.head_dim;
   shape.block_size = options.kv_block_size;
+  // In floating point: a block size from the config times the head layout can pass 2^63.
+  const double block_bytes = 2.0 * c.num_layers * double(shape.block_size) * c.num_kv_heads *
+                             c.head_dim * double(sizeof(float));
   if (options.kv_cache_blocks > 0) {
     shape.num_blocks = options.kv_cache_blocks;
-    return shape;
+  } else {
+    if (options.max_num_seqs <= 0) {
+      throw std::invalid_argument(
+          "RunnerOptions: max_num_seqs must be positive to size the KV pool");
+    }
+    const int64_t wanted =
+        int64_t(options.max_num_seqs) * shape.blocks_for(c.max_position_embeddings);
+    const double cap = std::floor(double(kCpuKvPoolMaxBytes) / block_bytes);
+    shape.num_blocks = int(std::max(1.0, std::min(double(wanted), cap)));
   }
-  if (options.max_num_seqs <= 0) {
-    throw std::invalid_argument("RunnerOptions: max_num_seqs must be positive to size the KV pool");
-  }
-  const int64_t block_bytes =
-      2 * int64_t(c.num_layers) * shape.block_elems() * int64_t(sizeof(float));
-  const int64_t wanted =
-      int64_t(options.max_num_seqs) * shape.blocks_for(c.max_position_embeddings);
-  const int64_t cap = kCpuKvPoolMaxBytes / block_bytes;
-  shape.num_blocks = int(std::max<int64_t>(1, std::min(wanted, cap)));
+  check_pool_fits_memory(shape, block_bytes);
   return shape;
 }
 

@@ -115,6 +115,10 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file +
                 ":3: field 'server.max_queue': must be at most 4096 (each waiting request holds a "
                 "connection thread)");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_num_seqs: 2147483647\n"),
+            file +
+                ":3: field 'scheduler.max_num_seqs': must be at most 4096 (each running request "
+                "holds a connection thread)");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_batch: 0\n"),
             file + ":3: field 'scheduler.max_batch': must be at least 1");
   EXPECT_EQ(error_of("model: {path: m}\ndevice: tpu\n"),
