@@ -256,6 +256,29 @@ TEST(CpuRunnerOptions, DerivesPoolFromMaxNumSeqsAndRejectsBadOptions) {
   EXPECT_THROW(make_cpu_runner(weights, options), std::invalid_argument);
 }
 
+TEST(CpuRunnerOptions, RefusesAKvPoolLargerThanTheMachinesMemory) {
+  const auto weights = load_model("models/stories260K");
+  const auto message_of = [&](const RunnerOptions& options) -> std::string {
+    try {
+      make_cpu_runner(weights, options);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  RunnerOptions many_blocks;
+  many_blocks.kv_cache_blocks = 2'000'000'000;  // 2e9 blocks of 20 KiB
+  EXPECT_EQ(
+      message_of(many_blocks).rfind("the KV cache of 2000000000 blocks of 16 tokens needs ", 0), 0u)
+      << message_of(many_blocks);
+  RunnerOptions huge_block;
+  huge_block.kv_block_size = 2'147'483'647;  // the derived pool: one block of 2.5 TiB
+  EXPECT_NE(
+      message_of(huge_block).find("lower scheduler.kv_cache_blocks or scheduler.kv_block_size"),
+      std::string::npos)
+      << message_of(huge_block);
+}
+
 TEST(CpuRunnerOptions, OwnThreadArenaGivesTheSameLogits) {
   const auto weights = load_model("models/stories260K");
   RunnerOptions one_thread;
