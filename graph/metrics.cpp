@@ -100,7 +100,8 @@ std::string Metrics::prometheus_text() const {
               double(preemptions.value()));
   write_value(out, "pipeline_running_sequences", "gauge", "Sequences being decoded.",
               double(running_sequences.value()));
-  write_value(out, "pipeline_waiting_sequences", "gauge", "Requests waiting for their prefill.",
+  write_value(out, "pipeline_waiting_sequences", "gauge",
+              "Requests waiting for their prefill, preempted ones included.",
               double(waiting_sequences.value()));
   write_value(out, "pipeline_kv_blocks_used", "gauge", "KV cache blocks in use.",
               double(kv_blocks_used.value()));
