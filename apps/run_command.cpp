@@ -4,8 +4,11 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -95,6 +98,18 @@ int run_command(int argc, char** argv) {
   auto signal_name = [](int signal_number) {
     return signal_number == SIGINT ? "SIGINT" : "SIGTERM";
   };
+  // Both threads start now, not at the signal: by then the process may have no thread left
+  // to start (its connection threads grow to its limit under load).
+  std::mutex stop_mutex;
+  std::condition_variable stop_changed;
+  bool stop_asked = false, serve_returned = false;  // under stop_mutex
+  std::thread shutting_down([&] {
+    std::unique_lock lock(stop_mutex);
+    stop_changed.wait(lock, [&] { return stop_asked || serve_returned; });
+    if (!stop_asked) return;
+    lock.unlock();
+    server.shutdown(std::chrono::seconds(config.server.shutdown_grace_s));
+  });
   std::thread stopper([&] {
     const int signal_number = wait_for_stop_signal(server_ended);
     if (signal_number == 0) return;
@@ -103,18 +118,26 @@ int run_command(int argc, char** argv) {
                  "pipeline run: %s received, finishing requests in flight (up to %d s; another "
                  "signal ends them now)\n",
                  signal_name(signal_number), config.server.shutdown_grace_s);
-    std::thread shutting_down(
-        [&] { server.shutdown(std::chrono::seconds(config.server.shutdown_grace_s)); });
+    {
+      std::lock_guard lock(stop_mutex);
+      stop_asked = true;
+    }
+    stop_changed.notify_one();
     if (const int second = wait_for_stop_signal(server_ended); second != 0) {
       std::fprintf(stderr, "pipeline run: second %s: failing the requests still in flight\n",
                    signal_name(second));
       engine.end_grace();
     }
-    shutting_down.join();
   });
   server.serve();
   server_ended.store(true);
+  {
+    std::lock_guard lock(stop_mutex);
+    serve_returned = true;
+  }
+  stop_changed.notify_one();
   stopper.join();
+  shutting_down.join();
   if (!signalled.load()) {
     std::fprintf(stderr, "pipeline run: the HTTP server stopped without being asked to\n");
     engine.shutdown(std::chrono::seconds(0));
