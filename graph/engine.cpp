@@ -166,7 +166,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   }
   // The scheduler frees their blocks at its next step; late events for them are dropped.
   for (const auto& seq : remaining)
-    seq->stream.fail({503, "server shutting down", "server_error", "", ""});
+    seq->stream.fail({503, "server shutting down", "server_error", "", "shutting_down"});
   m.scheduler->stop();
   m.graph->wait();
   m.shut_down = true;
