@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <charconv>
@@ -67,7 +68,10 @@ void stop_reading_idle_connections(
   for_each_descriptor([&](int fd) {
     std::string host;
     int port = 0;
-    if (peer_end(fd, host, port) && own_port_is(fd, local_port) && !answering(host, port))
+    // Bytes waiting to be read are a request on its way to an answer (a 503 at this point).
+    int unread = 0;
+    if (peer_end(fd, host, port) && own_port_is(fd, local_port) && !answering(host, port) &&
+        ioctl(fd, FIONREAD, &unread) == 0 && unread == 0)
       ::shutdown(fd, SHUT_RD);
     return false;
   });

@@ -13,9 +13,10 @@
 
 namespace pipeline {
 
-// Ends the reading side of every connection accepted on local_port but those whose client
-// `answering(host, port)` names: a connection thread waiting for a next request on an idle
-// keep-alive connection sees its end and closes it. Not for a connection with an answer still
+// Ends the reading side of every idle connection accepted on local_port: not those whose
+// client `answering(host, port)` names, nor those with a request's bytes waiting to be read. A
+// connection thread waiting for a next request on an idle keep-alive connection sees its end
+// and closes it. Not for a connection with an answer still
 // to write: httplib takes a socket that reads its end for a client gone, and stops writing.
 // For shutdown, once the listener has stopped.
 void stop_reading_idle_connections(

@@ -116,5 +116,16 @@ TEST(StopReadingIdleConnections, EndsTheReadsOfThePortsIdleConnectionsOnly) {
   EXPECT_EQ(read_now(idle.client, buffer, sizeof buffer), -1) << "the client's end";
 }
 
+TEST(StopReadingIdleConnections, LeavesAConnectionWithARequestWaitingToBeRead) {
+  Connection arriving;
+  ASSERT_EQ(write(arriving.client, "GET", 3), 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // on loopback: there by now
+  stop_reading_idle_connections(arriving.server_port,
+                                [](const std::string&, int) { return false; });
+  char buffer[8];
+  EXPECT_EQ(read_now(arriving.accepted, buffer, sizeof buffer), 3);
+  EXPECT_EQ(read_now(arriving.accepted, buffer, sizeof buffer), -1) << "its reads were ended";
+}
+
 }  // namespace
 }  // namespace pipeline
