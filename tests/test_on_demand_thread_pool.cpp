@@ -55,20 +55,28 @@ class Gate {
   int running_ = 0, max_running_ = 0, done_ = 0;
 };
 
+// `tasks` tasks that block until the gate opens: as many run at once as the limit allows, each
+// on a thread of its own, the rest wait, and all of them finish.
+void expect_runs_at_once(size_t limit, int tasks) {
+  OnDemandThreadPool pool(limit);
+  Gate gate;
+  for (int i = 0; i < tasks; ++i) pool.enqueue([&gate] { gate.pass(); });
+  const int together = std::min(int(limit), tasks);
+  EXPECT_TRUE(gate.wait_running(together)) << "a task waited although the limit allowed a thread";
+  std::this_thread::sleep_for(20ms);  // time for a task too many to start
+  EXPECT_EQ(gate.max_running(), together);
+  EXPECT_EQ(pool.threads_started(), size_t(together));
+  gate.open();
+  EXPECT_TRUE(gate.wait_done(tasks));
+}
+
 TEST(OnDemandThreadPool, StartsNoThreadBeforeATask) {
   OnDemandThreadPool pool(64);
   EXPECT_EQ(pool.threads_started(), 0u);
 }
 
 TEST(OnDemandThreadPool, RunsAsManyTasksAtOnceAsArriveTogether) {
-  OnDemandThreadPool pool(64);
-  Gate gate;
-  constexpr int kTasks = 12;
-  for (int i = 0; i < kTasks; ++i) pool.enqueue([&] { gate.pass(); });
-  EXPECT_TRUE(gate.wait_running(kTasks)) << "a task waited although the limit allowed a thread";
-  EXPECT_EQ(pool.threads_started(), size_t(kTasks));
-  gate.open();
-  EXPECT_TRUE(gate.wait_done(kTasks));
+  expect_runs_at_once(64, 12);
 }
 
 TEST(OnDemandThreadPool, ReusesAnIdleThread) {
@@ -87,16 +95,7 @@ TEST(OnDemandThreadPool, ReusesAnIdleThread) {
 }
 
 TEST(OnDemandThreadPool, TasksBeyondTheLimitWaitAndAllRun) {
-  OnDemandThreadPool pool(3);
-  Gate gate;
-  constexpr int kTasks = 10;
-  for (int i = 0; i < kTasks; ++i) pool.enqueue([&] { gate.pass(); });
-  EXPECT_TRUE(gate.wait_running(3));
-  std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(gate.max_running(), 3);
-  EXPECT_EQ(pool.threads_started(), 3u);
-  gate.open();
-  EXPECT_TRUE(gate.wait_done(kTasks));
+  expect_runs_at_once(3, 10);
 }
 
 TEST(OnDemandThreadPool, ShutdownRunsWhatIsQueuedFirst) {

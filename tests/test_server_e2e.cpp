@@ -677,17 +677,24 @@ TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
   EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
-TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
-  ServerProcess server(stories_config("scheduler:\n  window_ms: 0\n"));
+// A stream of 400 tokens, and SIGTERM once the server's `metric_name` reaches `at_least`; the
+// server must exit 0.
+Stream stream_through_sigterm(ServerProcess& server, const std::string& metric_name,
+                              double at_least) {
   json body = completion_body("Once upon a time", 400);
   body["ignore_eos"] = true;
   auto in_flight = std::async(std::launch::async,
                               [&] { return post_stream(server.port(), "/v1/completions", body); });
   const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (metric(server.port(), "pipeline_running_sequences") < 1 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  while (metric(server.port(), metric_name) < at_least && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
-  const Stream stream = in_flight.get();
+  return in_flight.get();
+}
+
+TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
+  ServerProcess server(stories_config("scheduler:\n  window_ms: 0\n"));
+  const Stream stream = stream_through_sigterm(server, "pipeline_running_sequences", 1);
   EXPECT_EQ(stream.status, 200);
   EXPECT_TRUE(stream.done) << stream.raw.substr(stream.raw.size() > 500 ? stream.raw.size() - 500
                                                                         : 0);
@@ -698,15 +705,7 @@ TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
 // followed by [DONE], as a stream that finishes ends with its finish chunk and [DONE].
 TEST(ServerE2EShutdown, AStreamCutOffByTheShutdownEndsWithItsErrorAndDone) {
   ServerProcess server(stories_config("  shutdown_grace_s: 0\nscheduler:\n  window_ms: 0\n"));
-  json body = completion_body("Once upon a time", 400);
-  body["ignore_eos"] = true;
-  auto in_flight = std::async(std::launch::async,
-                              [&] { return post_stream(server.port(), "/v1/completions", body); });
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (metric(server.port(), "pipeline_generation_tokens_total") < 20 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
-  const Stream stream = in_flight.get();
+  const Stream stream = stream_through_sigterm(server, "pipeline_generation_tokens_total", 20);
   ASSERT_EQ(stream.status, 200) << stream.raw;
   ASSERT_FALSE(stream.events.empty());
   EXPECT_EQ(stream.finish_reason, "") << "the stream finished before the shutdown";
