@@ -150,6 +150,9 @@ class EventStream {
     std::optional<SinkEvent> event = std::move(pending_);
     pending_.reset();
     if (!event) event = sink_->next(kEventPoll);
+    // Nothing to send while the sequence waits (preempted, say): a write would not tell whether
+    // the client is still there, so ask the socket.
+    if (!event && text.empty() && !out.is_writable()) return client_gone();
     if (event) text += render(*event);
     if (!text.empty() && !out.write(text.data(), text.size())) return client_gone();
     if (ended_) out.done();
