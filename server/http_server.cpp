@@ -31,6 +31,9 @@ namespace {
 constexpr std::chrono::milliseconds kEventPoll{100};
 // After the engine ended every request: how long the last chunks may take to reach clients.
 constexpr std::chrono::seconds kDrainLimit{5};
+// At shutdown, how long a connection must have received nothing to count as idle: a request's
+// bytes arrive within milliseconds of each other, and httplib may hold them unrouted meanwhile.
+constexpr std::chrono::milliseconds kRequestQuiet{500};
 
 constexpr const char* kJson = "application/json";
 
@@ -510,7 +513,7 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
   };
   while (serving && !impl_->serve_returned.load()) {
     impl_->server.stop();
-    stop_reading_idle_connections(impl_->port, answering);
+    stop_reading_idle_connections(impl_->port, kRequestQuiet, answering);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

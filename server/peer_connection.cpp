@@ -1,6 +1,8 @@
 #include "server/peer_connection.h"
 
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -61,17 +63,27 @@ void for_each_descriptor(Visit visit) {
   }
 }
 
+// No bytes wait to be read, and none arrived for `quiet` (the kernel counts from the connection's
+// start when none ever did).
+bool quiet_for(int fd, std::chrono::milliseconds quiet) {
+  int unread = 0;
+  tcp_info info{};
+  socklen_t length = sizeof info;
+  return ioctl(fd, FIONREAD, &unread) == 0 && unread == 0 &&
+         getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+         std::chrono::milliseconds(info.tcpi_last_data_recv) >= quiet;
+}
+
 }  // namespace
 
 void stop_reading_idle_connections(
-    int local_port, const std::function<bool(const std::string& host, int port)>& answering) {
+    int local_port, std::chrono::milliseconds quiet,
+    const std::function<bool(const std::string& host, int port)>& answering) {
   for_each_descriptor([&](int fd) {
     std::string host;
     int port = 0;
-    // Bytes waiting to be read are a request on its way to an answer (a 503 at this point).
-    int unread = 0;
     if (peer_end(fd, host, port) && own_port_is(fd, local_port) && !answering(host, port) &&
-        ioctl(fd, FIONREAD, &unread) == 0 && unread == 0)
+        quiet_for(fd, quiet))
       ::shutdown(fd, SHUT_RD);
     return false;
   });

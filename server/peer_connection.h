@@ -8,19 +8,21 @@
 //   at once instead of holding their threads, and the exit, until their timeout.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 
 namespace pipeline {
 
-// Ends the reading side of every idle connection accepted on local_port: not those whose
-// client `answering(host, port)` names, nor those with a request's bytes waiting to be read. A
-// connection thread waiting for a next request on an idle keep-alive connection sees its end
-// and closes it. Not for a connection with an answer still
-// to write: httplib takes a socket that reads its end for a client gone, and stops writing.
-// For shutdown, once the listener has stopped.
+// Ends the reading side of every idle connection accepted on local_port, so that a connection
+// thread waiting for a next request on it sees its end and closes it. A connection is not idle
+// while `answering(host, port)` names its client (httplib takes a socket whose reads have ended
+// for a client gone and stops writing, so an answer would be cut), while a request's bytes wait
+// to be read, nor when it received bytes (or opened) less than `quiet` ago: httplib may hold a
+// request it read but has not routed yet. For shutdown, once the server was told to stop.
 void stop_reading_idle_connections(
-    int local_port, const std::function<bool(const std::string& host, int port)>& answering);
+    int local_port, std::chrono::milliseconds quiet,
+    const std::function<bool(const std::string& host, int port)>& answering);
 
 class PeerConnection {
  public:

@@ -16,6 +16,8 @@
 namespace pipeline {
 namespace {
 
+using namespace std::chrono_literals;
+
 int port_of(int fd, bool peer) {
   sockaddr_in address{};
   socklen_t length = sizeof address;
@@ -103,10 +105,10 @@ ssize_t read_now(int fd, char* buffer, size_t size) {
 
 TEST(StopReadingIdleConnections, EndsTheReadsOfThePortsIdleConnectionsOnly) {
   Connection idle, answering, other;
-  stop_reading_idle_connections(idle.server_port, [&](const std::string& host, int port) {
+  stop_reading_idle_connections(idle.server_port, 0ms, [&](const std::string& host, int port) {
     return host == "127.0.0.1" && port == answering.client_port;
   });
-  stop_reading_idle_connections(answering.server_port, [&](const std::string& host, int port) {
+  stop_reading_idle_connections(answering.server_port, 0ms, [&](const std::string& host, int port) {
     return host == "127.0.0.1" && port == answering.client_port;
   });
   char buffer[8];
@@ -120,11 +122,30 @@ TEST(StopReadingIdleConnections, LeavesAConnectionWithARequestWaitingToBeRead) {
   Connection arriving;
   ASSERT_EQ(write(arriving.client, "GET", 3), 3);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // on loopback: there by now
-  stop_reading_idle_connections(arriving.server_port,
+  stop_reading_idle_connections(arriving.server_port, 0ms,
                                 [](const std::string&, int) { return false; });
   char buffer[8];
   EXPECT_EQ(read_now(arriving.accepted, buffer, sizeof buffer), 3);
   EXPECT_EQ(read_now(arriving.accepted, buffer, sizeof buffer), -1) << "its reads were ended";
+}
+
+// httplib reads a request into its own buffer before routing it: no bytes wait in the kernel
+// then, but the connection received some a moment ago.
+TEST(StopReadingIdleConnections, LeavesAConnectionThatReceivedBytesLately) {
+  Connection reading;
+  ASSERT_EQ(write(reading.client, "GET", 3), 3);
+  char buffer[8];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  ssize_t got = -1;
+  while ((got = read_now(reading.accepted, buffer, sizeof buffer)) < 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(got, 3);
+  const auto nobody = [](const std::string&, int) { return false; };
+  stop_reading_idle_connections(reading.server_port, 60s, nobody);
+  EXPECT_EQ(read_now(reading.accepted, buffer, sizeof buffer), -1) << "its reads were ended";
+  stop_reading_idle_connections(reading.server_port, 0ms, nobody);
+  EXPECT_EQ(read_now(reading.accepted, buffer, sizeof buffer), 0) << "quiet long enough";
 }
 
 }  // namespace
