@@ -129,7 +129,7 @@ int run_command(int argc, char** argv) {
       engine.end_grace();
     }
   });
-  server.serve();
+  const bool asked_to_stop = server.serve();
   server_ended.store(true);
   {
     std::lock_guard lock(stop_mutex);
@@ -138,7 +138,7 @@ int run_command(int argc, char** argv) {
   stop_changed.notify_one();
   stopper.join();
   shutting_down.join();
-  if (!signalled.load()) {
+  if (!asked_to_stop || !signalled.load()) {
     std::fprintf(stderr, "pipeline run: the HTTP server stopped without being asked to\n");
     engine.shutdown(std::chrono::seconds(0));
     return 1;

@@ -123,6 +123,7 @@ SubmitStatus Engine::submit(std::shared_ptr<Request> request) {
       return SubmitStatus::QueueFull;
     }
     Impl* impl = &m;
+    request->sequence_number = m.next_number;
     seq = std::make_shared<Sequence>(
         std::move(request), m.next_number++,
         [impl](Sequence& s, const ResponseStream::Payload& ending) { impl->on_end(s, ending); });
@@ -136,16 +137,12 @@ SubmitStatus Engine::submit(std::shared_ptr<Request> request) {
 void Engine::cancel(Request& request) {
   request.cancelled.store(true);
   auto& m = *impl_;
+  if (!request.sequence_number) return;  // never accepted
   SequencePtr seq;
   {
     std::lock_guard lock(m.live_mutex);
-    for (const auto& [number, weak] : m.live) {
-      auto live = weak.lock();
-      if (live && live->request.get() == &request) {
-        seq = std::move(live);
-        break;
-      }
-    }
+    if (auto found = m.live.find(*request.sequence_number); found != m.live.end())
+      seq = found->second.lock();
   }
   // Outside the lock: the ending runs on_end, which takes it.
   if (seq) seq->stream.fail(cancelled_error());

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,9 @@ struct Request {
   std::shared_ptr<RequestSink> sink;
   // Set by Engine::cancel (the client left); the scheduler drops the sequence at its next step.
   std::atomic<bool> cancelled{false};
+  // Set by Engine::submit when it accepts the request: its sequence's number, which
+  // Engine::cancel finds it by. Read on the thread that submitted.
+  std::optional<uint64_t> sequence_number;
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 

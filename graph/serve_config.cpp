@@ -159,7 +159,7 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
     s.max_num_seqs = r.integer(node["max_num_seqs"], "scheduler.max_num_seqs", 1, kMaxRequests,
                                "each running request holds a connection thread");
   if (node["kv_block_size"])
-    s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1);
+    s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1, 1024);
   if (node["kv_cache_fraction"]) {
     s.kv_cache_fraction = r.number(node["kv_cache_fraction"], "scheduler.kv_cache_fraction");
     if (!(s.kv_cache_fraction > 0.0 && s.kv_cache_fraction <= 1.0))

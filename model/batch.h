@@ -31,7 +31,9 @@ struct Logits {
   std::vector<float> data;
 
   int rows() const { return vocab ? int(data.size() / vocab) : 0; }
-  std::span<const float> row(int i) const { return {data.data() + size_t(i) * vocab, size_t(vocab)}; }
+  std::span<const float> row(int i) const {
+    return {data.data() + size_t(i) * vocab, size_t(vocab)};
+  }
   std::span<float> row(int i) { return {data.data() + size_t(i) * vocab, size_t(vocab)}; }
 };
 

@@ -89,8 +89,12 @@ std::string gib_text(double bytes) {
 
 // A pool the host could never hold fails here, naming the settings, rather than as a bad_alloc
 // at the start or an out-of-memory kill once its blocks fill (its pages are touched as used).
+double memory_bytes() {
+  return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+}
+
 void check_pool_fits_memory(const KvCacheShape& shape, double block_bytes) {
-  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const double memory = memory_bytes();
   const double pool = block_bytes * double(shape.num_blocks);
   if (pool > memory)
     throw std::runtime_error(
@@ -130,7 +134,9 @@ KvCacheShape derive_kv_shape(const LlamaConfig& c, const RunnerOptions& options)
     }
     const int64_t wanted =
         int64_t(options.max_num_seqs) * shape.blocks_for(c.max_position_embeddings);
-    const double cap = std::floor(double(kCpuKvPoolMaxBytes) / block_bytes);
+    // Half the machine at most, so a small one still runs the model on a smaller pool.
+    const double cap =
+        std::floor(std::min(double(kCpuKvPoolMaxBytes), memory_bytes() / 2) / block_bytes);
     shape.num_blocks = int(std::max(1.0, std::min(double(wanted), cap)));
   }
   check_pool_fits_memory(shape, block_bytes);

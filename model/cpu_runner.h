@@ -29,7 +29,7 @@
 
 namespace pipeline {
 
-// The most host memory a derived CPU KV pool may take.
+// The most host memory a derived CPU KV pool may take (and at most half the machine's).
 inline constexpr int64_t kCpuKvPoolMaxBytes = int64_t(4) << 30;
 
 // Throws std::invalid_argument on options or weights the runner cannot use (block size, thread

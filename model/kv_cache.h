@@ -18,7 +18,7 @@ struct KvCacheShape {
 
   // Floats of K (or of V) one block holds in one layer.
   int64_t block_elems() const { return int64_t(block_size) * num_kv_heads * head_dim; }
-  int blocks_for(int tokens) const { return (tokens + block_size - 1) / block_size; }
+  int blocks_for(int tokens) const { return int((int64_t(tokens) + block_size - 1) / block_size); }
 };
 
 // Free list of block ids with reference counts (a block may be shared by sequences that share

@@ -483,14 +483,15 @@ int HttpServer::bind(const std::string& host, int port) {
   return bound;
 }
 
-void HttpServer::serve() {
+bool HttpServer::serve() {
   {
     std::lock_guard lock(impl_->serve_mutex);
-    if (impl_->stopping.load()) return;
+    if (impl_->stopping.load()) return true;
     impl_->serving = true;
   }
-  impl_->server.listen_after_bind();
+  const bool stopped = impl_->server.listen_after_bind();
   impl_->serve_returned.store(true);
+  return stopped;
 }
 
 void HttpServer::shutdown(std::chrono::milliseconds grace) {

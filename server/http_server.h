@@ -26,8 +26,9 @@ class HttpServer {
   // std::runtime_error naming host and port when it cannot bind.
   int bind(const std::string& host, int port);
 
-  // Serves until shutdown(); returns once every connection thread has ended.
-  void serve();
+  // Serves until shutdown(); returns once every connection thread has ended: true then, false
+  // when the listening socket failed first.
+  bool serve();
 
   // Graceful stop, callable from any thread: /health turns 503 and new completion requests
   // get 503, Engine::shutdown(grace) lets in-flight requests finish (failing the rest), their

@@ -24,10 +24,13 @@ void OnDemandThreadPool::enqueue(std::function<void()> task) {
     try {
       threads_.emplace_back([this] { work(); });
     } catch (const std::system_error&) {
-      // Out of threads: the task waits for a running one, unless there is none.
+      // Out of threads: the task waits for a running one; with none, it runs here, since a
+      // caller such as httplib's accept loop has no way to refuse it.
       if (threads_.empty()) {
+        std::function<void()> own = std::move(tasks_.back());
         tasks_.pop_back();
-        throw;
+        lock.unlock();
+        own();
       }
     }
     return;

@@ -23,8 +23,8 @@ class OnDemandThreadPool {
   OnDemandThreadPool& operator=(const OnDemandThreadPool&) = delete;
 
   // Runs task on an idle thread, or on a new one while fewer than max_threads run; otherwise
-  // queues it for the first thread that frees up. Throws std::system_error only when not even
-  // the first thread can start.
+  // queues it for the first thread that frees up. When the system has no thread to give and
+  // none was started yet, runs it on the caller.
   void enqueue(std::function<void()> task);
   // Runs what is queued, then joins every thread. Later calls do nothing.
   void shutdown();

@@ -43,14 +43,15 @@ void TokenizeStage::prepare(Sequence& seq) const {
                       std::to_string(context) + " tokens, which leaves no room for a completion",
                   prompt_param};
   }
-  const int pool = ctx_.scheduler.num_blocks() * ctx_.scheduler.block_size();
+  const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
   if (n >= pool) {
     throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the KV cache holds only " +
                       std::to_string(pool) + " tokens",
                   prompt_param};
   }
   seq.prompt_len = n;
-  seq.max_tokens = std::min({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n});
+  seq.max_tokens = int(
+      std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n}));
   seq.sampler = std::make_unique<Sampler>(req.sampling, ctx_.seed_base + seq.number);
 }
 
