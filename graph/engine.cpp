@@ -135,7 +135,6 @@ SubmitStatus Engine::submit(std::shared_ptr<Request> request) {
 }
 
 void Engine::cancel(Request& request) {
-  request.cancelled.store(true);
   auto& m = *impl_;
   if (!request.sequence_number) return;  // never accepted
   SequencePtr seq;
@@ -144,8 +143,9 @@ void Engine::cancel(Request& request) {
     if (auto found = m.live.find(*request.sequence_number); found != m.live.end())
       seq = found->second.lock();
   }
-  // Outside the lock: the ending runs on_end, which takes it.
-  if (seq) seq->stream.fail(cancelled_error());
+  // Outside the lock: the ending runs on_end, which takes it. The scheduler drops an ended
+  // sequence, freeing its blocks, at its next step.
+  if (seq) seq->stream.fail({499, "request cancelled", "cancelled", "", ""});
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {

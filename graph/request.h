@@ -2,7 +2,6 @@
 // The HTTP server and the offline batch runner make Requests; the `emit` stage feeds sinks.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -45,11 +44,6 @@ struct RequestError {
   std::string code;   // empty: null
 };
 
-// How a request the client gave up on ends (nginx's "client closed request").
-inline RequestError cancelled_error() {
-  return {499, "request cancelled", "cancelled", "", ""};
-}
-
 // Receives a request's results in order: any number of deltas, then exactly one of
 // on_finish or on_error. Calls come from pipeline threads and must not block for long.
 class RequestSink {
@@ -70,8 +64,6 @@ struct Request {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::shared_ptr<RequestSink> sink;
-  // Set by Engine::cancel (the client left); the scheduler drops the sequence at its next step.
-  std::atomic<bool> cancelled{false};
   // Set by Engine::submit when it accepts the request: its sequence's number, which
   // Engine::cancel finds it by. Read on the thread that submitted.
   std::optional<uint64_t> sequence_number;

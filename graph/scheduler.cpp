@@ -104,13 +104,7 @@ void Scheduler::apply_step(StepResult& result) {
 // Cancelled by the client, stopped by a stop string, or ended elsewhere (shutdown): free the
 // blocks now, before the next step.
 void Scheduler::drop_ended() {
-  auto ended = [&](const SequencePtr& s) {
-    if (s->request->cancelled.load()) {
-      s->stream.fail(cancelled_error());
-      return true;
-    }
-    return s->stopped.load() || s->stream.ended();
-  };
+  auto ended = [](const SequencePtr& s) { return s->stopped.load() || s->stream.ended(); };
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (ended(*it)) {
       release(**it);
