@@ -233,33 +233,36 @@ void BM_Stage_batch_window(benchmark::State& state) {
     return message;
   };
 
-  // The result of a step over `work`: every sequence one token longer, as the model stages
-  // leave it.
-  auto step_result = [](const std::vector<SequencePtr>& work, bool prefill) {
+  // The result of a step over `work`: every sequence whose chunk reached its last token one
+  // token longer, as the model stages leave it.
+  auto step_result = [](const std::vector<SequencePtr>& work, const Batch& batch, bool prefill) {
     StepResult result;
     result.prefill = prefill;
-    for (const auto& seq : work) {
-      seq->tokens.push_back(seq->tokens.back());
-      result.outputs.push_back({seq, seq->generated() - 1, {}, std::nullopt});
+    for (size_t i = 0; i < work.size(); ++i) {
+      const SequenceChunk& chunk = batch.seqs[i];
+      Sequence& seq = *work[i];
+      if (chunk.start_pos + chunk.tokens.size() != seq.tokens.size()) continue;
+      seq.tokens.push_back(seq.tokens.back());
+      result.outputs.push_back({work[i], seq.generated() - 1, {}, std::nullopt});
     }
     return result;
   };
   for (auto& seq : b->tokenized_requests(seqs, greedy())) (*stage)(Tokenized{seq}, gateway);
   // Answer prefills until all the sequences decode together.
-  std::vector<SequencePtr> running;
+  DecodeBatch running;
   for (;;) {
     Message next = next_emitted();
     if (auto* prefill = std::get_if<PrefillBatch>(&next)) {
-      (*stage)(step_result(prefill->seqs, true), gateway);
+      (*stage)(step_result(prefill->seqs, prefill->batch, true), gateway);
       continue;
     }
-    running = std::get<DecodeBatch>(next).seqs;
-    if (int(running.size()) == seqs) break;
-    (*stage)(step_result(running, false), gateway);
+    running = std::get<DecodeBatch>(std::move(next));
+    if (int(running.seqs.size()) == seqs) break;
+    (*stage)(step_result(running.seqs, running.batch, false), gateway);
   }
   for (auto _ : state) {
-    (*stage)(step_result(running, false), gateway);
-    running = std::get<DecodeBatch>(next_emitted()).seqs;
+    (*stage)(step_result(running.seqs, running.batch, false), gateway);
+    running = std::get<DecodeBatch>(next_emitted());
   }
   scheduler.stop();
 }

@@ -26,10 +26,13 @@ struct Tokenized {
   SequencePtr seq;
 };
 
-// One forward pass the scheduler chose: `seqs[i]` owns `batch.seqs[i]`.
+// One forward pass the scheduler chose: `seqs[i]` owns `batch.seqs[i]`. A prefill batch
+// computes prompt chunks, and the running sequences' decode tokens ride along: its last
+// `decoding` sequences bring one token each.
 struct PrefillBatch {
   std::vector<SequencePtr> seqs;
   Batch batch;
+  int decoding = 0;
 };
 struct DecodeBatch {
   std::vector<SequencePtr> seqs;

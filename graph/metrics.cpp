@@ -91,7 +91,7 @@ std::string Metrics::prometheus_text() const {
               double(generated_tokens.value()));
   write_value(out, "pipeline_prefill_batches_total", "counter", "Prefill forward passes.",
               double(prefill_batches.value()));
-  write_help(out, "pipeline_prefill_batch_size", "histogram", "Sequences per prefill batch.");
+  write_help(out, "pipeline_prefill_batch_size", "histogram", "Prompts per prefill batch.");
   prefill_batch_size.write(out, "pipeline_prefill_batch_size", "");
   write_value(out, "pipeline_decode_steps_total", "counter", "Decode forward passes.",
               double(decode_steps.value()));

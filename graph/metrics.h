@@ -69,7 +69,7 @@ class Metrics {
   Counter prompt_tokens;
   Counter generated_tokens;
   Counter prefill_batches;
-  Histogram prefill_batch_size;  // sequences per prefill batch
+  Histogram prefill_batch_size;  // prompts (whole or a chunk) per prefill batch
   Counter decode_steps;
   Counter preemptions;
   Gauge running_sequences;

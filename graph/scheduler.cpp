@@ -24,7 +24,7 @@ SequencePtr take(std::vector<SequencePtr>& seqs, uint64_t id) {
 Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_size,
                      Metrics& metrics)
     : limits_{std::chrono::milliseconds(config.window_ms), config.max_batch, config.max_num_seqs,
-              block_size},
+              block_size, config.max_prefill_tokens},
       num_blocks_(num_blocks),
       metrics_(metrics),
       blocks_(num_blocks),
@@ -88,17 +88,11 @@ void Scheduler::apply_step(StepResult& result) {
   for (const auto& seq : result.failed) release(*seq);
   for (const auto& out : result.outputs)
     if (out.finish) release(*out.seq);
-  auto still_running = [](const SequencePtr& s) { return !s->block_table.empty(); };
-  if (result.prefill) {
-    for (auto& seq : in_flight_)
-      if (still_running(seq)) running_.push_back(seq);
-  } else {
-    std::erase_if(running_, [&](const SequencePtr& s) { return !still_running(s); });
+  std::erase_if(running_, [](const SequencePtr& s) { return s->block_table.empty(); });
+  if (!result.prefill) {
     run_tokens_ += int(result.outputs.size());
     run_end_ = Clock::now();
   }
-  in_flight_.clear();
-  prefilling_ = false;
 }
 
 // Cancelled by the client, stopped by a stop string, or ended elsewhere (shutdown): free the
@@ -130,13 +124,14 @@ void Scheduler::schedule_next(Clock::time_point now) {
     waiting.push_back({s->number, int(s->tokens.size()), s->queued_at});
   std::vector<RunningSequence> running;
   for (const auto& s : running_)
-    running.push_back({s->number, int(s->tokens.size()), int(s->block_table.size())});
+    running.push_back({s->number, int(s->tokens.size()), s->computed, int(s->block_table.size())});
   const auto decision = schedule(waiting, running, blocks_.num_free(), limits_, now);
   wake_at_ = decision.wake_at;
   preempt(decision.preempt);
-  if (!decision.prefill.empty()) {
+  admit(decision.admitted);
+  if (decision.computes_prompts()) {
     end_decode_run();
-    start_prefill(decision.prefill);
+    start_prefill(decision);
   } else if (!decision.decode.empty()) {
     start_decode(decision.decode);
   } else {
@@ -148,6 +143,7 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) {  // newest first, so the oldest ends up at the front
     SequencePtr seq = take(running_, id);
     release(*seq);
+    seq->computed = 0;
     waiting_.push_front(seq);
     seq->waiting.enter(metrics_.waiting_sequences);
     metrics_.preemptions.add();
@@ -156,48 +152,65 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
   }
 }
 
-void Scheduler::start_prefill(const std::vector<uint64_t>& ids) {
-  PrefillBatch work;
-  for (uint64_t id : ids) {
+// Newcomers join the running set with blocks for all of their tokens, so the later chunks of a
+// long prompt never wait for blocks.
+void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
+  for (const PromptChunk& chunk : chunks) {
     auto it = std::find_if(waiting_.begin(), waiting_.end(),
-                           [&](const auto& s) { return s->number == id; });
+                           [&](const auto& s) { return s->number == chunk.id; });
     SequencePtr seq = *it;
     waiting_.erase(it);
-    blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size);
     seq->waiting.leave(metrics_.waiting_sequences);
-    SequenceChunk chunk;
-    chunk.tokens = seq->tokens;
-    chunk.start_pos = 0;
-    chunk.block_table = seq->block_table;
-    work.batch.seqs.push_back(std::move(chunk));
-    work.seqs.push_back(seq);
+    if (!blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size))
+      fail_kv_exhausted(*seq);
+    running_.push_back(std::move(seq));
   }
-  in_flight_ = work.seqs;
-  prefilling_ = true;
+}
+
+const SequencePtr& Scheduler::running(uint64_t id) const {
+  return *std::find_if(running_.begin(), running_.end(),
+                       [&](const auto& s) { return s->number == id; });
+}
+
+void Scheduler::add_chunk(const SequencePtr& seq, int tokens, std::vector<SequencePtr>& seqs,
+                          Batch& batch) {
+  const int end = seq->computed + tokens;
+  if (!blocks_.ensure_capacity(seq->block_table, end, limits_.block_size)) {
+    fail_kv_exhausted(*seq);
+    return;
+  }
+  SequenceChunk chunk;
+  chunk.tokens.assign(seq->tokens.begin() + seq->computed, seq->tokens.begin() + end);
+  chunk.start_pos = seq->computed;
+  chunk.block_table = seq->block_table;
+  seq->computed = end;
+  batch.seqs.push_back(std::move(chunk));
+  seqs.push_back(seq);
+}
+
+// The policy keeps every step within the pool; reaching this is a bug, not a crash.
+void Scheduler::fail_kv_exhausted(Sequence& seq) {
+  seq.stream.fail({500, "internal error: KV cache exhausted", "server_error", "", ""});
+}
+
+void Scheduler::start_prefill(const SchedulerDecision& decision) {
+  PrefillBatch work;
+  for (const auto* chunks : {&decision.prefill, &decision.admitted})
+    for (const PromptChunk& chunk : *chunks)
+      add_chunk(running(chunk.id), chunk.tokens, work.seqs, work.batch);
+  const size_t prompts = work.seqs.size();
+  for (uint64_t id : decision.decode) add_chunk(running(id), 1, work.seqs, work.batch);
+  work.decoding = int(work.seqs.size() - prompts);
+  if (work.seqs.empty()) return;
   busy_ = true;
   emit_(std::move(work));
 }
 
 void Scheduler::start_decode(const std::vector<uint64_t>& ids) {
   DecodeBatch work;
-  for (const auto& seq : running_) {
-    if (std::find(ids.begin(), ids.end(), seq->number) == ids.end()) continue;
-    const int positions = int(seq->tokens.size());
-    if (!blocks_.ensure_capacity(seq->block_table, positions, limits_.block_size)) {
-      // The policy keeps every step within the pool; reaching this is a bug, not a crash.
-      seq->stream.fail({500, "internal error: KV cache exhausted", "server_error", "", ""});
-      continue;
-    }
-    SequenceChunk chunk;
-    chunk.tokens = {seq->tokens.back()};
-    chunk.start_pos = positions - 1;
-    chunk.block_table = seq->block_table;
-    work.batch.seqs.push_back(std::move(chunk));
-    work.seqs.push_back(seq);
-  }
+  for (uint64_t id : ids) add_chunk(running(id), 1, work.seqs, work.batch);
   if (work.seqs.empty()) return;
   if (run_tokens_ == 0) run_start_ = Clock::now();
-  in_flight_ = work.seqs;
   busy_ = true;
   emit_(std::move(work));
 }
@@ -215,9 +228,7 @@ void Scheduler::end_decode_run() {
 }
 
 void Scheduler::update_gauges() {
-  // A prefill's sequences join running_ when it returns; they run already.
-  const size_t prefilling = prefilling_ ? in_flight_.size() : 0;
-  metrics_.running_sequences.set(int64_t(running_.size() + prefilling));
+  metrics_.running_sequences.set(int64_t(running_.size()));
   metrics_.kv_blocks_used.set(blocks_.num_used());
 }
 

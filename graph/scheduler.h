@@ -45,9 +45,15 @@ class Scheduler {
   void apply_step(StepResult& result);
   void drop_ended();
   void schedule_next(Clock::time_point now);
-  void start_prefill(const std::vector<uint64_t>& ids);
-  void start_decode(const std::vector<uint64_t>& ids);
   void preempt(const std::vector<uint64_t>& ids);
+  void admit(const std::vector<PromptChunk>& chunks);
+  const SequencePtr& running(uint64_t id) const;
+  // Adds the sequence's next `tokens` tokens to a batch, or fails the sequence if the KV cache
+  // has no blocks for them.
+  void add_chunk(const SequencePtr& seq, int tokens, std::vector<SequencePtr>& seqs, Batch& batch);
+  void fail_kv_exhausted(Sequence& seq);
+  void start_prefill(const SchedulerDecision& decision);
+  void start_decode(const std::vector<uint64_t>& ids);
   void release(Sequence& seq);
   void end_decode_run();
   void update_gauges();
@@ -65,10 +71,8 @@ class Scheduler {
   // Scheduler thread only.
   BlockManager blocks_;
   std::deque<SequencePtr> waiting_;
-  std::vector<SequencePtr> running_;
-  std::vector<SequencePtr> in_flight_;  // the batch being computed
-  bool prefilling_ = false;             // ... and it is a prefill
-  bool busy_ = false;                   // a forward pass is in flight
+  std::vector<SequencePtr> running_;  // admitted: decoding, or with a prompt still to compute
+  bool busy_ = false;                 // a forward pass is in flight
   std::optional<Clock::time_point> wake_at_;
   // The current run of decode steps, for the "decoded N tokens at X tokens/s" log line.
   int run_tokens_ = 0;

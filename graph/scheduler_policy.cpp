@@ -9,9 +9,73 @@ int blocks_for(int tokens, int block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
-// New blocks a running sequence needs for its next decode step.
+// New blocks a running sequence needs for its next step. An unfinished prompt was given blocks
+// for all of its tokens when it was admitted, so only a decoding sequence can need one.
 int step_need(const RunningSequence& s, int block_size) {
   return std::max(0, blocks_for(s.tokens, block_size) - s.blocks);
+}
+
+// Running sequences, newest first.
+std::vector<const RunningSequence*> newest_first(const std::vector<RunningSequence>& running) {
+  std::vector<const RunningSequence*> order;
+  for (const auto& s : running) order.push_back(&s);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->id > b->id; });
+  return order;
+}
+
+// Preempts the newest running sequences until the others' next step fits the free blocks (never
+// the oldest); returns the blocks left over once the kept sequences took their step's share.
+int preempt_until_the_step_fits(const std::vector<RunningSequence>& running, int free_blocks,
+                                int block_size, SchedulerDecision& decision) {
+  int need = 0;
+  for (const auto& s : running) need += step_need(s, block_size);
+  const auto order = newest_first(running);
+  int available = free_blocks;
+  for (size_t i = 0; need > available && i + 1 < order.size(); ++i) {
+    need -= step_need(*order[i], block_size);
+    available += order[i]->blocks;
+    decision.preempt.push_back(order[i]->id);
+  }
+  return available - need;
+}
+
+bool is_preempted(const SchedulerDecision& decision, uint64_t id) {
+  return std::find(decision.preempt.begin(), decision.preempt.end(), id) != decision.preempt.end();
+}
+
+// Every kept sequence advances: a decoding one by its token, an unfinished prompt by the next
+// chunk the budget allows (oldest first). Returns the budget left for newcomers.
+int advance_running(const std::vector<RunningSequence>& running, int budget,
+                    SchedulerDecision& decision) {
+  for (const auto& s : running)
+    if (s.decoding() && !is_preempted(decision, s.id)) decision.decode.push_back(s.id);
+  auto order = newest_first(running);
+  std::reverse(order.begin(), order.end());
+  for (const auto* s : order) {
+    if (s->decoding() || is_preempted(decision, s->id)) continue;
+    const int n = std::min(s->tokens - s->computed, budget);
+    if (n == 0) break;
+    decision.prefill.push_back({s->id, n});
+    budget -= n;
+  }
+  return budget;
+}
+
+// Newcomers in arrival order while the limits, the blocks and the prompt-token budget allow;
+// the last may get only its prompt's first chunk.
+void admit(const std::vector<WaitingSequence>& waiting, int running, int available, int budget,
+           const SchedulerLimits& limits, SchedulerDecision& decision) {
+  for (const auto& w : waiting) {
+    if (budget == 0) break;
+    if (int(decision.admitted.size()) >= limits.max_batch) break;
+    if (running + int(decision.admitted.size()) >= limits.max_num_seqs) break;
+    const int need = blocks_for(w.tokens + 1, limits.block_size);
+    if (need > available) break;
+    available -= need;  // its prompt and, right after, its first decoded token
+    const int n = std::min(w.tokens, budget);
+    budget -= n;
+    decision.admitted.push_back({w.id, n});
+  }
 }
 
 }  // namespace
@@ -20,48 +84,17 @@ SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
                            const std::vector<RunningSequence>& running, int free_blocks,
                            const SchedulerLimits& limits, Clock::time_point now) {
   SchedulerDecision decision;
-  const int bs = limits.block_size;
-
-  int running_need = 0;
-  for (const auto& s : running) running_need += step_need(s, bs);
-
-  if (!waiting.empty()) {
-    const bool window_over =
-        now >= waiting.front().queued + limits.window || int(waiting.size()) >= limits.max_batch;
-    if (window_over) {
-      int available = free_blocks - running_need;
-      for (const auto& w : waiting) {
-        if (int(decision.prefill.size()) >= limits.max_batch) break;
-        if (int(running.size() + decision.prefill.size()) >= limits.max_num_seqs) break;
-        const int need = blocks_for(w.tokens + 1, bs);
-        if (need > available) break;
-        available -= need;  // its prefill and, right after, its first decode step
-        decision.prefill.push_back(w.id);
-      }
-      if (!decision.prefill.empty()) return decision;
-    } else if (running.empty()) {
-      decision.wake_at = waiting.front().queued + limits.window;
-      return decision;
-    }
-  }
-
-  // Decode everything running, preempting the newest while their next step does not fit.
-  std::vector<const RunningSequence*> order;
-  for (const auto& s : running) order.push_back(&s);
-  std::sort(order.begin(), order.end(),
-            [](const auto* a, const auto* b) { return a->id > b->id; });  // newest first
-  int need = running_need;
-  int available = free_blocks;
-  size_t preempted = 0;
-  while (need > available && preempted + 1 < order.size()) {
-    const auto* victim = order[preempted++];
-    need -= step_need(*victim, bs);
-    available += victim->blocks;
-    decision.preempt.push_back(victim->id);
-  }
-  for (const auto& s : running) {
-    if (std::find(decision.preempt.begin(), decision.preempt.end(), s.id) == decision.preempt.end())
-      decision.decode.push_back(s.id);
+  const int available =
+      preempt_until_the_step_fits(running, free_blocks, limits.block_size, decision);
+  const int budget = advance_running(running, limits.max_prefill_tokens, decision);
+  // A pass that had to preempt has no room for newcomers.
+  if (waiting.empty() || !decision.preempt.empty()) return decision;
+  const bool window_over =
+      now >= waiting.front().queued + limits.window || int(waiting.size()) >= limits.max_batch;
+  if (window_over) {
+    admit(waiting, int(running.size()), available, budget, limits, decision);
+  } else if (running.empty()) {
+    decision.wake_at = waiting.front().queued + limits.window;
   }
   return decision;
 }

@@ -1,20 +1,23 @@
 // The scheduling policy as a pure function, testable without a model: given the waiting
 // queue, the running sequences, the free KV blocks and the limits, choose the next forward
-// pass. Each step is either a prefill (new or preempted sequences join) or a decode (every
-// running sequence advances one token).
+// pass. Every running sequence advances in every pass: one that is decoding by one token, one
+// whose prompt is unfinished by its next chunk of prompt tokens; waiting sequences join it.
 //
-//  - Window: waiting sequences are prefilled once the oldest has waited window_ms, or as
+//  - Window: waiting sequences are admitted once the oldest has waited window_ms, or as
 //    soon as max_batch of them wait.
 //  - Admission in arrival order (the head blocks the rest, so nobody starves) while
-//    max_batch, max_num_seqs and free blocks allow. A sequence is admitted only when the
-//    blocks for its tokens plus its first decoded token fit beside what the running
-//    sequences need for their next step.
-//  - Continuous batching: a prefill step takes priority; the sequences it admits decode with
-//    the others from the next step on.
+//    max_batch, max_num_seqs, free blocks and the pass's prompt-token budget allow. A sequence
+//    is admitted only when the blocks for its tokens plus its first decoded token fit beside
+//    what the running sequences need for their next step.
+//  - Chunked prefill: a pass computes at most max_prefill_tokens prompt tokens, unfinished
+//    prompts first (oldest first), then the newcomers'; the last prompt to get tokens may get
+//    only its first part and continues in the next pass. The decoding sequences' tokens ride
+//    along every pass, so a long prompt never stalls the running streams for more than one
+//    chunk.
 //  - Preemption: when the running sequences need more new blocks than are free, the newest
 //    are preempted (their blocks freed, they return to the front of the waiting queue to be
-//    recomputed) until the rest fit. The oldest is never preempted: every single sequence fits
-//    the pool by itself (tokenize caps max_tokens so).
+//    recomputed) until the rest fit, and nobody is admitted in that pass. The oldest is never
+//    preempted: every single sequence fits the pool by itself (tokenize caps max_tokens so).
 #pragma once
 
 #include <chrono>
@@ -31,6 +34,7 @@ struct SchedulerLimits {
   int max_batch = 16;
   int max_num_seqs = 64;
   int block_size = 16;
+  int max_prefill_tokens = 2048;
 };
 
 struct WaitingSequence {
@@ -40,20 +44,31 @@ struct WaitingSequence {
 };
 
 struct RunningSequence {
-  uint64_t id = 0;  // arrival order: larger is newer
-  int tokens = 0;   // positions its next decode step covers
-  int blocks = 0;   // blocks it holds
+  uint64_t id = 0;   // arrival order: larger is newer
+  int tokens = 0;    // positions it has: its prompt (plus any generated tokens)
+  int computed = 0;  // positions whose keys and values are in the KV cache
+  int blocks = 0;    // blocks it holds
+  bool decoding() const { return tokens - computed == 1; }
+};
+
+// Prompt tokens of one sequence that a pass computes: positions [computed, computed + tokens).
+struct PromptChunk {
+  uint64_t id = 0;
+  int tokens = 0;
+  bool operator==(const PromptChunk&) const = default;
 };
 
 struct SchedulerDecision {
-  std::vector<uint64_t> prefill;  // in waiting order
-  std::vector<uint64_t> decode;   // in running order
-  std::vector<uint64_t> preempt;  // newest first
+  std::vector<PromptChunk> prefill;   // running sequences' unfinished prompts, oldest first
+  std::vector<PromptChunk> admitted;  // waiting sequences that start now, in waiting order
+  std::vector<uint64_t> decode;       // running sequences that decode a token, in running order
+  std::vector<uint64_t> preempt;      // newest first
   // Nothing to run now: when the window of the oldest waiting sequence ends (unset: wait for
   // an event).
   std::optional<Clock::time_point> wake_at;
 
-  bool idle() const { return prefill.empty() && decode.empty(); }
+  bool computes_prompts() const { return !prefill.empty() || !admitted.empty(); }
+  bool idle() const { return !computes_prompts() && decode.empty(); }
 };
 
 SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,

@@ -98,6 +98,7 @@ struct Sequence {
 
   // Scheduler thread only.
   std::vector<int32_t> block_table;
+  int computed = 0;  // positions whose keys and values are in the KV cache (or being computed)
   std::chrono::steady_clock::time_point queued_at;  // when it (re)entered the waiting queue
 
   // Model stages only.

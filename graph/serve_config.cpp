@@ -151,13 +151,15 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
   r.require_map(node, "scheduler");
   r.check_keys(node, "scheduler",
-               {"window_ms", "max_batch", "max_num_seqs", "kv_block_size", "kv_cache_fraction",
-                "kv_cache_blocks"});
+               {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "kv_block_size",
+                "kv_cache_fraction", "kv_cache_blocks"});
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
     s.max_num_seqs = r.integer(node["max_num_seqs"], "scheduler.max_num_seqs", 1, kMaxRequests,
                                "each running request holds a connection thread");
+  if (node["max_prefill_tokens"])
+    s.max_prefill_tokens = r.integer(node["max_prefill_tokens"], "scheduler.max_prefill_tokens", 1);
   if (node["kv_block_size"])
     s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1, 1024);
   if (node["kv_cache_fraction"]) {

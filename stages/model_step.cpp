@@ -24,6 +24,11 @@ RequestError server_error(const std::string& what) {
   return {500, what, "server_error", "", ""};
 }
 
+// Whether the pass computed the sequence up to its last token, so that its next is sampled.
+bool reaches_the_end(const SequenceChunk& chunk, const Sequence& seq) {
+  return chunk.start_pos + chunk.tokens.size() == seq.tokens.size();
+}
+
 }  // namespace
 
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
@@ -52,6 +57,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     static const NvtxName kSampling("sampling");
     NvtxRange range(kSampling);
     tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
+      if (!reaches_the_end(batch.seqs[i], *seqs[i])) return;
       try {
         sampled[i] = seqs[i]->sampler->sample(logits.row(int(i)), seqs[i]->tokens);
       } catch (const std::exception& e) {
@@ -61,6 +67,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& seq = *seqs[i];
+    if (!reaches_the_end(batch.seqs[i], seq)) continue;
     if (sampling_errors[i]) {
       seq.stream.fail(server_error("sampling failed: " + *sampling_errors[i]));
       result.failed.push_back(seqs[i]);

@@ -1,6 +1,8 @@
 // The work prefill and decode_step share: one forward pass over a batch, then each sequence
-// samples its next token with its own Sampler and is marked finished on an end-of-sequence id
-// (unless ignore_eos) or at max_tokens (tokenize capped it to the context and the KV pool).
+// whose chunk reaches its last token samples its next token with its own Sampler and is marked
+// finished on an end-of-sequence id (unless ignore_eos) or at max_tokens (tokenize capped it to
+// the context and the KV pool). A chunk that stops short of that is part of a prompt still being
+// prefilled: its logits row is not sampled.
 #pragma once
 
 #include <vector>

@@ -8,7 +8,9 @@ namespace pipeline {
 StageInfo PrefillStage::info() {
   StageInfo info;
   info.name = "prefill";
-  info.summary = "forward pass over the new prompts (ragged batch); samples first tokens";
+  info.summary =
+      "forward pass over prompt chunks (ragged batch), running sequences' tokens alongside; "
+      "samples each finished prompt's first token";
   info.accepts = kind_of<PrefillBatch>();
   info.produces = kind_of<StepResult>();
   info.serial = true;
@@ -21,10 +23,11 @@ StageInfo PrefillStage::info() {
 void PrefillStage::operator()(Message message, const Emit& emit) {
   const auto& work = std::get<PrefillBatch>(message);
   StepResult result = run_model_step(ctx_, work.seqs, work.batch, /*prefill=*/true, logits_);
+  const int prompts = int(work.seqs.size()) - work.decoding;
   ctx_.metrics.prefill_batches.add();
-  ctx_.metrics.prefill_batch_size.observe(double(work.seqs.size()));
-  log_line("prefilled %zu prompts, %d tokens in %.3f s", work.seqs.size(), result.batch_tokens,
-           result.seconds);
+  ctx_.metrics.prefill_batch_size.observe(double(prompts));
+  log_line("prefilled %d tokens of %d prompt(s), %d sequence(s) decoding alongside, in %.3f s",
+           result.batch_tokens - work.decoding, prompts, work.decoding, result.seconds);
   emit(std::move(result));
 }
 

@@ -164,6 +164,52 @@ TEST(Engine, ASmallKvPoolPreemptsAndStillAnswersIdentically) {
   EXPECT_EQ(engine.metrics().kv_blocks_total.value(), 12);
 }
 
+// A prompt of about 200 tokens: the test prompts one after another.
+std::string long_prompt() {
+  std::string text;
+  for (int round = 0; round < 2; ++round)
+    for (const auto& prompt : kPrompts) text += prompt + ". ";
+  return text;
+}
+
+TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongside) {
+  constexpr int kBudget = 8;
+  const std::string prompt = long_prompt();
+  const int prompt_tokens =
+      int(Tokenizer(model_dir() / "tokenizer.model").encode(prompt, true).size());
+  const int passes = (prompt_tokens + kBudget - 1) / kBudget;
+  ASSERT_GE(passes, 30) << "the prompt should need many chunks";
+  // The running sequence has fewer tokens left than the long prompt has chunks: it ends during
+  // that prefill if it decodes alongside each chunk, and only after it if it waits.
+  const int running_tokens = passes * 2 / 3;
+  Engine engine(make_config("{window_ms: 0, max_prefill_tokens: " + std::to_string(kBudget) + "}"));
+  auto running = make_request(kPrompts[1], running_tokens, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(running), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(running).wait_for_delta());
+  const auto prefills_before = engine.metrics().prefill_batches.value();
+  auto late = make_request(prompt, 8);
+  ASSERT_EQ(engine.submit(late), SubmitStatus::Accepted);
+  ASSERT_FALSE(sink_of(running).ended_at().has_value())
+      << "the running sequence ended before the long prompt came: the test proves nothing";
+  expect_finished_with(late, solo().text(prompt, 8));
+  expect_finished_with(running, solo().text(kPrompts[1], running_tokens, true));
+  EXPECT_EQ(engine.metrics().prefill_batches.value() - prefills_before, uint64_t(passes));
+  EXPECT_LT(*sink_of(running).ended_at(), *sink_of(late).first_delta_at())
+      << "the running sequence stalled while the long prompt was prefilled";
+}
+
+TEST(Engine, ChunkedPrefillUnderPreemptionAnswersIdentically) {
+  // As ASmallKvPoolPreemptsAndStillAnswersIdentically, with every prompt cut into 3-token chunks.
+  Engine engine(
+      make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12, max_prefill_tokens: 3}"));
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 120, true));
+  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
+  for (int i = 0; i < 4; ++i)
+    expect_finished_with(requests[i], solo().text(kPrompts[i], 120, true));
+  EXPECT_GT(engine.metrics().preemptions.value(), 0u);
+}
+
 TEST(Engine, ACancelledRequestFreesItsBlocks) {
   Engine engine(make_config("{window_ms: 0}"));
   auto request = make_request(kPrompts[4], 0, /*ignore_eos=*/true);  // to the end of the context

@@ -1,5 +1,5 @@
-// The scheduling policy without a model: windows, admission limits, continuous batching and
-// preemption, as a pure function of (waiting, running, free blocks, limits, now).
+// The scheduling policy without a model: windows, admission limits, continuous batching, chunked
+// prefill and preemption, as a pure function of (waiting, running, free blocks, limits, now).
 #include <gtest/gtest.h>
 
 #include "graph/scheduler_policy.h"
@@ -9,12 +9,13 @@ namespace {
 
 using std::chrono::milliseconds;
 using Ids = std::vector<uint64_t>;
+using Chunks = std::vector<PromptChunk>;
 
 const Clock::time_point kT0 = Clock::time_point() + std::chrono::hours(1);
 
 SchedulerLimits limits(int window_ms = 200, int max_batch = 16, int max_num_seqs = 64,
-                       int block_size = 16) {
-  return {milliseconds(window_ms), max_batch, max_num_seqs, block_size};
+                       int block_size = 16, int max_prefill_tokens = 2048) {
+  return {milliseconds(window_ms), max_batch, max_num_seqs, block_size, max_prefill_tokens};
 }
 
 std::vector<WaitingSequence> waiting(int n, int tokens, Clock::time_point queued,
@@ -24,7 +25,12 @@ std::vector<WaitingSequence> waiting(int n, int tokens, Clock::time_point queued
   return out;
 }
 
-TEST(SchedulerPolicy, WaitsForTheWindowThenPrefillsEveryoneWaiting) {
+// A running sequence whose next step decodes the token at position tokens - 1.
+RunningSequence decoding(uint64_t id, int tokens, int blocks) {
+  return {id, tokens, tokens - 1, blocks};
+}
+
+TEST(SchedulerPolicy, WaitsForTheWindowThenAdmitsEveryoneWaiting) {
   const auto w = waiting(3, 10, kT0);
   const auto early = schedule(w, {}, 100, limits(200), kT0 + milliseconds(50));
   EXPECT_TRUE(early.idle());
@@ -32,63 +38,114 @@ TEST(SchedulerPolicy, WaitsForTheWindowThenPrefillsEveryoneWaiting) {
   EXPECT_EQ(*early.wake_at, kT0 + milliseconds(200));
 
   const auto late = schedule(w, {}, 100, limits(200), kT0 + milliseconds(200));
-  EXPECT_EQ(late.prefill, (Ids{1, 2, 3}));
+  EXPECT_EQ(late.admitted, (Chunks{{1, 10}, {2, 10}, {3, 10}}));
   EXPECT_TRUE(late.decode.empty());
+  EXPECT_TRUE(late.prefill.empty());
 }
 
-TEST(SchedulerPolicy, ZeroWindowPrefillsAtOnce) {
+TEST(SchedulerPolicy, ZeroWindowAdmitsAtOnce) {
   const auto d = schedule(waiting(1, 10, kT0), {}, 100, limits(0), kT0);
-  EXPECT_EQ(d.prefill, (Ids{1}));
+  EXPECT_EQ(d.admitted, (Chunks{{1, 10}}));
 }
 
 TEST(SchedulerPolicy, AFullBatchEndsTheWindowEarly) {
   const auto d = schedule(waiting(4, 10, kT0), {}, 100, limits(200, 4), kT0);
-  EXPECT_EQ(d.prefill, (Ids{1, 2, 3, 4}));
+  EXPECT_EQ(d.admitted.size(), 4u);
   // More than max_batch waiting: the first max_batch go now.
   const auto d6 = schedule(waiting(6, 10, kT0), {}, 100, limits(200, 4), kT0);
-  EXPECT_EQ(d6.prefill, (Ids{1, 2, 3, 4}));
+  EXPECT_EQ(d6.admitted, (Chunks{{1, 10}, {2, 10}, {3, 10}, {4, 10}}));
 }
 
 TEST(SchedulerPolicy, AdmissionStopsAtMaxNumSeqs) {
-  const std::vector<RunningSequence> running = {{10, 20, 2}, {11, 20, 2}};
+  const std::vector<RunningSequence> running = {decoding(10, 20, 2), decoding(11, 20, 2)};
   const auto d = schedule(waiting(3, 10, kT0), running, 100, limits(0, 16, 3), kT0);
-  EXPECT_EQ(d.prefill, (Ids{1}));
+  EXPECT_EQ(d.admitted, (Chunks{{1, 10}}));
 }
 
 TEST(SchedulerPolicy, AdmissionNeedsBlocksForThePromptAndItsFirstToken) {
   // 16 tokens + 1 decoded = 2 blocks of 16; with 3 free only the first fits.
   const auto d = schedule(waiting(2, 16, kT0), {}, 3, limits(0), kT0);
-  EXPECT_EQ(d.prefill, (Ids{1}));
+  EXPECT_EQ(d.admitted, (Chunks{{1, 16}}));
   // The head of the queue blocks the rest even when a later one would fit.
   std::vector<WaitingSequence> w = {{1, 100, kT0}, {2, 1, kT0}};
   const auto blocked = schedule(w, {}, 3, limits(0), kT0);
-  EXPECT_TRUE(blocked.prefill.empty());
+  EXPECT_TRUE(blocked.admitted.empty());
 }
 
 TEST(SchedulerPolicy, AdmissionLeavesRoomForTheRunningSequencesNextStep) {
   // Running sequence at 32 positions with 1 block needs 1 more; 2 free leaves 1 for newcomers.
-  const std::vector<RunningSequence> running = {{10, 32, 1}};
+  const std::vector<RunningSequence> running = {decoding(10, 32, 1)};
   const auto d = schedule(waiting(1, 20, kT0), running, 2, limits(0), kT0);
-  EXPECT_TRUE(d.prefill.empty());
+  EXPECT_TRUE(d.admitted.empty());
   EXPECT_EQ(d.decode, (Ids{10}));
 }
 
-TEST(SchedulerPolicy, ContinuousBatchingDecodesWhileNewcomersWaitTheirWindow) {
-  const std::vector<RunningSequence> running = {{10, 30, 2}, {11, 40, 3}};
+TEST(SchedulerPolicy, RunningSequencesDecodeWhileNewcomersWaitAndAlongsideTheirPrefill) {
+  const std::vector<RunningSequence> running = {decoding(10, 30, 2), decoding(11, 40, 3)};
   const auto during =
       schedule(waiting(1, 5, kT0), running, 100, limits(200), kT0 + milliseconds(10));
-  EXPECT_TRUE(during.prefill.empty());
+  EXPECT_FALSE(during.computes_prompts());
   EXPECT_EQ(during.decode, (Ids{10, 11}));
-  // Once the window is over the newcomer is prefilled; it decodes with the others after.
+  // Once the window is over the newcomer is prefilled in the same pass as their tokens.
   const auto after =
       schedule(waiting(1, 5, kT0), running, 100, limits(200), kT0 + milliseconds(200));
-  EXPECT_EQ(after.prefill, (Ids{1}));
-  EXPECT_TRUE(after.decode.empty());
+  EXPECT_EQ(after.admitted, (Chunks{{1, 5}}));
+  EXPECT_EQ(after.decode, (Ids{10, 11}));
+}
+
+TEST(SchedulerPolicy, ALongPromptIsPrefilledInChunksOfTheBudget) {
+  const SchedulerLimits l = limits(0, 16, 64, 16, 32);
+  const auto first = schedule(waiting(1, 100, kT0), {}, 100, l, kT0);
+  EXPECT_EQ(first.admitted, (Chunks{{1, 32}}));
+  // Admitted with blocks for all 100 tokens; each pass computes the next 32, then the rest.
+  for (int computed : {32, 64}) {
+    const auto next = schedule({}, {{1, 100, computed, 7}}, 0, l, kT0);
+    EXPECT_EQ(next.prefill, (Chunks{{1, 32}}));
+    EXPECT_TRUE(next.preempt.empty()) << "an unfinished prompt already holds its blocks";
+  }
+  const auto last = schedule({}, {{1, 100, 96, 7}}, 0, l, kT0);
+  EXPECT_EQ(last.prefill, (Chunks{{1, 4}}));
+  EXPECT_TRUE(last.decode.empty());
+  // Its first token sampled, it decodes.
+  const auto decode = schedule({}, {{1, 101, 100, 7}}, 1, l, kT0);
+  EXPECT_FALSE(decode.computes_prompts());
+  EXPECT_EQ(decode.decode, (Ids{1}));
+}
+
+TEST(SchedulerPolicy, NewcomersShareTheBudgetInArrivalOrder) {
+  const auto d = schedule(waiting(4, 20, kT0), {}, 100, limits(0, 16, 64, 16, 50), kT0);
+  EXPECT_EQ(d.admitted, (Chunks{{1, 20}, {2, 20}, {3, 10}})) << "the fourth waits";
+}
+
+TEST(SchedulerPolicy, UnfinishedPromptsComeFirstAndDecodingSequencesRideAlong) {
+  const std::vector<RunningSequence> running = {
+      decoding(1, 50, 4), {3, 100, 40, 7}, {2, 90, 10, 6}, decoding(4, 20, 2)};
+  const auto d = schedule(waiting(1, 10, kT0, 5), running, 100, limits(0, 16, 64, 16, 100), kT0);
+  EXPECT_EQ(d.prefill, (Chunks{{2, 80}, {3, 20}})) << "oldest first, within the budget";
+  EXPECT_TRUE(d.admitted.empty()) << "no budget left";
+  EXPECT_EQ(d.decode, (Ids{1, 4}));
+}
+
+TEST(SchedulerPolicy, NobodyIsAdmittedInAPassThatPreempts) {
+  const std::vector<RunningSequence> running = {decoding(1, 33, 2), decoding(2, 33, 2)};
+  const auto d = schedule(waiting(1, 1, kT0, 3), running, 1, limits(0), kT0);
+  EXPECT_EQ(d.preempt, (Ids{2}));
+  EXPECT_TRUE(d.admitted.empty());
+  EXPECT_EQ(d.decode, (Ids{1}));
+}
+
+TEST(SchedulerPolicy, AnUnfinishedPromptIsPreemptedLikeAnyNewerSequence) {
+  const std::vector<RunningSequence> running = {decoding(1, 33, 2), {2, 100, 32, 7}};
+  const auto d = schedule({}, running, 0, limits(0), kT0);
+  EXPECT_EQ(d.preempt, (Ids{2}));
+  EXPECT_TRUE(d.prefill.empty());
+  EXPECT_EQ(d.decode, (Ids{1}));
 }
 
 TEST(SchedulerPolicy, PreemptsTheNewestWhenBlocksRunOut) {
   // Three sequences each at a block boundary (need one new block), one block free.
-  const std::vector<RunningSequence> running = {{1, 33, 2}, {2, 33, 2}, {3, 33, 2}};
+  const std::vector<RunningSequence> running = {decoding(1, 33, 2), decoding(2, 33, 2),
+                                                decoding(3, 33, 2)};
   const auto d = schedule({}, running, 1, limits(0), kT0);
   // Preempting 3 frees 2 blocks: 3 available, 2 needed.
   EXPECT_EQ(d.preempt, (Ids{3}));
@@ -96,21 +153,21 @@ TEST(SchedulerPolicy, PreemptsTheNewestWhenBlocksRunOut) {
 }
 
 TEST(SchedulerPolicy, PreemptsNewestFirstUntilTheRestFit) {
-  const std::vector<RunningSequence> running = {{5, 17, 1}, {9, 17, 1}, {7, 17, 1}};
+  const std::vector<RunningSequence> running = {decoding(5, 17, 1), decoding(9, 17, 1),
+                                                decoding(7, 17, 1)};
   const auto d = schedule({}, running, 0, limits(0), kT0);
   EXPECT_EQ(d.preempt, (Ids{9, 7}));
   EXPECT_EQ(d.decode, (Ids{5}));
 }
 
 TEST(SchedulerPolicy, NeverPreemptsTheLastSequence) {
-  const std::vector<RunningSequence> running = {{1, 17, 1}};
-  const auto d = schedule({}, running, 0, limits(0), kT0);
+  const auto d = schedule({}, {decoding(1, 17, 1)}, 0, limits(0), kT0);
   EXPECT_TRUE(d.preempt.empty());
   EXPECT_EQ(d.decode, (Ids{1}));
 }
 
 TEST(SchedulerPolicy, NoPreemptionWhileBlocksSuffice) {
-  const std::vector<RunningSequence> running = {{1, 17, 1}, {2, 10, 1}};
+  const std::vector<RunningSequence> running = {decoding(1, 17, 1), decoding(2, 10, 1)};
   const auto d = schedule({}, running, 1, limits(0), kT0);
   EXPECT_TRUE(d.preempt.empty());
   EXPECT_EQ(d.decode, (Ids{1, 2}));
