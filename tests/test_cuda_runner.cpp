@@ -250,63 +250,143 @@ TEST(CudaRunner, GreedyTokensMatchStories260KGolden) {
   }
 }
 
-// 8 ragged prompts prefilled in one batch, then 12 decode steps of all 8 (teacher-forced with
-// the golden continuations, so both runs see the same tokens), against each sequence alone.
-TEST(CudaRunner, BatchOfEightMatchesSolo) {
-  SKIP_WITHOUT_CUDA();
-  const auto cuda =
-      make_cuda_runner(load_model(shared_path("models/stories260K")), test_options(512));
-  const int block_size = cuda->kv_shape().block_size;
-  const json cases = read_json("golden/stories260K_greedy.json")["cases"];
+// Eight ragged stories260K prompts (the golden cases, lengthened where one repeats) and their
+// golden continuations, which the batch tests feed back (teacher forcing), so that a sequence
+// sees the same tokens however it is batched.
+struct GoldenSequences {
   std::vector<std::vector<int32_t>> prompts, continuations;
+};
+
+GoldenSequences golden_sequences() {
+  const json cases = read_json("golden/stories260K_greedy.json")["cases"];
+  GoldenSequences g;
   for (int i = 0; i < 8; ++i) {
     const json& c = cases[size_t(i) % cases.size()];
     std::vector<int32_t> prompt = c["prompt_ids_sentencepiece"].get<std::vector<int32_t>>();
-    // Vary the lengths of repeated prompts so that no two sequences are the same.
     for (int extra = 0; extra < i / int(cases.size()) * 3; ++extra) prompt.push_back(400 + extra);
-    prompts.push_back(prompt);
-    continuations.push_back(c["generated_ids"].get<std::vector<int32_t>>());
+    g.prompts.push_back(prompt);
+    g.continuations.push_back(c["generated_ids"].get<std::vector<int32_t>>());
   }
-  const int steps = 12;
+  return g;
+}
 
-  // rows[sequence][step]: logits of the prefill's last token, then of each decode step.
-  auto run = [&](const std::vector<int>& members, BlockManager& blocks) {
-    std::vector<std::vector<std::vector<float>>> rows(members.size());
-    Batch batch;
-    for (int m : members) batch.seqs.push_back({prompts[m], 0, {}, false});
-    Logits logits;
-    for (int step = 0; step <= steps; ++step) {
-      for (SequenceChunk& seq : batch.seqs)
-        EXPECT_TRUE(blocks.ensure_capacity(seq.block_table, seq.start_pos + int(seq.tokens.size()),
-                                           block_size));
-      cuda->forward(batch, logits);
-      EXPECT_EQ(logits.rows(), int(members.size()));
-      for (size_t i = 0; i < members.size(); ++i) {
-        rows[i].emplace_back(logits.row(int(i)).begin(), logits.row(int(i)).end());
-        SequenceChunk& seq = batch.seqs[i];
-        seq.start_pos += int(seq.tokens.size());
-        seq.tokens = {continuations[members[i]][step]};
-      }
+// rows[sequence][step]: the logits of a prompt's last token, then of each decode step.
+using StepRows = std::vector<std::vector<std::vector<float>>>;
+
+// `members` prefilled in one batch, then `steps` decode steps of all of them.
+StepRows run_together(ModelRunner& runner, const GoldenSequences& g,
+                      const std::vector<int>& members, int steps, BlockManager& blocks) {
+  StepRows rows(members.size());
+  Batch batch;
+  for (int m : members) batch.seqs.push_back({g.prompts[m], 0, {}, false});
+  Logits logits;
+  for (int step = 0; step <= steps; ++step) {
+    for (SequenceChunk& seq : batch.seqs)
+      EXPECT_TRUE(blocks.ensure_capacity(seq.block_table, seq.start_pos + int(seq.tokens.size()),
+                                         runner.kv_shape().block_size));
+    runner.forward(batch, logits);
+    EXPECT_EQ(logits.rows(), int(members.size()));
+    for (size_t i = 0; i < members.size(); ++i) {
+      rows[i].emplace_back(logits.row(int(i)).begin(), logits.row(int(i)).end());
+      SequenceChunk& seq = batch.seqs[i];
+      seq.start_pos += int(seq.tokens.size());
+      seq.tokens = {g.continuations[members[i]][step]};
     }
-    for (SequenceChunk& seq : batch.seqs) blocks.release_all(seq.block_table);
-    return rows;
-  };
-  BlockManager blocks(cuda->kv_shape().num_blocks);
-  const auto together = run({0, 1, 2, 3, 4, 5, 6, 7}, blocks);
+  }
+  for (SequenceChunk& seq : batch.seqs) blocks.release_all(seq.block_table);
+  return rows;
+}
+
+// Each sequence's rows against the same sequence run alone, up to bf16 rounding.
+void expect_rows_match_solo(ModelRunner& runner, const GoldenSequences& g, const StepRows& batched,
+                            int steps, BlockManager& blocks, const char* what) {
   double worst = 0.0;
-  for (int i = 0; i < 8; ++i) {
-    const auto alone = run({i}, blocks);
+  for (int i = 0; i < int(batched.size()); ++i) {
+    const auto alone = run_together(runner, g, {i}, steps, blocks);
+    ASSERT_EQ(batched[i].size(), alone[0].size()) << "sequence " << i;
     for (int step = 0; step <= steps; ++step) {
-      const double err = relative_l2(together[i][step], alone[0][step]);
+      const double err = relative_l2(batched[i][step], alone[0][step]);
       EXPECT_LT(err, 1e-2) << "sequence " << i << " step " << step;
       if (top_two_gap(alone[0][step]) > 0.1f) {  // a near-tie may flip on rounding alone
-        EXPECT_EQ(argmax(together[i][step]), argmax(alone[0][step]))
+        EXPECT_EQ(argmax(batched[i][step]), argmax(alone[0][step]))
             << "sequence " << i << " step " << step;
       }
       worst = std::max(worst, err);
     }
   }
-  std::cout << "batch of 8 vs solo: worst relative L2 " << worst << "\n";
+  std::cout << what << " vs solo: worst relative L2 " << worst << "\n";
+}
+
+// 8 ragged prompts prefilled in one batch, then 12 decode steps of all 8, against each alone.
+TEST(CudaRunner, BatchOfEightMatchesSolo) {
+  SKIP_WITHOUT_CUDA();
+  const auto cuda =
+      make_cuda_runner(load_model(shared_path("models/stories260K")), test_options(512));
+  const GoldenSequences g = golden_sequences();
+  BlockManager blocks(cuda->kv_shape().num_blocks);
+  const int steps = 12;
+  const auto together = run_together(*cuda, g, {0, 1, 2, 3, 4, 5, 6, 7}, steps, blocks);
+  expect_rows_match_solo(*cuda, g, together, steps, blocks, "batch of 8");
+}
+
+// Prompts that join running sequences, as the scheduler's prefill batches carry them: each
+// prompt in the same forward pass as the others' decode tokens (the prefill path), one of them
+// in two chunks over two passes. Every sequence's rows match its solo run's.
+TEST(CudaRunner, PromptsJoiningRunningSequencesMatchSolo) {
+  SKIP_WITHOUT_CUDA();
+  const auto cuda =
+      make_cuda_runner(load_model(shared_path("models/stories260K")), test_options(512));
+  const GoldenSequences g = golden_sequences();
+  const std::vector<int> join_pass = {0, 0, 0, 0, 2, 2, 5, 5};
+  const int split = 6, steps = 8;
+  struct Member {
+    int index;
+    SequenceChunk chunk;
+  };
+  BlockManager blocks(cuda->kv_shape().num_blocks);
+  StepRows rows(join_pass.size());
+  std::vector<Member> active;
+  Logits logits;
+  for (int pass = 0; pass == 0 || !active.empty(); ++pass) {
+    ASSERT_LT(pass, 100);
+    for (int i = 0; i < int(join_pass.size()); ++i) {
+      if (join_pass[i] != pass) continue;
+      Member m{i, {g.prompts[i], 0, {}, false}};
+      if (i == split) m.chunk.tokens.resize(m.chunk.tokens.size() / 2);
+      active.insert(active.begin() + std::ptrdiff_t(active.size() / 2), std::move(m));
+    }
+    Batch batch;
+    for (Member& m : active) {
+      ASSERT_TRUE(blocks.ensure_capacity(m.chunk.block_table,
+                                         m.chunk.start_pos + int(m.chunk.tokens.size()),
+                                         cuda->kv_shape().block_size));
+      batch.seqs.push_back(m.chunk);
+    }
+    cuda->forward(batch, logits);
+    ASSERT_EQ(logits.rows(), int(active.size()));
+    for (size_t s = 0; s < active.size(); ++s) {
+      Member& m = active[s];
+      const std::vector<int32_t>& prompt = g.prompts[m.index];
+      const int end = m.chunk.start_pos + int(m.chunk.tokens.size());
+      m.chunk.start_pos = end;
+      if (end < int(prompt.size())) {  // the prompt's second chunk next
+        m.chunk.tokens.assign(prompt.begin() + end, prompt.end());
+        continue;
+      }
+      rows[m.index].emplace_back(logits.row(int(s)).begin(), logits.row(int(s)).end());
+      const int step = int(rows[m.index].size()) - 1;
+      m.chunk.tokens = {g.continuations[m.index][step]};
+    }
+    for (auto it = active.begin(); it != active.end();) {
+      if (int(rows[it->index].size()) <= steps) {
+        ++it;
+        continue;
+      }
+      blocks.release_all(it->chunk.block_table);
+      it = active.erase(it);
+    }
+  }
+  expect_rows_match_solo(*cuda, g, rows, steps, blocks, "prompts joining running sequences");
 }
 
 #ifdef PIPELINE_HAVE_CUDA
