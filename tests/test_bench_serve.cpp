@@ -62,6 +62,7 @@ TEST(BenchServe, FourStreamsOfSixteenTokensAddUp) {
   EXPECT_GT(report["ttft_ms"]["median"].get<double>(), 0.0);
   EXPECT_GE(report["ttft_ms"]["p99"], report["ttft_ms"]["median"]);
   EXPECT_GE(report["itl_ms"]["p99"], report["itl_ms"]["median"]);
+  EXPECT_GE(report["itl_ms"]["max"], report["itl_ms"]["p99"]);
   ASSERT_EQ(report["per_request"].size(), 4u);
   for (const json& request : report["per_request"]) {
     EXPECT_EQ(request["completion_tokens"], 16);
