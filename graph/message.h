@@ -52,7 +52,10 @@ struct StepResult {
   bool prefill = false;
   std::vector<SampledOutput> outputs;
   std::vector<SequencePtr> failed;  // sequences whose step threw; their sinks have the error
-  int batch_tokens = 0;             // tokens the forward pass ran
+  // Decoding sequences that rode along a prefill pass that threw: they did not advance, and
+  // decode again in the next pass (a failing prompt does not take the running streams with it).
+  std::vector<SequencePtr> retry;
+  int batch_tokens = 0;  // tokens the forward pass ran
   double seconds = 0.0;
 };
 

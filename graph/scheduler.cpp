@@ -86,6 +86,7 @@ void Scheduler::apply(Message& message) {
 void Scheduler::apply_step(StepResult& result) {
   busy_ = false;
   for (const auto& seq : result.failed) release(*seq);
+  for (const auto& seq : result.retry) --seq->computed;  // its one token, again next pass
   for (const auto& out : result.outputs)
     if (out.finish) release(*out.seq);
   std::erase_if(running_, [](const SequencePtr& s) { return s->block_table.empty(); });
@@ -121,14 +122,17 @@ void Scheduler::schedule_next(Clock::time_point now) {
   drop_ended();
   std::vector<WaitingSequence> waiting;
   for (const auto& s : waiting_)
-    waiting.push_back({s->number, int(s->tokens.size()), s->queued_at});
+    waiting.push_back({s->number, int(s->tokens.size()), s->queued_at, s->window_closed});
   std::vector<RunningSequence> running;
   for (const auto& s : running_)
-    running.push_back({s->number, int(s->tokens.size()), s->computed, int(s->block_table.size())});
+    running.push_back(
+        {s->number, int(s->tokens.size()), s->prompt_left, int(s->block_table.size())});
   const auto decision = schedule(waiting, running, blocks_.num_free(), limits_, now);
   wake_at_ = decision.wake_at;
   preempt(decision.preempt);
   admit(decision.admitted);
+  if (decision.window_closed)
+    for (const auto& s : waiting_) s->window_closed = true;
   if (decision.computes_prompts()) {
     end_decode_run();
     start_prefill(decision);
@@ -143,7 +147,8 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) {  // newest first, so the oldest ends up at the front
     SequencePtr seq = take(running_, id);
     release(*seq);
-    seq->computed = 0;
+    seq->computed = seq->prompt_left = 0;
+    seq->window_closed = true;  // it resumes as soon as there is room, not after a window
     waiting_.push_front(seq);
     seq->waiting.enter(metrics_.waiting_sequences);
     metrics_.preemptions.add();
@@ -161,19 +166,21 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
     SequencePtr seq = *it;
     waiting_.erase(it);
     seq->waiting.leave(metrics_.waiting_sequences);
-    if (!blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size))
+    if (!blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size)) {
       fail_kv_exhausted(*seq);
+      continue;
+    }
+    seq->prompt_left = int(seq->tokens.size());
+    seq->window_closed = false;
     running_.push_back(std::move(seq));
   }
 }
 
-const SequencePtr& Scheduler::running(uint64_t id) const {
-  return *std::find_if(running_.begin(), running_.end(),
-                       [&](const auto& s) { return s->number == id; });
-}
-
-void Scheduler::add_chunk(const SequencePtr& seq, int tokens, std::vector<SequencePtr>& seqs,
-                          Batch& batch) {
+void Scheduler::add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seqs, Batch& batch) {
+  const auto it = std::find_if(running_.begin(), running_.end(),
+                               [&](const auto& s) { return s->number == id; });
+  if (it == running_.end()) return;  // failed at admission
+  const SequencePtr& seq = *it;
   const int end = seq->computed + tokens;
   if (!blocks_.ensure_capacity(seq->block_table, end, limits_.block_size)) {
     fail_kv_exhausted(*seq);
@@ -184,6 +191,7 @@ void Scheduler::add_chunk(const SequencePtr& seq, int tokens, std::vector<Sequen
   chunk.start_pos = seq->computed;
   chunk.block_table = seq->block_table;
   seq->computed = end;
+  seq->prompt_left = std::max(0, seq->prompt_left - tokens);  // a decoding sequence has none
   batch.seqs.push_back(std::move(chunk));
   seqs.push_back(seq);
 }
@@ -197,22 +205,27 @@ void Scheduler::start_prefill(const SchedulerDecision& decision) {
   PrefillBatch work;
   for (const auto* chunks : {&decision.prefill, &decision.admitted})
     for (const PromptChunk& chunk : *chunks)
-      add_chunk(running(chunk.id), chunk.tokens, work.seqs, work.batch);
+      add_chunk(chunk.id, chunk.tokens, work.seqs, work.batch);
   const size_t prompts = work.seqs.size();
-  for (uint64_t id : decision.decode) add_chunk(running(id), 1, work.seqs, work.batch);
+  for (uint64_t id : decision.decode) add_chunk(id, 1, work.seqs, work.batch);
   work.decoding = int(work.seqs.size() - prompts);
-  if (work.seqs.empty()) return;
+  if (work.seqs.empty()) return schedule_again();
   busy_ = true;
   emit_(std::move(work));
 }
 
 void Scheduler::start_decode(const std::vector<uint64_t>& ids) {
   DecodeBatch work;
-  for (uint64_t id : ids) add_chunk(running(id), 1, work.seqs, work.batch);
-  if (work.seqs.empty()) return;
+  for (uint64_t id : ids) add_chunk(id, 1, work.seqs, work.batch);
+  if (work.seqs.empty()) return schedule_again();
   if (run_tokens_ == 0) run_start_ = Clock::now();
   busy_ = true;
   emit_(std::move(work));
+}
+
+// Every sequence of the pass failed on the way into its batch: the next round drops them.
+void Scheduler::schedule_again() {
+  wake_at_ = Clock::now();
 }
 
 void Scheduler::release(Sequence& seq) {

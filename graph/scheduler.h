@@ -47,13 +47,13 @@ class Scheduler {
   void schedule_next(Clock::time_point now);
   void preempt(const std::vector<uint64_t>& ids);
   void admit(const std::vector<PromptChunk>& chunks);
-  const SequencePtr& running(uint64_t id) const;
-  // Adds the sequence's next `tokens` tokens to a batch, or fails the sequence if the KV cache
-  // has no blocks for them.
-  void add_chunk(const SequencePtr& seq, int tokens, std::vector<SequencePtr>& seqs, Batch& batch);
+  // Adds the running sequence's next `tokens` tokens to a batch, or fails the sequence if the
+  // KV cache has no blocks for them.
+  void add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seqs, Batch& batch);
   void fail_kv_exhausted(Sequence& seq);
   void start_prefill(const SchedulerDecision& decision);
   void start_decode(const std::vector<uint64_t>& ids);
+  void schedule_again();
   void release(Sequence& seq);
   void end_decode_run();
   void update_gauges();

@@ -53,7 +53,7 @@ int advance_running(const std::vector<RunningSequence>& running, int budget,
   std::reverse(order.begin(), order.end());
   for (const auto* s : order) {
     if (s->decoding() || is_preempted(decision, s->id)) continue;
-    const int n = std::min(s->tokens - s->computed, budget);
+    const int n = std::min(s->prompt_left, budget);
     if (n == 0) break;
     decision.prefill.push_back({s->id, n});
     budget -= n;
@@ -89,10 +89,12 @@ SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
   const int budget = advance_running(running, limits.max_prefill_tokens, decision);
   // A pass that had to preempt has no room for newcomers.
   if (waiting.empty() || !decision.preempt.empty()) return decision;
-  const bool window_over =
-      now >= waiting.front().queued + limits.window || int(waiting.size()) >= limits.max_batch;
+  const bool window_over = waiting.front().window_closed ||
+                           now >= waiting.front().queued + limits.window ||
+                           int(waiting.size()) >= limits.max_batch;
   if (window_over) {
     admit(waiting, int(running.size()), available, budget, limits, decision);
+    decision.window_closed = true;
   } else if (running.empty()) {
     decision.wake_at = waiting.front().queued + limits.window;
   }

@@ -4,7 +4,8 @@
 // whose prompt is unfinished by its next chunk of prompt tokens; waiting sequences join it.
 //
 //  - Window: waiting sequences are admitted once the oldest has waited window_ms, or as
-//    soon as max_batch of them wait.
+//    soon as max_batch of them wait; those a closed window leaves waiting (for lack of blocks,
+//    places or prompt-token budget) go as soon as there is room.
 //  - Admission in arrival order (the head blocks the rest, so nobody starves) while
 //    max_batch, max_num_seqs, free blocks and the pass's prompt-token budget allow. A sequence
 //    is admitted only when the blocks for its tokens plus its first decoded token fit beside
@@ -39,16 +40,17 @@ struct SchedulerLimits {
 
 struct WaitingSequence {
   uint64_t id = 0;
-  int tokens = 0;            // tokens its prefill computes (prompt, plus any generated before)
-  Clock::time_point queued;  // arrival (a preempted sequence keeps its own)
+  int tokens = 0;              // tokens its prefill computes (prompt, plus any generated before)
+  Clock::time_point queued;    // arrival (a preempted sequence keeps its own)
+  bool window_closed = false;  // a window already closed over it (it was left for lack of room)
 };
 
 struct RunningSequence {
-  uint64_t id = 0;   // arrival order: larger is newer
-  int tokens = 0;    // positions it has: its prompt (plus any generated tokens)
-  int computed = 0;  // positions whose keys and values are in the KV cache
-  int blocks = 0;    // blocks it holds
-  bool decoding() const { return tokens - computed == 1; }
+  uint64_t id = 0;      // arrival order: larger is newer
+  int tokens = 0;       // positions its next step reaches once its prompt is computed
+  int prompt_left = 0;  // prompt tokens still to compute; 0: it decodes
+  int blocks = 0;       // blocks it holds
+  bool decoding() const { return prompt_left == 0; }
 };
 
 // Prompt tokens of one sequence that a pass computes: positions [computed, computed + tokens).
@@ -63,6 +65,9 @@ struct SchedulerDecision {
   std::vector<PromptChunk> admitted;  // waiting sequences that start now, in waiting order
   std::vector<uint64_t> decode;       // running sequences that decode a token, in running order
   std::vector<uint64_t> preempt;      // newest first
+  // The window closed in this pass: the sequences still waiting after it were all waiting when
+  // it did, and are admitted as soon as there is room, without waiting for another window.
+  bool window_closed = false;
   // Nothing to run now: when the window of the oldest waiting sequence ends (unset: wait for
   // an event).
   std::optional<Clock::time_point> wake_at;

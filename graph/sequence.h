@@ -98,8 +98,12 @@ struct Sequence {
 
   // Scheduler thread only.
   std::vector<int32_t> block_table;
-  int computed = 0;  // positions whose keys and values are in the KV cache (or being computed)
-  std::chrono::steady_clock::time_point queued_at;  // when it (re)entered the waiting queue
+  int computed = 0;     // positions whose keys and values are in the KV cache (or being computed)
+  int prompt_left = 0;  // tokens its prefill has still to compute; 0 once it decodes
+  // Waiting: a batch window closed over it and left it for lack of room, or it was preempted;
+  // either way it goes as soon as there is room.
+  bool window_closed = false;
+  std::chrono::steady_clock::time_point queued_at;  // arrival in the queue (preemption keeps it)
 
   // Model stages only.
   std::chrono::steady_clock::time_point last_token_at;

@@ -32,7 +32,7 @@ bool reaches_the_end(const SequenceChunk& chunk, const Sequence& seq) {
 }  // namespace
 
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
-                          const Batch& batch, bool prefill, Logits& logits) {
+                          const Batch& batch, bool prefill, Logits& logits, int riders) {
   StepResult result;
   result.prefill = prefill;
   result.batch_tokens = batch.total_tokens();
@@ -41,9 +41,11 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     ctx.runner.forward(batch, logits);
   } catch (const std::exception& e) {
     log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
-    for (const auto& seq : seqs)
-      seq->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
-    result.failed = seqs;
+    const auto first_rider = seqs.end() - riders;
+    for (auto seq = seqs.begin(); seq != first_rider; ++seq)
+      (*seq)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
+    result.failed.assign(seqs.begin(), first_rider);
+    result.retry.assign(first_rider, seqs.end());
     return result;
   }
   const auto now = Clock::now();

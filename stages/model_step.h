@@ -12,8 +12,10 @@
 
 namespace pipeline {
 
-// A forward pass that throws fails its sequences (500) and lists them in StepResult::failed.
+// A forward pass that throws fails its sequences (500) and lists them in StepResult::failed,
+// except the last `riders`, decoding sequences that rode along a prefill pass: those go to
+// StepResult::retry untouched.
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
-                          const Batch& batch, bool prefill, Logits& logits);
+                          const Batch& batch, bool prefill, Logits& logits, int riders = 0);
 
 }  // namespace pipeline

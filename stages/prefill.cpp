@@ -22,7 +22,8 @@ StageInfo PrefillStage::info() {
 
 void PrefillStage::operator()(Message message, const Emit& emit) {
   const auto& work = std::get<PrefillBatch>(message);
-  StepResult result = run_model_step(ctx_, work.seqs, work.batch, /*prefill=*/true, logits_);
+  StepResult result =
+      run_model_step(ctx_, work.seqs, work.batch, /*prefill=*/true, logits_, work.decoding);
   const int prompts = int(work.seqs.size()) - work.decoding;
   ctx_.metrics.prefill_batches.add();
   ctx_.metrics.prefill_batch_size.observe(double(prompts));

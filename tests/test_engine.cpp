@@ -198,6 +198,17 @@ TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongsi
       << "the running sequence stalled while the long prompt was prefilled";
 }
 
+TEST(Engine, RequestsAFullBatchBroughtDoNotWaitAnotherWindowForTheirTurnInTheBudget) {
+  // Four requests fill max_batch and close the minute-long window at once; the 3-token budget
+  // admits one prompt's chunk at a time, and the others follow as the budget frees, not a
+  // minute later.
+  Engine engine(make_config("{window_ms: 60000, max_batch: 4, max_prefill_tokens: 3}"));
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 16, true));
+  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
+  for (int i = 0; i < 4; ++i) expect_finished_with(requests[i], solo().text(kPrompts[i], 16, true));
+}
+
 TEST(Engine, ChunkedPrefillUnderPreemptionAnswersIdentically) {
   // As ASmallKvPoolPreemptsAndStillAnswersIdentically, with every prompt cut into 3-token chunks.
   Engine engine(

@@ -27,7 +27,12 @@ std::vector<WaitingSequence> waiting(int n, int tokens, Clock::time_point queued
 
 // A running sequence whose next step decodes the token at position tokens - 1.
 RunningSequence decoding(uint64_t id, int tokens, int blocks) {
-  return {id, tokens, tokens - 1, blocks};
+  return {id, tokens, 0, blocks};
+}
+
+// A running sequence with `prompt_left` of its `tokens` prompt tokens still to compute.
+RunningSequence prefilling(uint64_t id, int tokens, int prompt_left, int blocks) {
+  return {id, tokens, prompt_left, blocks};
 }
 
 TEST(SchedulerPolicy, WaitsForTheWindowThenAdmitsEveryoneWaiting) {
@@ -98,16 +103,20 @@ TEST(SchedulerPolicy, ALongPromptIsPrefilledInChunksOfTheBudget) {
   const auto first = schedule(waiting(1, 100, kT0), {}, 100, l, kT0);
   EXPECT_EQ(first.admitted, (Chunks{{1, 32}}));
   // Admitted with blocks for all 100 tokens; each pass computes the next 32, then the rest.
-  for (int computed : {32, 64}) {
-    const auto next = schedule({}, {{1, 100, computed, 7}}, 0, l, kT0);
+  for (int left : {68, 36}) {
+    const auto next = schedule({}, {prefilling(1, 100, left, 7)}, 0, l, kT0);
     EXPECT_EQ(next.prefill, (Chunks{{1, 32}}));
     EXPECT_TRUE(next.preempt.empty()) << "an unfinished prompt already holds its blocks";
   }
-  const auto last = schedule({}, {{1, 100, 96, 7}}, 0, l, kT0);
+  const auto last = schedule({}, {prefilling(1, 100, 4, 7)}, 0, l, kT0);
   EXPECT_EQ(last.prefill, (Chunks{{1, 4}}));
   EXPECT_TRUE(last.decode.empty());
+  // One token left is still a prompt chunk, not a decode step.
+  const auto one = schedule({}, {prefilling(1, 100, 1, 7)}, 0, l, kT0);
+  EXPECT_EQ(one.prefill, (Chunks{{1, 1}}));
+  EXPECT_TRUE(one.decode.empty());
   // Its first token sampled, it decodes.
-  const auto decode = schedule({}, {{1, 101, 100, 7}}, 1, l, kT0);
+  const auto decode = schedule({}, {decoding(1, 101, 7)}, 1, l, kT0);
   EXPECT_FALSE(decode.computes_prompts());
   EXPECT_EQ(decode.decode, (Ids{1}));
 }
@@ -117,9 +126,30 @@ TEST(SchedulerPolicy, NewcomersShareTheBudgetInArrivalOrder) {
   EXPECT_EQ(d.admitted, (Chunks{{1, 20}, {2, 20}, {3, 10}})) << "the fourth waits";
 }
 
+TEST(SchedulerPolicy, ThoseAClosedWindowLeftForLackOfBudgetGoWithoutWaitingAgain) {
+  // Four arrive together and fill max_batch; the budget takes the first two.
+  const SchedulerLimits l = limits(200, 4, 64, 16, 40);
+  const auto first = schedule(waiting(4, 20, kT0), {}, 100, l, kT0);
+  EXPECT_EQ(first.admitted, (Chunks{{1, 20}, {2, 20}}));
+  EXPECT_TRUE(first.window_closed);
+  // The two left are marked so; a newcomer behind them is admitted with them.
+  std::vector<WaitingSequence> left = waiting(2, 20, kT0, 3);
+  for (auto& w : left) w.window_closed = true;
+  left.push_back({5, 20, kT0 + milliseconds(5)});
+  const auto next =
+      schedule(left, {decoding(1, 21, 2), decoding(2, 21, 2)}, 100, l, kT0 + milliseconds(10));
+  EXPECT_EQ(next.admitted, (Chunks{{3, 20}, {4, 20}}));
+  EXPECT_EQ(next.decode, (Ids{1, 2}));
+  // Without the mark they would wait for a window of their own.
+  const auto unmarked =
+      schedule(waiting(2, 20, kT0, 3), {decoding(1, 21, 2)}, 100, l, kT0 + milliseconds(10));
+  EXPECT_TRUE(unmarked.admitted.empty());
+  EXPECT_FALSE(unmarked.window_closed);
+}
+
 TEST(SchedulerPolicy, UnfinishedPromptsComeFirstAndDecodingSequencesRideAlong) {
-  const std::vector<RunningSequence> running = {
-      decoding(1, 50, 4), {3, 100, 40, 7}, {2, 90, 10, 6}, decoding(4, 20, 2)};
+  const std::vector<RunningSequence> running = {decoding(1, 50, 4), prefilling(3, 100, 60, 7),
+                                                prefilling(2, 90, 80, 6), decoding(4, 20, 2)};
   const auto d = schedule(waiting(1, 10, kT0, 5), running, 100, limits(0, 16, 64, 16, 100), kT0);
   EXPECT_EQ(d.prefill, (Chunks{{2, 80}, {3, 20}})) << "oldest first, within the budget";
   EXPECT_TRUE(d.admitted.empty()) << "no budget left";
@@ -135,7 +165,7 @@ TEST(SchedulerPolicy, NobodyIsAdmittedInAPassThatPreempts) {
 }
 
 TEST(SchedulerPolicy, AnUnfinishedPromptIsPreemptedLikeAnyNewerSequence) {
-  const std::vector<RunningSequence> running = {decoding(1, 33, 2), {2, 100, 32, 7}};
+  const std::vector<RunningSequence> running = {decoding(1, 33, 2), prefilling(2, 100, 68, 7)};
   const auto d = schedule({}, running, 0, limits(0), kT0);
   EXPECT_EQ(d.preempt, (Ids{2}));
   EXPECT_TRUE(d.prefill.empty());
