@@ -292,7 +292,18 @@ void model_stage(benchmark::State& state, const char* name, bool prefill) {
   } else {
     message = decode_batch(work);
   }
-  for (auto _ : state) (*stage)(message, [](Message m) { benchmark::DoNotOptimize(m); });
+  Batch& batch =
+      prefill ? std::get<PrefillBatch>(message).batch : std::get<DecodeBatch>(message).batch;
+  const int generated_before = work.front()->generated();
+  for (auto _ : state) {
+    // Every chunk ends at its sequence's last token, as the scheduler builds a pass, so that
+    // each sequence samples (a chunk short of it is an unfinished prompt's).
+    for (size_t i = 0; i < work.size(); ++i)
+      batch.seqs[i].start_pos = int(work[i]->tokens.size() - batch.seqs[i].tokens.size());
+    (*stage)(message, [](Message m) { benchmark::DoNotOptimize(m); });
+  }
+  if (work.front()->generated() - generated_before != int(state.iterations()))
+    state.SkipWithError("the stage did not sample a token in every iteration");
   state.SetItemsProcessed(state.iterations() * seqs);
 }
 void BM_Stage_prefill(benchmark::State& state) {
