@@ -152,14 +152,20 @@ TEST(Engine, ALateRequestJoinsTheRunningBatch) {
   EXPECT_GE(engine.metrics().prefill_batches.value(), 2u);
 }
 
+// The first four prompts submitted together, each to exactly `max_tokens` tokens: every answer
+// equals the prompt's solo run.
+void expect_four_answer_as_alone(Engine& engine, int max_tokens) {
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], max_tokens, true));
+  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
+  for (int i = 0; i < 4; ++i)
+    expect_finished_with(requests[i], solo().text(kPrompts[i], max_tokens, true));
+}
+
 TEST(Engine, ASmallKvPoolPreemptsAndStillAnswersIdentically) {
   // 4 sequences of up to ~125 tokens need 32 blocks of 16; the pool has 12.
   Engine engine(make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12}"));
-  std::vector<std::shared_ptr<Request>> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 120, true));
-  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
-  for (int i = 0; i < 4; ++i)
-    expect_finished_with(requests[i], solo().text(kPrompts[i], 120, true));
+  expect_four_answer_as_alone(engine, 120);
   EXPECT_GT(engine.metrics().preemptions.value(), 0u);
   EXPECT_EQ(engine.metrics().kv_blocks_total.value(), 12);
 }
@@ -203,21 +209,14 @@ TEST(Engine, RequestsAFullBatchBroughtDoNotWaitAnotherWindowForTheirTurnInTheBud
   // admits one prompt's chunk at a time, and the others follow as the budget frees, not a
   // minute later.
   Engine engine(make_config("{window_ms: 60000, max_batch: 4, max_prefill_tokens: 3}"));
-  std::vector<std::shared_ptr<Request>> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 16, true));
-  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
-  for (int i = 0; i < 4; ++i) expect_finished_with(requests[i], solo().text(kPrompts[i], 16, true));
+  expect_four_answer_as_alone(engine, 16);
 }
 
 TEST(Engine, ChunkedPrefillUnderPreemptionAnswersIdentically) {
   // As ASmallKvPoolPreemptsAndStillAnswersIdentically, with every prompt cut into 3-token chunks.
   Engine engine(
       make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12, max_prefill_tokens: 3}"));
-  std::vector<std::shared_ptr<Request>> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(make_request(kPrompts[i], 120, true));
-  for (const auto& r : requests) ASSERT_EQ(engine.submit(r), SubmitStatus::Accepted);
-  for (int i = 0; i < 4; ++i)
-    expect_finished_with(requests[i], solo().text(kPrompts[i], 120, true));
+  expect_four_answer_as_alone(engine, 120);
   EXPECT_GT(engine.metrics().preemptions.value(), 0u);
 }
 
