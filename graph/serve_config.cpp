@@ -2,6 +2,7 @@
 // naming the file, the line and the field ("serve.yaml:7: field 'scheduler.window_ms': ...").
 #include "graph/serve_config.h"
 
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <set>
@@ -84,12 +85,13 @@ class FieldReader {
   // `why`, when given, says what the maximum protects.
   int integer(const YAML::Node& node, const std::string& field, int min,
               int max = std::numeric_limits<int>::max(), const std::string& why = "") const {
-    const int value = scalar<int>(node, field, "an integer");
+    // Read wide, so that a value past int's range is called too large, not "not an integer".
+    const int64_t value = scalar<int64_t>(node, field, "an integer");
     if (value < min) fail(node, field, "must be at least " + std::to_string(min));
     if (value > max)
       fail(node, field,
            "must be at most " + std::to_string(max) + (why.empty() ? "" : " (" + why + ")"));
-    return value;
+    return int(value);
   }
   double number(const YAML::Node& node, const std::string& field) const {
     return scalar<double>(node, field, "a number");

@@ -127,6 +127,8 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":3: field 'scheduler.max_batch': must be at least 1");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_prefill_tokens: 0\n"),
             file + ":3: field 'scheduler.max_prefill_tokens': must be at least 1");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_prefill_tokens: 99999999999\n"),
+            file + ":3: field 'scheduler.max_prefill_tokens': must be at most 2147483647");
   EXPECT_EQ(error_of("model: {path: m}\ndevice: tpu\n"),
             file + ":2: field 'device': 'tpu' is not one of auto, cpu, cuda");
   EXPECT_EQ(error_of("model: {path: m, chat_template: chatml}\n"),
