@@ -61,18 +61,44 @@ int advance_running(const std::vector<RunningSequence>& running, int budget,
   return budget;
 }
 
+// Blocks the decoding sequences need for `passes` more passes after this one, beyond what this
+// pass needs: they advance one token a pass.
+int decoders_growth(const std::vector<RunningSequence>& running, int passes, int block_size) {
+  int blocks = 0;
+  for (const auto& s : running)
+    if (s.decoding())
+      blocks += blocks_for(s.tokens + passes, block_size) - blocks_for(s.tokens, block_size);
+  return blocks;
+}
+
+// Passes still needed, after this one, for `prompt_tokens` prompt tokens.
+int passes_for(int prompt_tokens, const SchedulerLimits& limits) {
+  return (prompt_tokens + limits.max_prefill_tokens - 1) / limits.max_prefill_tokens;
+}
+
 // Newcomers in arrival order while the limits, the blocks and the prompt-token budget allow;
-// the last may get only its prompt's first chunk.
-void admit(const std::vector<WaitingSequence>& waiting, int running, int available, int budget,
-           const SchedulerLimits& limits, SchedulerDecision& decision) {
+// the last may get only its prompt's first chunk. Besides a newcomer's own blocks, admission
+// keeps room for the decoding sequences to grow until the newcomers' last chunks, so that a long
+// prompt is not preempted (and recomputed) between two of its chunks. (Newcomers only get
+// budget in a pass that finishes every running prompt, so theirs are the only chunks left.)
+void admit(const std::vector<WaitingSequence>& waiting, const std::vector<RunningSequence>& running,
+           int available, int budget, const SchedulerLimits& limits, SchedulerDecision& decision) {
+  int prompt_after = 0;  // prompt tokens the newcomers leave for later passes
+  int reserved = 0;      // blocks kept for the decoders' growth meanwhile
   for (const auto& w : waiting) {
     if (budget == 0) break;
     if (int(decision.admitted.size()) >= limits.max_batch) break;
-    if (running + int(decision.admitted.size()) >= limits.max_num_seqs) break;
-    const int need = blocks_for(w.tokens + 1, limits.block_size);
-    if (need > available) break;
-    available -= need;  // its prompt and, right after, its first decoded token
+    if (int(running.size() + decision.admitted.size()) >= limits.max_num_seqs) break;
     const int n = std::min(w.tokens, budget);
+    const int after = prompt_after + w.tokens - n;
+    const int growth =
+        decoders_growth(running, passes_for(after, limits), limits.block_size) - reserved;
+    // Its prompt and, right after, its first decoded token; the decoders' longer wait.
+    const int need = blocks_for(w.tokens + 1, limits.block_size) + growth;
+    if (need > available) break;
+    available -= need;
+    reserved += growth;
+    prompt_after = after;
     budget -= n;
     decision.admitted.push_back({w.id, n});
   }
@@ -93,7 +119,7 @@ SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
                            now >= waiting.front().queued + limits.window ||
                            int(waiting.size()) >= limits.max_batch;
   if (window_over) {
-    admit(waiting, int(running.size()), available, budget, limits, decision);
+    admit(waiting, running, available, budget, limits, decision);
     decision.window_closed = true;
   } else if (running.empty()) {
     decision.wake_at = waiting.front().queued + limits.window;

@@ -9,7 +9,8 @@
 //  - Admission in arrival order (the head blocks the rest, so nobody starves) while
 //    max_batch, max_num_seqs, free blocks and the pass's prompt-token budget allow. A sequence
 //    is admitted only when the blocks for its tokens plus its first decoded token fit beside
-//    what the running sequences need for their next step.
+//    what the running sequences need for their next step, and, while prompts are being
+//    prefilled in chunks, for the decoding sequences' growth until the last chunk.
 //  - Chunked prefill: a pass computes at most max_prefill_tokens prompt tokens, unfinished
 //    prompts first (oldest first), then the newcomers'; the last prompt to get tokens may get
 //    only its first part and continues in the next pass. The decoding sequences' tokens ride

@@ -156,6 +156,28 @@ TEST(SchedulerPolicy, UnfinishedPromptsComeFirstAndDecodingSequencesRideAlong) {
   EXPECT_EQ(d.decode, (Ids{1, 4}));
 }
 
+TEST(SchedulerPolicy, APromptOfSeveralChunksWaitsForRoomForTheDecodersToGrow) {
+  // Four decoders each fill their 2 blocks this pass (32 positions) and need a third within the
+  // next pass. A 100-token prompt at 32 a pass leaves 68 tokens, 3 more passes: it needs its own
+  // 7 blocks and 4 for the decoders' growth meanwhile.
+  const std::vector<RunningSequence> running = {decoding(1, 32, 2), decoding(2, 32, 2),
+                                                decoding(3, 32, 2), decoding(4, 32, 2)};
+  const SchedulerLimits chunked = limits(0, 16, 64, 16, 32);
+  EXPECT_TRUE(schedule(waiting(1, 100, kT0, 5), running, 10, chunked, kT0).admitted.empty());
+  EXPECT_EQ(schedule(waiting(1, 100, kT0, 5), running, 11, chunked, kT0).admitted,
+            (Chunks{{5, 32}}));
+  // In one pass it needs only its own blocks, as before chunked prefill.
+  EXPECT_EQ(schedule(waiting(1, 100, kT0, 5), running, 7, limits(0), kT0).admitted,
+            (Chunks{{5, 100}}));
+  // Two newcomers at 120 a pass: the first (100 tokens, 7 blocks) is done in this pass; the
+  // second (50 tokens, 4 blocks) gets 20 and needs one more pass, for which the decoders need
+  // their 4 blocks.
+  const std::vector<WaitingSequence> two = {{5, 100, kT0}, {6, 50, kT0}};
+  const SchedulerLimits wider = limits(0, 16, 64, 16, 120);
+  EXPECT_EQ(schedule(two, running, 7 + 4 + 3, wider, kT0).admitted, (Chunks{{5, 100}}));
+  EXPECT_EQ(schedule(two, running, 7 + 4 + 4, wider, kT0).admitted, (Chunks{{5, 100}, {6, 20}}));
+}
+
 TEST(SchedulerPolicy, NobodyIsAdmittedInAPassThatPreempts) {
   const std::vector<RunningSequence> running = {decoding(1, 33, 2), decoding(2, 33, 2)};
   const auto d = schedule(waiting(1, 1, kT0, 3), running, 1, limits(0), kT0);
