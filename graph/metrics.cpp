@@ -93,6 +93,9 @@ std::string Metrics::prometheus_text() const {
               double(prefill_batches.value()));
   write_help(out, "pipeline_prefill_batch_size", "histogram", "Prompts per prefill batch.");
   prefill_batch_size.write(out, "pipeline_prefill_batch_size", "");
+  write_value(out, "pipeline_prefill_decode_tokens_total", "counter",
+              "Tokens of decoding sequences computed in prefill passes, beside the prompt chunks.",
+              double(prefill_decode_tokens.value()));
   write_value(out, "pipeline_decode_steps_total", "counter", "Decode forward passes.",
               double(decode_steps.value()));
   write_value(out, "pipeline_preemptions_total", "counter",

@@ -69,7 +69,8 @@ class Metrics {
   Counter prompt_tokens;
   Counter generated_tokens;
   Counter prefill_batches;
-  Histogram prefill_batch_size;  // prompts (whole or a chunk) per prefill batch
+  Histogram prefill_batch_size;   // prompts (whole or a chunk) per prefill batch
+  Counter prefill_decode_tokens;  // decoding sequences' tokens computed beside prompt chunks
   Counter decode_steps;
   Counter preemptions;
   Gauge running_sequences;
