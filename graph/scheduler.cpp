@@ -126,7 +126,7 @@ void Scheduler::schedule_next(Clock::time_point now) {
   std::vector<RunningSequence> running;
   for (const auto& s : running_)
     running.push_back(
-        {s->number, int(s->tokens.size()), s->prompt_left, int(s->block_table.size())});
+        {s->number, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size())});
   const auto decision = schedule(waiting, running, blocks_.num_free(), limits_, now);
   wake_at_ = decision.wake_at;
   preempt(decision.preempt);
@@ -147,7 +147,7 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) {  // newest first, so the oldest ends up at the front
     SequencePtr seq = take(running_, id);
     release(*seq);
-    seq->computed = seq->prompt_left = 0;
+    seq->computed = 0;
     seq->window_closed = true;  // it resumes as soon as there is room, not after a window
     waiting_.push_front(seq);
     seq->waiting.enter(metrics_.waiting_sequences);
@@ -170,7 +170,7 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
       fail_kv_exhausted(*seq);
       continue;
     }
-    seq->prompt_left = int(seq->tokens.size());
+    seq->prefill_end = int(seq->tokens.size());
     seq->window_closed = false;
     running_.push_back(std::move(seq));
   }
@@ -191,7 +191,6 @@ void Scheduler::add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seq
   chunk.start_pos = seq->computed;
   chunk.block_table = seq->block_table;
   seq->computed = end;
-  seq->prompt_left = std::max(0, seq->prompt_left - tokens);  // a decoding sequence has none
   batch.seqs.push_back(std::move(chunk));
   seqs.push_back(seq);
 }

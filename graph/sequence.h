@@ -5,6 +5,7 @@
 // happen along graph edges, so no part needs its own lock.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -99,7 +100,7 @@ struct Sequence {
   // Scheduler thread only.
   std::vector<int32_t> block_table;
   int computed = 0;     // positions whose keys and values are in the KV cache (or being computed)
-  int prompt_left = 0;  // tokens its prefill has still to compute; 0 once it decodes
+  int prefill_end = 0;  // positions its prefill covers: its tokens when it was admitted
   // Waiting: a batch window closed over it and left it for lack of room, or it was preempted;
   // either way it goes as soon as there is room.
   bool window_closed = false;
@@ -113,6 +114,8 @@ struct Sequence {
   WaitingCount waiting;
 
   int generated() const { return int(tokens.size()) - prompt_len; }
+  // Prefill tokens still to compute; 0 once it decodes (scheduler thread).
+  int prompt_left() const { return std::max(0, prefill_end - computed); }
 };
 
 using SequencePtr = std::shared_ptr<Sequence>;
