@@ -12,13 +12,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-SequencePtr take(std::vector<SequencePtr>& seqs, uint64_t id) {
-  auto it = std::find_if(seqs.begin(), seqs.end(), [&](const auto& s) { return s->number == id; });
-  SequencePtr seq = *it;
-  seqs.erase(it);
-  return seq;
-}
-
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_size,
@@ -89,7 +82,7 @@ void Scheduler::apply_step(StepResult& result) {
   for (const auto& seq : result.retry) --seq->computed;  // its one token, again next pass
   for (const auto& out : result.outputs)
     if (out.finish) release(*out.seq);
-  std::erase_if(running_, [](const SequencePtr& s) { return s->block_table.empty(); });
+  std::erase_if(running_, [](const auto& entry) { return entry.second->block_table.empty(); });
   if (!result.prefill) {
     run_tokens_ += int(result.outputs.size());
     run_end_ = Clock::now();
@@ -108,9 +101,9 @@ void Scheduler::drop_ended() {
       ++it;
     }
   }
-  std::erase_if(running_, [&](const SequencePtr& s) {
-    if (!ended(s)) return false;
-    release(*s);
+  std::erase_if(running_, [&](const auto& entry) {
+    if (!ended(entry.second)) return false;
+    release(*entry.second);
     return true;
   });
 }
@@ -124,9 +117,8 @@ void Scheduler::schedule_next(Clock::time_point now) {
   for (const auto& s : waiting_)
     waiting.push_back({s->number, int(s->tokens.size()), s->queued_at, s->window_closed});
   std::vector<RunningSequence> running;
-  for (const auto& s : running_)
-    running.push_back(
-        {s->number, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size())});
+  for (const auto& [id, s] : running_)
+    running.push_back({id, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size())});
   const auto decision = schedule(waiting, running, blocks_.num_free(), limits_, now);
   wake_at_ = decision.wake_at;
   preempt(decision.preempt);
@@ -145,7 +137,7 @@ void Scheduler::schedule_next(Clock::time_point now) {
 
 void Scheduler::preempt(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) {  // newest first, so the oldest ends up at the front
-    SequencePtr seq = take(running_, id);
+    SequencePtr seq = std::move(running_.extract(id).mapped());
     release(*seq);
     seq->computed = 0;
     seq->window_closed = true;  // it resumes as soon as there is room, not after a window
@@ -172,15 +164,14 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
     }
     seq->prefill_end = int(seq->tokens.size());
     seq->window_closed = false;
-    running_.push_back(std::move(seq));
+    running_.emplace(chunk.id, std::move(seq));
   }
 }
 
 void Scheduler::add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seqs, Batch& batch) {
-  const auto it = std::find_if(running_.begin(), running_.end(),
-                               [&](const auto& s) { return s->number == id; });
+  const auto it = running_.find(id);
   if (it == running_.end()) return;  // failed at admission
-  const SequencePtr& seq = *it;
+  const SequencePtr& seq = it->second;
   const int end = seq->computed + tokens;
   if (!blocks_.ensure_capacity(seq->block_table, end, limits_.block_size)) {
     fail_kv_exhausted(*seq);

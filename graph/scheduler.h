@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -71,8 +72,10 @@ class Scheduler {
   // Scheduler thread only.
   BlockManager blocks_;
   std::deque<SequencePtr> waiting_;
-  std::vector<SequencePtr> running_;  // admitted: decoding, or with a prompt still to compute
-  bool busy_ = false;                 // a forward pass is in flight
+  // Admitted (decoding, or with a prompt still to compute), by arrival: the order the policy
+  // sees them in, and a pass looks each one up by its number.
+  std::map<uint64_t, SequencePtr> running_;
+  bool busy_ = false;  // a forward pass is in flight
   std::optional<Clock::time_point> wake_at_;
   // The current run of decode steps, for the "decoded N tokens at X tokens/s" log line.
   int run_tokens_ = 0;

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/sanitize.sh address|thread}
-tests=(test_graph_builder test_scheduler_policy test_model_step test_engine test_openai_protocol test_server_e2e test_peer_connection test_on_demand_thread_pool test_batch)
+tests=(test_graph_builder test_scheduler_policy test_scheduler test_model_step test_engine test_openai_protocol test_server_e2e test_peer_connection test_on_demand_thread_pool test_batch)
 dir=build-$kind
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPELINE_CUDA=OFF -DPIPELINE_BENCH=OFF \
   -DPIPELINE_SANITIZE="$kind"

@@ -1,0 +1,162 @@
+// The scheduler thread without a model: sequences go in as the tokenize stage posts them, the
+// test plays the model stages (appends sampled tokens, posts each pass's StepResult), and checks
+// the batches the scheduler hands out.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <variant>
+
+#include "graph/scheduler.h"
+#include "tests/support/collecting_sink.h"
+
+namespace pipeline {
+namespace {
+
+using namespace std::chrono_literals;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static constexpr int kBlocks = 32;
+  static constexpr int kBlockSize = 16;
+
+  // A scheduler with no batch window and a pool of kBlocks blocks.
+  void start(int max_prefill_tokens = 2048) {
+    SchedulerSection config;
+    config.window_ms = 0;
+    config.max_prefill_tokens = max_prefill_tokens;
+    scheduler_ = std::make_unique<Scheduler>(config, kBlocks, kBlockSize, metrics_);
+  }
+
+  void TearDown() override { scheduler_.reset(); }  // its thread ends before the queue below
+
+  // A sequence with a prompt of `prompt` tokens, posted as tokenize posts it.
+  SequencePtr submit(int prompt) {
+    auto request = std::make_shared<Request>();
+    request->id = "cmpl-sched-" + std::to_string(next_number_);
+    request->sink = std::make_shared<testing::CollectingSink>();
+    auto seq = std::make_shared<Sequence>(request, next_number_++,
+                                          [](Sequence&, const ResponseStream::Payload&) {});
+    for (int i = 0; i < prompt; ++i) seq->tokens.push_back(int32_t(10 + i));
+    seq->prompt_len = prompt;
+    seq->max_tokens = 100;
+    scheduler_->post(Tokenized{seq}, emit_);
+    return seq;
+  }
+
+  // The next batch the scheduler hands out; fails the test after 5 s without one.
+  Message next_batch() {
+    std::unique_lock lock(mutex_);
+    if (!batch_ready_.wait_for(lock, 5s, [&] { return !batches_.empty(); })) {
+      ADD_FAILURE() << "the scheduler handed out no batch within 5 s";
+      return Message{};
+    }
+    Message m = std::move(batches_.front());
+    batches_.pop_front();
+    return m;
+  }
+
+  // What the model stages post once a pass sampled a token for each of `seqs`.
+  static StepResult sampled(bool prefill, const std::vector<SequencePtr>& seqs) {
+    StepResult result;
+    result.prefill = prefill;
+    for (const auto& seq : seqs) {
+      seq->tokens.push_back(7);
+      SampledOutput out;
+      out.seq = seq;
+      out.index = seq->generated() - 1;
+      out.sampled.token = 7;
+      result.outputs.push_back(std::move(out));
+    }
+    return result;
+  }
+
+  void post(StepResult result) { scheduler_->post(std::move(result), emit_); }
+
+ private:
+  Metrics metrics_;
+  std::mutex mutex_;
+  std::condition_variable batch_ready_;
+  std::deque<Message> batches_;
+  uint64_t next_number_ = 0;
+  Emit emit_ = [this](Message m) {
+    std::lock_guard lock(mutex_);
+    batches_.push_back(std::move(m));
+    batch_ready_.notify_one();
+  };
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(SchedulerTest, ARiderOfAFailedPrefillPassDecodesTheSamePositionAgain) {
+  start();
+  const SequencePtr decoder = submit(5);
+  auto first = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(first.batch.seqs.size(), 1u);
+  post(sampled(true, {decoder}));
+  auto step = std::get<DecodeBatch>(next_batch());
+  ASSERT_EQ(step.batch.seqs[0].start_pos, 5);
+
+  // A prompt arrives while the decode step runs; the next pass carries both, the rider last.
+  const SequencePtr prompt = submit(40);
+  post(sampled(false, {decoder}));
+  auto mixed = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(mixed.seqs.size(), 2u);
+  EXPECT_EQ(mixed.seqs[0], prompt);
+  EXPECT_EQ(mixed.seqs[1], decoder);
+  EXPECT_EQ(mixed.decoding, 1);
+  EXPECT_EQ(mixed.batch.seqs[1].start_pos, 6);
+  EXPECT_EQ(mixed.batch.seqs[1].tokens, (std::vector<int32_t>{7}));
+
+  // The pass throws: the prompt fails (the stage told its client), the rider is handed back.
+  prompt->stream.fail({500, "out of memory", "server_error", "", ""});
+  StepResult failed;
+  failed.prefill = true;
+  failed.failed = {prompt};
+  failed.retry = {decoder};
+  post(std::move(failed));
+
+  auto again = std::get<DecodeBatch>(next_batch());
+  ASSERT_EQ(again.seqs.size(), 1u);
+  EXPECT_EQ(again.seqs[0], decoder);
+  EXPECT_EQ(again.batch.seqs[0].start_pos, 6);
+  EXPECT_EQ(again.batch.seqs[0].tokens, (std::vector<int32_t>{7}));
+  EXPECT_TRUE(prompt->block_table.empty()) << "the failed prompt's blocks were freed";
+  EXPECT_EQ(decoder->block_table.size(), 1u);
+}
+
+TEST_F(SchedulerTest, ALongPromptGoesInChunksWithTheRunningSequencesAlongside) {
+  start(16);
+  const SequencePtr decoder = submit(5);
+  std::get<PrefillBatch>(next_batch());
+  post(sampled(true, {decoder}));
+  std::get<DecodeBatch>(next_batch());
+
+  const SequencePtr prompt = submit(40);
+  post(sampled(false, {decoder}));
+  // 16 + 16 + 8 prompt tokens; the decoder advances one position in each of the three passes.
+  const int starts[] = {0, 16, 32};
+  const int sizes[] = {16, 16, 8};
+  for (int pass = 0; pass < 3; ++pass) {
+    auto mixed = std::get<PrefillBatch>(next_batch());
+    ASSERT_EQ(mixed.seqs.size(), 2u) << "pass " << pass;
+    EXPECT_EQ(mixed.seqs[0], prompt);
+    EXPECT_EQ(mixed.batch.seqs[0].start_pos, starts[pass]);
+    EXPECT_EQ(int(mixed.batch.seqs[0].tokens.size()), sizes[pass]);
+    // Blocks for the whole prompt from its first chunk: later chunks never wait for blocks.
+    EXPECT_EQ(mixed.batch.seqs[0].block_table.size(), 3u);
+    EXPECT_EQ(mixed.decoding, 1);
+    EXPECT_EQ(mixed.batch.seqs[1].start_pos, 6 + pass);
+    // Only the chunk that reaches the prompt's last token is sampled.
+    post(pass < 2 ? sampled(true, {decoder}) : sampled(true, {prompt, decoder}));
+  }
+  auto both = std::get<DecodeBatch>(next_batch());
+  ASSERT_EQ(both.seqs.size(), 2u);
+  EXPECT_EQ(both.seqs[0], decoder);  // by arrival
+  EXPECT_EQ(both.batch.seqs[0].start_pos, 9);
+  EXPECT_EQ(both.batch.seqs[1].start_pos, 40);
+}
+
+}  // namespace
+}  // namespace pipeline
