@@ -61,13 +61,11 @@ int advance_running(const std::vector<RunningSequence>& running, int budget,
   return budget;
 }
 
-// Blocks the decoding sequences need for `passes` more passes after this one, beyond what this
-// pass needs: they advance one token a pass.
-int decoders_growth(const std::vector<RunningSequence>& running, int passes, int block_size) {
+// Blocks that sequences reaching `positions` after this pass need for `passes` more passes:
+// they advance one token a pass.
+int growth(const std::vector<int>& positions, int passes, int block_size) {
   int blocks = 0;
-  for (const auto& s : running)
-    if (s.decoding())
-      blocks += blocks_for(s.tokens + passes, block_size) - blocks_for(s.tokens, block_size);
+  for (int p : positions) blocks += blocks_for(p + passes, block_size) - blocks_for(p, block_size);
   return blocks;
 }
 
@@ -79,10 +77,13 @@ int passes_for(int prompt_tokens, const SchedulerLimits& limits) {
 // Newcomers in arrival order while the limits, the blocks and the prompt-token budget allow;
 // the last may get only its prompt's first chunk. Besides a newcomer's own blocks, admission
 // keeps room for the decoding sequences to grow until the newcomers' last chunks, so that a long
-// prompt is not preempted (and recomputed) between two of its chunks. (Newcomers only get
-// budget in a pass that finishes every running prompt, so theirs are the only chunks left.)
+// prompt is not preempted (and recomputed) between two of its chunks. Newcomers only get budget
+// in a pass that finishes every running prompt, so every running sequence decodes during those
+// passes, and so does every newcomer admitted whole before the one with a chunk left.
 void admit(const std::vector<WaitingSequence>& waiting, const std::vector<RunningSequence>& running,
            int available, int budget, const SchedulerLimits& limits, SchedulerDecision& decision) {
+  std::vector<int> decoders;  // positions each decoding sequence reaches after this pass
+  for (const auto& s : running) decoders.push_back(s.tokens);
   int prompt_after = 0;  // prompt tokens the newcomers leave for later passes
   int reserved = 0;      // blocks kept for the decoders' growth meanwhile
   for (const auto& w : waiting) {
@@ -91,16 +92,16 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
     if (int(running.size() + decision.admitted.size()) >= limits.max_num_seqs) break;
     const int n = std::min(w.tokens, budget);
     const int after = prompt_after + w.tokens - n;
-    const int growth =
-        decoders_growth(running, passes_for(after, limits), limits.block_size) - reserved;
+    const int more = growth(decoders, passes_for(after, limits), limits.block_size) - reserved;
     // Its prompt and, right after, its first decoded token; the decoders' longer wait.
-    const int need = blocks_for(w.tokens + 1, limits.block_size) + growth;
+    const int need = blocks_for(w.tokens + 1, limits.block_size) + more;
     if (need > available) break;
     available -= need;
-    reserved += growth;
+    reserved += more;
     prompt_after = after;
     budget -= n;
     decision.admitted.push_back({w.id, n});
+    if (n == w.tokens) decoders.push_back(w.tokens + 1);  // its need counts its first token
   }
 }
 

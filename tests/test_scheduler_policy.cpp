@@ -2,9 +2,17 @@
 // prefill and preemption, as a pure function of (waiting, running, free blocks, limits, now).
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include "graph/scheduler_policy.h"
 
 namespace pipeline {
+
+// Failures print chunks as {id, tokens}.
+void PrintTo(const PromptChunk& chunk, std::ostream* os) {
+  *os << "{" << chunk.id << ", " << chunk.tokens << "}";
+}
+
 namespace {
 
 using std::chrono::milliseconds;
@@ -176,6 +184,22 @@ TEST(SchedulerPolicy, APromptOfSeveralChunksWaitsForRoomForTheDecodersToGrow) {
   const SchedulerLimits wider = limits(0, 16, 64, 16, 120);
   EXPECT_EQ(schedule(two, running, 7 + 4 + 3, wider, kT0).admitted, (Chunks{{5, 100}}));
   EXPECT_EQ(schedule(two, running, 7 + 4 + 4, wider, kT0).admitted, (Chunks{{5, 100}, {6, 20}}));
+}
+
+TEST(SchedulerPolicy, PromptsThatFinishInThisPassCountAmongTheDecodersThatGrow) {
+  // A running prompt (32 tokens, 2 blocks) finishes in this pass and decodes during the 3 passes
+  // a 100-token newcomer at 32 a pass needs after this one: a third block meanwhile.
+  const std::vector<RunningSequence> running = {prefilling(1, 32, 10, 2)};
+  const SchedulerLimits chunked = limits(0, 16, 64, 16, 32);
+  EXPECT_TRUE(schedule(waiting(1, 100, kT0, 5), running, 7, chunked, kT0).admitted.empty());
+  EXPECT_EQ(schedule(waiting(1, 100, kT0, 5), running, 8, chunked, kT0).admitted,
+            (Chunks{{5, 22}}));
+  // So does a newcomer admitted whole before one with chunks left: 31 tokens (2 blocks with its
+  // first decoded token) reach a third block in the 2 passes the 100-token one needs after this.
+  const std::vector<WaitingSequence> two = {{5, 31, kT0}, {6, 100, kT0}};
+  const SchedulerLimits wider = limits(0, 16, 64, 16, 64);
+  EXPECT_EQ(schedule(two, {}, 2 + 7, wider, kT0).admitted, (Chunks{{5, 31}}));
+  EXPECT_EQ(schedule(two, {}, 2 + 7 + 1, wider, kT0).admitted, (Chunks{{5, 31}, {6, 33}}));
 }
 
 TEST(SchedulerPolicy, NobodyIsAdmittedInAPassThatPreempts) {
