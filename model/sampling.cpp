@@ -97,6 +97,11 @@ std::string validate(const SamplingParams& p) {
   if (p.repeat_last_n < -1)
     return out_of_range("repeat_last_n", "-1 (whole history), 0 (off) or a window length",
                         p.repeat_last_n);
+  for (const LogitBias& b : p.logit_bias) {
+    if (b.token < 0) return out_of_range("logit_bias", "keyed by token ids of 0 or more", b.token);
+    if (!(b.bias >= -100.0f && b.bias <= 100.0f))
+      return out_of_range("logit_bias", "between -100 and 100", b.bias);
+  }
   return {};
 }
 
@@ -117,11 +122,12 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   const double log_z = report ? log_normaliser(logits, max_logit) : 0.0;
   if (report) report_alternatives(logits, log_z, out);
 
-  if (params_.temperature == 0.0f && !penalises()) {
+  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty()) {
     out.token = first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
   } else {
     scratch_.assign(logits.begin(), logits.end());
     apply_penalties(history);
+    apply_logit_bias();
     out.token = params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
   }
   if (report) out.logprob = float(double(logits[out.token]) - log_z);
@@ -184,6 +190,16 @@ void Sampler::apply_penalties(std::span<const int32_t> history) {
       logit = logit > 0.0f ? logit / p.repetition_penalty : logit * p.repetition_penalty;
     logit -= float(window_counts_[token]) * p.frequency_penalty + p.presence_penalty;
     window_counts_[token] = 0;  // ready for the next call
+  }
+}
+
+void Sampler::apply_logit_bias() {
+  for (const LogitBias& b : params_.logit_bias) {
+    if (size_t(b.token) >= scratch_.size())
+      throw std::invalid_argument("Sampler::sample: logit_bias token " + std::to_string(b.token) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(scratch_.size()));
+    scratch_[b.token] += b.bias;
   }
 }
 

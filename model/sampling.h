@@ -11,24 +11,32 @@
 
 namespace pipeline {
 
+// OpenAI's logit_bias: `bias` is added to the token's logit before sampling; -100 all but bans
+// it, 100 all but forces it.
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+
 struct SamplingParams {
-  float temperature = 1.0f;         // 0 = greedy
-  int top_k = 0;                    // 0 or -1 (as vLLM spells it) = off
-  float top_p = 1.0f;               // 1 = off
-  float min_p = 0.0f;               // 0 = off
-  float repetition_penalty = 1.0f;  // 1 = off; over the last repeat_last_n tokens
-  int repeat_last_n = 64;           // 0 = off, -1 = whole history
-  float presence_penalty = 0.0f;    // over the same window as repetition_penalty
-  float frequency_penalty = 0.0f;   // over the same window as repetition_penalty
-  std::optional<uint64_t> seed;     // same seed, same logits: same tokens
-  bool logprobs = false;            // report the chosen token's logprob
-  int top_logprobs = 0;             // alternatives to report beside the chosen token
+  float temperature = 1.0f;           // 0 = greedy
+  int top_k = 0;                      // 0 or -1 (as vLLM spells it) = off
+  float top_p = 1.0f;                 // 1 = off
+  float min_p = 0.0f;                 // 0 = off
+  float repetition_penalty = 1.0f;    // 1 = off; over the last repeat_last_n tokens
+  int repeat_last_n = 64;             // 0 = off, -1 = whole history
+  float presence_penalty = 0.0f;      // over the same window as repetition_penalty
+  float frequency_penalty = 0.0f;     // over the same window as repetition_penalty
+  std::optional<uint64_t> seed;       // same seed, same logits: same tokens
+  bool logprobs = false;              // report the chosen token's logprob
+  int top_logprobs = 0;               // alternatives to report beside the chosen token
+  std::vector<LogitBias> logit_bias;  // after the penalties; logprobs stay the model's own
 };
 
 // An error message naming the first parameter outside its (OpenAI) range, or empty when all
 // are valid: temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
 // repetition_penalty > 0, presence/frequency_penalty [-2, 2], top_logprobs [0, 20],
-// repeat_last_n >= -1.
+// repeat_last_n >= -1, logit_bias tokens >= 0 with biases [-100, 100].
 std::string validate(const SamplingParams& params);
 
 struct TokenLogprob {
@@ -53,7 +61,7 @@ class Sampler {
 
   // `history` is the sequence so far (prompt and generated tokens) for the penalties.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
-  // history token outside the vocabulary.
+  // history or logit_bias token outside the vocabulary.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
@@ -63,6 +71,7 @@ class Sampler {
   void report_alternatives(std::span<const float> logits, double log_z, SampledToken& out);
   bool penalises() const;  // any penalty set, over a window of at least one token
   void apply_penalties(std::span<const int32_t> history);
+  void apply_logit_bias();
   // The candidates' strict total order: higher scratch_ value first, then the lower id.
   bool more_likely(int32_t a, int32_t b) const {
     return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);

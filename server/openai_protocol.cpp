@@ -1,5 +1,6 @@
 #include "server/openai_protocol.h"
 
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -91,7 +92,6 @@ void refuse_unsupported(Endpoint endpoint, const json& body) {
                          : (v.is_object() || v.is_array()) && v.empty();
   };
   auto no_call = [](const json& v) { return v == "none" || v == "auto"; };
-  refuse_unless("logit_bias", empty, "");
   refuse_unless("suffix", empty, "");
   refuse_unless("tools", empty, " (no function calling)");
   refuse_unless("functions", empty, " (no function calling)");
@@ -250,6 +250,27 @@ void check_sampling_ranges(Endpoint endpoint, const SamplingParams& params) {
   throw invalid(param, problem);
 }
 
+// {"token id": bias, ...}: JSON keys are strings, so the ids come as decimal text. The biases'
+// range is the sampler's (validate()); the vocabulary's is tokenize's.
+std::vector<LogitBias> read_logit_bias(const json& body) {
+  const json* value = find_field(body, "logit_bias");
+  if (!value) return {};
+  if (!value->is_object())
+    throw wrong_type("logit_bias", "an object mapping token ids to biases", *value);
+  std::vector<LogitBias> biases;
+  for (const auto& [key, bias] : value->items()) {
+    int32_t token = -1;
+    const char* end = key.data() + key.size();
+    const auto parsed = std::from_chars(key.data(), end, token);
+    if (parsed.ec != std::errc() || parsed.ptr != end || token < 0)
+      throw invalid("logit_bias", "Invalid key in 'logit_bias': \"" + key +
+                                      "\". Keys must be token ids: non-negative integers.");
+    if (!bias.is_number()) throw wrong_type("logit_bias", "numbers as biases", bias);
+    biases.push_back({token, bias.get<float>()});
+  }
+  return biases;
+}
+
 SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
   SamplingParams params = defaults;
   params.temperature = read_float(body, "temperature", defaults.temperature);
@@ -261,6 +282,7 @@ SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
   params.presence_penalty = read_float(body, "presence_penalty", defaults.presence_penalty);
   params.frequency_penalty = read_float(body, "frequency_penalty", defaults.frequency_penalty);
   params.seed = read_seed(body, defaults.seed);
+  params.logit_bias = read_logit_bias(body);
   return params;
 }
 

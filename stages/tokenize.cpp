@@ -24,6 +24,12 @@ void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
   if (auto problem = validate(req.sampling); !problem.empty()) throw Refusal{problem, ""};
+  for (const LogitBias& b : req.sampling.logit_bias)
+    if (b.token >= ctx_.model.vocab_size)
+      throw Refusal{"logit_bias names token " + std::to_string(b.token) +
+                        " but the vocabulary has " + std::to_string(ctx_.model.vocab_size) +
+                        " tokens",
+                    "logit_bias"};
   try {
     seq.tokens = req.chat ? apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages)
                           : ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);

@@ -365,6 +365,29 @@ TEST(Engine, RefusesInvalidSamplingParameters) {
   EXPECT_NE(sink_of(request).error()->message.find("temperature"), std::string::npos);
 }
 
+TEST(Engine, LogitBiasSteersGreedyTokensAndRefusesIdsOutsideTheVocabulary) {
+  Engine engine(make_config("{window_ms: 0}"));
+  const Tokenizer& tokenizer = engine.tokenizer();
+  const int32_t forced = tokenizer.encode(" cat", false).back();
+  auto request = make_request(kPrompts[0], 6, /*ignore_eos=*/true);
+  request->sampling.logit_bias = {{forced, 100.0f}};
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  std::vector<int32_t> ids = tokenizer.encode(kPrompts[0], true);
+  const std::string prompt_text = tokenizer.decode(ids);
+  ids.insert(ids.end(), 6, forced);
+  expect_finished_with(request, tokenizer.decode(ids).substr(prompt_text.size()));
+
+  auto outside = make_request(kPrompts[0], 6);
+  outside->sampling.logit_bias = {{512, -100.0f}};
+  ASSERT_EQ(engine.submit(outside), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(outside).wait());
+  ASSERT_TRUE(sink_of(outside).error().has_value());
+  EXPECT_EQ(sink_of(outside).error()->http_status, 400);
+  EXPECT_EQ(sink_of(outside).error()->param, "logit_bias");
+  EXPECT_NE(sink_of(outside).error()->message.find("vocabulary has 512 tokens"), std::string::npos)
+      << sink_of(outside).error()->message;
+}
+
 TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   Engine engine(make_config("{window_ms: 0}"));
   auto request = make_request(kPrompts[7], 20, /*ignore_eos=*/true);

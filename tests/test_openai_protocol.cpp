@@ -1,10 +1,11 @@
 // The OpenAI wire format without a network: request validation and response shapes.
 #include "server/openai_protocol.h"
 
-#include <limits>
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <limits>
+#include <map>
+#include <random>
 
 namespace pipeline {
 namespace {
@@ -288,8 +289,14 @@ std::vector<BadInput> bad_inputs() {
        "between 0 and 20"},
       {completion, with(completion_body(), "logprobs", 6), "logprobs", "between 0 and 5"},
       {completion, with(completion_body(), "logprobs", true), "logprobs", "integer"},
-      {chat, with(chat_body(), "logit_bias", {{"50256", -100}}), "logit_bias", "not supported"},
-      {chat, with(chat_body(), "logit_bias", "x"), "logit_bias", "not supported"},
+      {chat, with(chat_body(), "logit_bias", "x"), "logit_bias", "an object mapping token ids"},
+      {chat, with(chat_body(), "logit_bias", {{"abc", 1}}), "logit_bias", "Invalid key"},
+      {chat, with(chat_body(), "logit_bias", {{"-3", 1}}), "logit_bias", "Invalid key"},
+      {chat, with(chat_body(), "logit_bias", {{"12x", 1}}), "logit_bias", "Invalid key"},
+      {chat, with(chat_body(), "logit_bias", {{"99999999999", 1}}), "logit_bias", "Invalid key"},
+      {chat, with(chat_body(), "logit_bias", {{"13", "up"}}), "logit_bias", "numbers as biases"},
+      {completion, with(completion_body(), "logit_bias", {{"13", 101}}), "logit_bias",
+       "between -100 and 100"},
       {completion, with(completion_body(), "suffix", "The end."), "suffix", "not supported"},
       {chat, with(chat_body(), "tools", {{{"type", "function"}}}), "tools", "function calling"},
       {chat, with(chat_body(), "tool_choice", "required"), "tool_choice", "function calling"},
@@ -315,6 +322,16 @@ TEST(ParseRequest, RangesHoldForNumbersParsedFromText) {
   EXPECT_EQ(rejection(Endpoint::Completions, huge).param, "max_tokens");
   const json ok = parse_json_body(R"({"model": "stories260K", "prompt": "a", "max_tokens": 3})");
   EXPECT_EQ(parse_completion(ok).request->max_tokens, 3);
+}
+
+TEST(ParseRequest, LogitBiasMapsTokenIdsToBiases) {
+  const auto request =
+      parse_completion(with(completion_body(), "logit_bias", {{"13", -100}, {"7", 2.5}})).request;
+  std::map<int32_t, float> biases;
+  for (const LogitBias& b : request->sampling.logit_bias) biases[b.token] = b.bias;
+  EXPECT_EQ(biases, (std::map<int32_t, float>{{7, 2.5f}, {13, -100.0f}}));
+  EXPECT_TRUE(
+      parse_chat(with(chat_body(), "logit_bias", nullptr)).request->sampling.logit_bias.empty());
 }
 
 // The OpenAI fields this server does not implement pass at their neutral values, and -1 turns

@@ -319,6 +319,32 @@ TEST(Sampling, PenaltiesLookOnlyAtTheLastRepeatLastNTokens) {
   expect_penalised_to(params, 3.0f, {0, 0}, 1.0f);
 }
 
+TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
+  const std::vector<float> logits{0.5f, 2.0f, 1.0f, -1.0f};
+  SamplingParams banned;
+  banned.temperature = 0.0f;
+  banned.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(Sampler(banned, 0).sample(logits, {}).token, 2);
+  // +100 on an unlikely token at temperature 1: every draw is that token.
+  SamplingParams forced = seeded(3);
+  forced.logit_bias = {{3, 100.0f}};
+  EXPECT_EQ(drawn_tokens(forced, logits, 500), (std::set<int32_t>{3}));
+  // A small bias moves the draw frequencies as a shift of the logit does.
+  SamplingParams nudged = seeded(5);
+  nudged.logit_bias = {{0, 1.5f}};
+  std::vector<float> shifted = logits;
+  shifted[0] += 1.5f;
+  const auto expected = softmax(shifted);
+  const auto seen = frequencies(nudged, logits, 20000);
+  for (int32_t token = 0; token < 4; ++token)
+    EXPECT_NEAR(seen.count(token) ? seen.at(token) : 0.0, expected[token], 0.015) << token;
+  // The bias is added to the penalised logit: 3.0 - 0.5 presence + 0.25 = 2.75.
+  SamplingParams both;
+  both.presence_penalty = 0.5f;
+  both.logit_bias = {{0, 0.25f}};
+  expect_penalised_to(both, 3.0f, {0}, 2.75f);
+}
+
 TEST(Sampling, LogprobAndAlternativesComeFromTheRawLogits) {
   const std::vector<float> logits{1.0f, 2.0f, 3.0f, 0.5f, 3.0f};
   const std::vector<double> p = softmax(logits);
@@ -409,6 +435,16 @@ TEST(Sampling, BadInputIsRejected) {
   }
   // The rejected call counted nothing: token 1 occurs once, 2.5 - 1 > 1.
   EXPECT_EQ(penalising.sample(logits, std::vector<int32_t>{1}).token, 1);
+
+  SamplingParams biased;
+  biased.logit_bias = {{2, 5.0f}};
+  Sampler biasing(biased, 0);
+  try {
+    biasing.sample(logits, {});
+    FAIL() << "a logit_bias token outside the vocabulary was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("logit_bias token 2"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
@@ -422,6 +458,7 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
   edge.top_logprobs = 20;
   edge.repeat_last_n = -1;
   edge.top_k = -1;
+  edge.logit_bias = {{0, -100.0f}, {7, 100.0f}};
   EXPECT_EQ(validate(edge), "");
 
   const auto expect_rejected = [](auto change, const std::string& message) {
@@ -452,6 +489,16 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
                   "top_logprobs must be between 0 and 20");
   expect_rejected([](SamplingParams& p) { p.repeat_last_n = -2; },
                   "repeat_last_n must be -1 (whole history), 0 (off) or a window length");
+  expect_rejected(
+      [](SamplingParams& p) {
+        p.logit_bias = {{5, 100.5f}};
+      },
+      "logit_bias must be between -100 and 100, got 100.5");
+  expect_rejected(
+      [](SamplingParams& p) {
+        p.logit_bias = {{-1, 1.0f}};
+      },
+      "logit_bias must be keyed by token ids of 0 or more");
 }
 
 }  // namespace
