@@ -111,26 +111,37 @@ Engine::~Engine() {
 }
 
 SubmitStatus Engine::submit(std::shared_ptr<Request> request) {
-  if (!request || !request->sink)
-    throw std::invalid_argument("Engine::submit: a request needs a sink");
+  return submit(std::span(&request, 1));
+}
+
+SubmitStatus Engine::submit(std::span<const std::shared_ptr<Request>> requests) {
+  for (const auto& request : requests)
+    if (!request || !request->sink)
+      throw std::invalid_argument("Engine::submit: a request needs a sink");
   auto& m = *impl_;
-  SequencePtr seq;
+  const auto count = int64_t(requests.size());
+  std::vector<SequencePtr> seqs;
   {
     std::lock_guard lock(m.live_mutex);
     if (!m.accepting) return SubmitStatus::ShuttingDown;
-    if (m.metrics.waiting_sequences.add(1) > m.config.server.max_queue) {
-      m.metrics.waiting_sequences.add(-1);
+    if (m.metrics.waiting_sequences.add(count) > m.config.server.max_queue) {
+      m.metrics.waiting_sequences.add(-count);
       return SubmitStatus::QueueFull;
     }
     Impl* impl = &m;
-    request->sequence_number = m.next_number;
-    seq = std::make_shared<Sequence>(
-        std::move(request), m.next_number++,
-        [impl](Sequence& s, const ResponseStream::Payload& ending) { impl->on_end(s, ending); });
-    m.live.emplace(seq->number, seq);
+    for (const auto& request : requests) {
+      request->sequence_number = m.next_number;
+      auto seq = std::make_shared<Sequence>(
+          request, m.next_number++,
+          [impl](Sequence& s, const ResponseStream::Payload& ending) { impl->on_end(s, ending); });
+      m.live.emplace(seq->number, seq);
+      seqs.push_back(std::move(seq));
+    }
   }
-  m.metrics.requests_added.add();
-  m.graph->put(Submitted{std::move(seq)});
+  for (auto& seq : seqs) {
+    m.metrics.requests_added.add();
+    m.graph->put(Submitted{std::move(seq)});
+  }
   return SubmitStatus::Accepted;
 }
 

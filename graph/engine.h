@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "graph/metrics.h"
@@ -24,6 +25,9 @@ class Engine {
 
   // Never blocks. QueueFull: the waiting queue holds server.max_queue requests (answer 503).
   SubmitStatus submit(std::shared_ptr<Request> request);
+  // Several requests that answer together (the choices of one API call): all are accepted or
+  // none is, so a full queue never leaves some of them running.
+  SubmitStatus submit(std::span<const std::shared_ptr<Request>> requests);
 
   // The client left: the request ends now with 499, so its place in the waiting queue is free
   // at once, and the scheduler frees its KV blocks at its next step. Nothing happens to a

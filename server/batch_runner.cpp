@@ -52,40 +52,78 @@ class BatchRunner::Results {
   std::deque<Finished> queue_;
 };
 
-// One request's sink: its deltas make the whole answer, as the non-streaming API returns it.
-// The engine delivers a request's events in order, one at a time.
-class BatchRunner::Sink final : public RequestSink {
+// One input line's answer, built from every choice's events; once the last choice has ended,
+// the outcome goes to the writer. The engine delivers each request's events in order, one at a
+// time, but a line's choices run side by side, hence the lock.
+class BatchRunner::Answer {
  public:
-  Sink(const BatchInput& input, const Request& request, const ResponseOptions& options,
-       const std::string& model, TokenTextFn token_text, Results& results)
+  Answer(const BatchInput& input, const ParsedRequest& parsed, const std::string& model,
+         TokenTextFn token_text, Results& results)
       : input_(input),
-        request_id_(request.id),
-        builder_(request, options, model, std::move(token_text)),
+        request_id_(parsed.request->id),
+        builder_(*parsed.request, parsed.options, model, std::move(token_text), parsed.choices),
+        completions_(size_t(parsed.choices)),
+        left_(parsed.choices),
         results_(results) {}
 
-  void on_delta(Delta delta) override { builder_.append(delta); }
-  void on_finish(const Completion& completion) override {
-    results_.push({&input_, request_id_, 200, builder_.whole_response(completion),
-                   completion.completion_tokens, false});
+  void delta(int choice, const Delta& delta) {
+    std::lock_guard lock(mutex_);
+    builder_.append(delta, choice);
   }
-  void on_error(const RequestError& error) override {
-    // 503 comes only from the engine's shutdown, which cuts requests short.
-    results_.push(
-        {&input_, request_id_, error.http_status, error_body(error), 0, error.http_status == 503});
+  void finish(int choice, const Completion& completion) {
+    std::lock_guard lock(mutex_);
+    completions_.at(size_t(choice)) = completion;
+    end();
+  }
+  void fail(const RequestError& error) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = error;
+    end();
   }
 
  private:
+  void end() {
+    if (--left_ > 0) return;
+    if (error_) {
+      // 503 comes only from the engine's shutdown, which cuts requests short.
+      results_.push({&input_, request_id_, error_->http_status, error_body(*error_), 0,
+                     error_->http_status == 503});
+      return;
+    }
+    results_.push({&input_, request_id_, 200, builder_.whole_response(completions_),
+                   total_usage(completions_).completion_tokens, false});
+  }
+
   const BatchInput& input_;
   std::string request_id_;
+  std::mutex mutex_;
   ResponseBuilder builder_;
+  std::vector<Completion> completions_;
+  int left_;                           // choices not ended yet
+  std::optional<RequestError> error_;  // the first choice that failed
   Results& results_;
+};
+
+// The sink of one choice's request: its events go to the line's answer.
+class BatchRunner::ChoiceSink final : public RequestSink {
+ public:
+  ChoiceSink(std::shared_ptr<Answer> answer, int choice)
+      : answer_(std::move(answer)), choice_(choice) {}
+
+  void on_delta(Delta delta) override { answer_->delta(choice_, delta); }
+  void on_finish(const Completion& completion) override { answer_->finish(choice_, completion); }
+  void on_error(const RequestError& error) override { answer_->fail(error); }
+
+ private:
+  std::shared_ptr<Answer> answer_;
+  int choice_;
 };
 
 BatchRunner::BatchRunner(Engine& engine, std::string input_name, std::FILE* output)
     : engine_(engine),
       input_name_(std::move(input_name)),
       output_(output),
-      served_{engine.model_name(), engine.config().sampling} {}
+      served_(served_model(engine.model_name(), engine.config())) {}
 
 BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
                                std::chrono::milliseconds period, const Report& report) {
@@ -144,11 +182,14 @@ bool BatchRunner::submit(const BatchInput& input, Results& results, BatchProgres
     write({&input, "", e.error().http_status, error_body(e.error()), 0, false}, progress);
     return true;
   }
-  auto sink = std::make_shared<Sink>(
-      input, *parsed.request, parsed.options, served_.name,
+  auto answer = std::make_shared<Answer>(
+      input, parsed, served_.name,
       [this](int32_t token) { return engine_.tokenizer().token_text(token); }, results);
-  parsed.request->sink = sink;
-  if (engine_.submit(parsed.request) != SubmitStatus::Accepted) return false;
+  auto requests = choice_requests(parsed);
+  for (size_t i = 0; i < requests.size(); ++i)
+    requests[i]->sink = std::make_shared<ChoiceSink>(answer, int(i));
+  // All of a line's choices are accepted or none: a full queue leaves the line for later.
+  if (engine_.submit(requests) != SubmitStatus::Accepted) return false;
   ++progress.in_flight;
   return true;
 }

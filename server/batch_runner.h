@@ -45,7 +45,8 @@ class BatchRunner {
  private:
   struct Finished;
   class Results;
-  class Sink;
+  class Answer;
+  class ChoiceSink;
 
   // False when the engine's queue is full (try again later); a request the API refuses gets
   // its line at once.

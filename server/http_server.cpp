@@ -18,7 +18,7 @@
 #include "server/on_demand_thread_pool.h"
 #include "server/openai_protocol.h"
 #include "server/peer_connection.h"
-#include "server/queue_sink.h"
+#include "server/response_queue.h"
 
 namespace pipeline {
 
@@ -128,16 +128,40 @@ class ActiveResponse {
   std::atomic<int64_t>& active_;
 };
 
-// A streaming response: the connection thread pulls the request's events and writes each as
-// a server-sent event until the end or until the client goes away.
+// The requests of one API call, one per choice, and how each ended.
+class CallChoices {
+ public:
+  CallChoices(Engine& engine, std::vector<std::shared_ptr<Request>> requests)
+      : engine_(engine), requests_(std::move(requests)), completions_(requests_.size()) {}
+
+  const std::vector<std::shared_ptr<Request>>& requests() const { return requests_; }
+  // Records that `choice` finished; true once every choice has.
+  bool finish(int choice, const Completion& completion) {
+    completions_.at(size_t(choice)) = completion;
+    return ++finished_ == requests_.size();
+  }
+  const std::vector<Completion>& completions() const { return completions_; }
+  // The client left, or a choice failed: every choice still running ends now.
+  void cancel_all() {
+    for (const auto& request : requests_) engine_.cancel(*request);
+  }
+
+ private:
+  Engine& engine_;
+  std::vector<std::shared_ptr<Request>> requests_;
+  std::vector<Completion> completions_;
+  size_t finished_ = 0;
+};
+
+// A streaming response: the connection thread pulls the call's events and writes each as a
+// server-sent event until every choice has ended, or until the client goes away.
 class EventStream {
  public:
-  EventStream(Engine& engine, std::shared_ptr<Request> request, std::shared_ptr<QueueSink> sink,
-              ResponseBuilder builder, bool include_usage, SinkEvent first,
+  EventStream(std::shared_ptr<CallChoices> choices, std::shared_ptr<ResponseQueue> queue,
+              ResponseBuilder builder, bool include_usage, ChoiceEvent first,
               std::unique_ptr<ActiveResponse> active)
-      : engine_(engine),
-        request_(std::move(request)),
-        sink_(std::move(sink)),
+      : choices_(std::move(choices)),
+        queue_(std::move(queue)),
         builder_(std::move(builder)),
         include_usage_(include_usage),
         pending_(std::move(first)),
@@ -148,12 +172,14 @@ class EventStream {
     std::string text;
     if (!opened_) {
       opened_ = true;
-      if (request_->chat) text += sse_event(builder_.role_chunk());
+      if (choices_->requests().front()->chat)
+        for (int i = 0; i < int(choices_->requests().size()); ++i)
+          text += sse_event(builder_.role_chunk(i));
     }
-    std::optional<SinkEvent> event = std::move(pending_);
+    std::optional<ChoiceEvent> event = std::move(pending_);
     pending_.reset();
-    if (!event) event = sink_->next(kEventPoll);
-    // Nothing to send while the sequence waits (preempted, say): a write would not tell whether
+    if (!event) event = queue_->next(kEventPoll);
+    // Nothing to send while the sequences wait (preempted, say): a write would not tell whether
     // the client is still there, so ask the socket.
     if (!event && text.empty() && !out.is_writable()) return client_gone();
     if (event) text += render(*event);
@@ -168,34 +194,37 @@ class EventStream {
   }
 
  private:
-  std::string render(SinkEvent& event) {
-    if (auto* delta = std::get_if<Delta>(&event)) {
+  std::string render(ChoiceEvent& event) {
+    if (auto* delta = std::get_if<Delta>(&event.event)) {
       if (delta->text.empty() && delta->tokens.empty()) return {};
-      return sse_event(builder_.delta_chunk(*delta));
+      return sse_event(builder_.delta_chunk(*delta, event.choice));
     }
-    ended_ = true;
     // A stream ends with [DONE] after an error too, as vLLM's does: clients that read until
-    // [DONE] would otherwise take the error for a broken connection.
-    if (auto* error = std::get_if<RequestError>(&event))
+    // [DONE] would otherwise take the error for a broken connection. The other choices end.
+    if (auto* error = std::get_if<RequestError>(&event.event)) {
+      ended_ = true;
+      choices_->cancel_all();
       return sse_event(error_body(*error)) + std::string(kSseDone);
-    const auto& completion = std::get<Completion>(event);
-    std::string text = sse_event(builder_.finish_chunk(completion.reason));
-    if (include_usage_) text += sse_event(builder_.usage_chunk(completion));
+    }
+    const auto& completion = std::get<Completion>(event.event);
+    std::string text = sse_event(builder_.finish_chunk(completion.reason, event.choice));
+    if (!choices_->finish(event.choice, completion)) return text;
+    ended_ = true;
+    if (include_usage_) text += sse_event(builder_.usage_chunk(choices_->completions()));
     text += kSseDone;
     return text;
   }
 
   bool client_gone() {
-    engine_.cancel(*request_);
+    choices_->cancel_all();
     return false;
   }
 
-  Engine& engine_;
-  std::shared_ptr<Request> request_;
-  std::shared_ptr<QueueSink> sink_;
+  std::shared_ptr<CallChoices> choices_;
+  std::shared_ptr<ResponseQueue> queue_;
   ResponseBuilder builder_;
   bool include_usage_;
-  std::optional<SinkEvent> pending_;
+  std::optional<ChoiceEvent> pending_;
   std::unique_ptr<ActiveResponse> active_;
   bool opened_ = false;
   bool ended_ = false;
@@ -239,7 +268,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
 struct HttpServer::Impl {
   explicit Impl(Engine& engine_ref)
       : engine(engine_ref),
-        served{engine_ref.model_name(), engine_ref.config().sampling},
+        served(served_model(engine_ref.model_name(), engine_ref.config())),
         created(std::time(nullptr)) {
     // A completion request holds its connection thread until it ends, so every request the
     // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when
@@ -375,10 +404,11 @@ struct HttpServer::Impl {
     } catch (const ApiError& e) {
       return reply_error(res, e.error());
     }
-    auto sink = std::make_shared<QueueSink>();
-    parsed.request->sink = sink;
+    auto queue = std::make_shared<ResponseQueue>();
+    auto requests = choice_requests(parsed);
+    for (size_t i = 0; i < requests.size(); ++i) requests[i]->sink = queue->sink_for(int(i));
     if (stopping.load()) return reply_error(res, shutting_down_error());
-    switch (engine.submit(parsed.request)) {
+    switch (engine.submit(requests)) {
       case SubmitStatus::Accepted:
         break;
       case SubmitStatus::QueueFull:
@@ -390,20 +420,25 @@ struct HttpServer::Impl {
       case SubmitStatus::ShuttingDown:
         return reply_error(res, shutting_down_error());
     }
-    ResponseBuilder builder(*parsed.request, parsed.options, served.name,
-                            [this](int32_t token) { return engine.tokenizer().token_text(token); });
+    auto choices = std::make_shared<CallChoices>(engine, std::move(requests));
+    ResponseBuilder builder(
+        *parsed.request, parsed.options, served.name,
+        [this](int32_t token) { return engine.tokenizer().token_text(token); }, parsed.choices);
     const PeerConnection peer(req.remote_addr, req.remote_port, port);
     // Nothing is committed before the first event, so an error the pipeline raises before the
     // first token (a prompt longer than the context, say) still gets its own status.
-    std::optional<SinkEvent> first = wait_event(*sink, peer, *parsed.request);
+    std::optional<ChoiceEvent> first = wait_event(*queue, peer, *choices);
     if (!first) return reply_error(res, client_gone_error());
-    if (auto* error = std::get_if<RequestError>(&*first)) return reply_error(res, *error);
+    if (auto* error = std::get_if<RequestError>(&first->event)) {
+      choices->cancel_all();
+      return reply_error(res, *error);
+    }
     if (!parsed.options.stream)
-      return reply_whole(res, *sink, peer, *parsed.request, builder, std::move(*first));
+      return reply_whole(res, *queue, peer, *choices, builder, std::move(*first));
     // From here the stream's writes tell whether the client is still there.
-    auto stream = std::make_shared<EventStream>(engine, parsed.request, sink, std::move(builder),
-                                                parsed.options.include_usage, std::move(*first),
-                                                std::move(active_response));
+    auto stream = std::make_shared<EventStream>(std::move(choices), std::move(queue),
+                                                std::move(builder), parsed.options.include_usage,
+                                                std::move(*first), std::move(active_response));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -411,31 +446,33 @@ struct HttpServer::Impl {
         [stream](bool success) { stream->released(success); });
   }
 
-  // The request's next event; nothing when its client left first, and then the request is
+  // The call's next event; nothing when its client left first, and then every choice is
   // cancelled.
-  std::optional<SinkEvent> wait_event(QueueSink& sink, const PeerConnection& peer,
-                                      Request& request) {
+  std::optional<ChoiceEvent> wait_event(ResponseQueue& queue, const PeerConnection& peer,
+                                        CallChoices& choices) {
     while (true) {
-      if (auto event = sink.next(kEventPoll)) return event;
+      if (auto event = queue.next(kEventPoll)) return event;
       if (peer.closed()) {
-        engine.cancel(request);
+        choices.cancel_all();
         return std::nullopt;
       }
     }
   }
 
-  // Collects the whole answer, or gives up when the client leaves.
-  void reply_whole(httplib::Response& res, QueueSink& sink, const PeerConnection& peer,
-                   Request& request, ResponseBuilder& builder, SinkEvent event) {
+  // Collects every choice's whole answer, or gives up when the client leaves or a choice fails.
+  void reply_whole(httplib::Response& res, ResponseQueue& queue, const PeerConnection& peer,
+                   CallChoices& choices, ResponseBuilder& builder, ChoiceEvent event) {
     while (true) {
-      if (auto* delta = std::get_if<Delta>(&event)) {
-        builder.append(*delta);
-      } else if (auto* completion = std::get_if<Completion>(&event)) {
-        return reply_json(res, 200, builder.whole_response(*completion));
+      if (auto* delta = std::get_if<Delta>(&event.event)) {
+        builder.append(*delta, event.choice);
+      } else if (auto* completion = std::get_if<Completion>(&event.event)) {
+        if (choices.finish(event.choice, *completion))
+          return reply_json(res, 200, builder.whole_response(choices.completions()));
       } else {
-        return reply_error(res, std::get<RequestError>(event));
+        choices.cancel_all();
+        return reply_error(res, std::get<RequestError>(event.event));
       }
-      std::optional<SinkEvent> next = wait_event(sink, peer, request);
+      std::optional<ChoiceEvent> next = wait_event(queue, peer, choices);
       if (!next) return reply_error(res, client_gone_error());
       event = std::move(*next);
     }

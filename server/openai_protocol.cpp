@@ -1,5 +1,6 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <climits>
@@ -107,10 +108,10 @@ void refuse_unsupported(Endpoint endpoint, const json& body) {
                   "alternatives in logprobs");
 }
 
-// n and best_of: several choices per request are not implemented.
-void require_single_choice(const json& body, const char* name) {
-  const int count = read_int(body, name, 1, 1, INT_MAX);
-  if (count > 1) throw invalid(name, std::string(name) + " > 1 is not supported");
+// best_of: choosing the likeliest of several sequences is not implemented.
+void require_single_best_of(const json& body) {
+  if (read_int(body, "best_of", 1, 1, INT_MAX) > 1)
+    throw invalid("best_of", "best_of > 1 is not supported");
 }
 
 std::string random_id(std::string_view prefix) {
@@ -319,6 +320,11 @@ json parse_json_body(std::string_view body) {
   return value;
 }
 
+ServedModel served_model(std::string name, const ServeConfig& config) {
+  // A call's choices wait in the queue together: more than it holds could never be accepted.
+  return {std::move(name), config.sampling, std::min(128, config.server.max_queue)};
+}
+
 ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const ServedModel& model) {
   if (!body.is_object()) throw invalid("", "The request body must be a JSON object.");
   check_model(body, model);
@@ -332,9 +338,9 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   } else {
     request.prompt = read_prompt(body);
     if (read_bool(body, "echo", false)) throw invalid("echo", "echo is not supported");
-    require_single_choice(body, "best_of");
+    require_single_best_of(body);
   }
-  require_single_choice(body, "n");
+  parsed.choices = read_int(body, "n", 1, 1, model.max_choices);
   refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
   request.max_tokens = read_max_tokens(endpoint, body, model.defaults.max_tokens);
@@ -363,8 +369,27 @@ std::string sse_event(const json& payload) {
   return "data: " + to_json_text(payload) + "\n\n";
 }
 
+std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed) {
+  if (parsed.choices == 1) return {parsed.request};
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < parsed.choices; ++i) {
+    auto choice = std::make_shared<Request>(*parsed.request);
+    choice->id.append("-").append(std::to_string(i));
+    if (choice->sampling.seed) *choice->sampling.seed += uint64_t(i);
+    requests.push_back(std::move(choice));
+  }
+  return requests;
+}
+
+Completion total_usage(std::span<const Completion> choices) {
+  Completion total;
+  if (!choices.empty()) total.prompt_tokens = choices.front().prompt_tokens;
+  for (const Completion& c : choices) total.completion_tokens += c.completion_tokens;
+  return total;
+}
+
 ResponseBuilder::ResponseBuilder(const Request& request, const ResponseOptions& options,
-                                 std::string model, TokenTextFn token_text)
+                                 std::string model, TokenTextFn token_text, int choices)
     : id_(request.id),
       chat_(request.chat),
       logprobs_(request.sampling.logprobs),
@@ -374,7 +399,8 @@ ResponseBuilder::ResponseBuilder(const Request& request, const ResponseOptions& 
                    .count()),
       model_(std::move(model)),
       token_text_(std::move(token_text)),
-      text_offset_(request.chat ? 0 : request.prompt.size()) {}
+      choices_(size_t(choices), ChoiceText{{}, nullptr, request.chat ? 0 : request.prompt.size()}) {
+}
 
 json ResponseBuilder::chunk_envelope() const {
   json chunk = {{"id", id_},
@@ -387,83 +413,92 @@ json ResponseBuilder::chunk_envelope() const {
   return chunk;
 }
 
-json ResponseBuilder::role_chunk() const {
+json ResponseBuilder::role_chunk(int choice) const {
   json chunk = chunk_envelope();
-  chunk["choices"].push_back({{"index", 0},
+  chunk["choices"].push_back({{"index", choice},
                               {"delta", {{"role", "assistant"}, {"content", ""}}},
                               {"logprobs", nullptr},
                               {"finish_reason", nullptr}});
   return chunk;
 }
 
-json ResponseBuilder::delta_chunk(const Delta& delta) {
+json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
   json chunk = chunk_envelope();
-  json choice = {{"index", 0}, {"logprobs", logprobs(delta.tokens)}, {"finish_reason", nullptr}};
+  json entry = {{"index", choice},
+                {"logprobs", logprobs(delta.tokens, choices_.at(size_t(choice)))},
+                {"finish_reason", nullptr}};
   if (chat_)
-    choice["delta"] = {{"content", delta.text}};
+    entry["delta"] = {{"content", delta.text}};
   else
-    choice["text"] = delta.text;
-  chunk["choices"].push_back(std::move(choice));
+    entry["text"] = delta.text;
+  chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
 
-json ResponseBuilder::finish_chunk(FinishReason reason) const {
+json ResponseBuilder::finish_chunk(FinishReason reason, int choice) const {
   json chunk = chunk_envelope();
-  json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+  json entry = {
+      {"index", choice}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
   if (chat_)
-    choice["delta"] = json::object();
+    entry["delta"] = json::object();
   else
-    choice["text"] = "";
-  chunk["choices"].push_back(std::move(choice));
+    entry["text"] = "";
+  chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
 
-json ResponseBuilder::usage_chunk(const Completion& completion) const {
+json ResponseBuilder::usage_chunk(std::span<const Completion> choices) const {
   json chunk = chunk_envelope();
-  chunk["usage"] = usage(completion);
+  chunk["usage"] = usage(choices);
   return chunk;
 }
 
-void ResponseBuilder::append(const Delta& delta) {
-  text_ += delta.text;
-  json part = logprobs(delta.tokens);
+void ResponseBuilder::append(const Delta& delta, int choice) {
+  ChoiceText& state = choices_.at(size_t(choice));
+  state.text += delta.text;
+  json part = logprobs(delta.tokens, state);
   if (part.is_null()) return;
-  if (collected_logprobs_.is_null()) {
-    collected_logprobs_ = std::move(part);
+  if (state.logprobs.is_null()) {
+    state.logprobs = std::move(part);
     return;
   }
   // Both formats are objects of parallel arrays: extend each.
   for (auto& [key, values] : part.items())
     if (values.is_array())
-      for (auto& v : values) collected_logprobs_[key].push_back(std::move(v));
+      for (auto& v : values) state.logprobs[key].push_back(std::move(v));
 }
 
-json ResponseBuilder::whole_response(const Completion& completion) const {
-  json choice = {{"index", 0},
-                 {"logprobs", collected_logprobs_},
-                 {"finish_reason", finish_reason_name(completion.reason)}};
-  if (chat_)
-    choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
-  else
-    choice["text"] = text_;
+json ResponseBuilder::whole_response(std::span<const Completion> choices) const {
+  json entries = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceText& state = choices_.at(i);
+    json entry = {{"index", i},
+                  {"logprobs", state.logprobs},
+                  {"finish_reason", finish_reason_name(choices[i].reason)}};
+    if (chat_)
+      entry["message"] = {{"role", "assistant"}, {"content", state.text}, {"refusal", nullptr}};
+    else
+      entry["text"] = state.text;
+    entries.push_back(std::move(entry));
+  }
   return {{"id", id_},
           {"object", chat_ ? "chat.completion" : "text_completion"},
           {"created", created_},
           {"model", model_},
-          {"choices", json::array({std::move(choice)})},
-          {"usage", usage(completion)}};
+          {"choices", std::move(entries)},
+          {"usage", usage(choices)}};
 }
 
-json ResponseBuilder::usage(const Completion& completion) const {
-  return {{"prompt_tokens", completion.prompt_tokens},
-          {"completion_tokens", completion.completion_tokens},
-          {"total_tokens", completion.prompt_tokens + completion.completion_tokens}};
+json ResponseBuilder::usage(std::span<const Completion> choices) {
+  const Completion total = total_usage(choices);
+  return {{"prompt_tokens", total.prompt_tokens},
+          {"completion_tokens", total.completion_tokens},
+          {"total_tokens", total.prompt_tokens + total.completion_tokens}};
 }
 
-json ResponseBuilder::logprobs(const std::vector<TokenOutput>& tokens) {
+json ResponseBuilder::logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice) {
   if (!logprobs_) return nullptr;
-  return chat_ ? chat_logprobs(tokens) : completion_logprobs(tokens);
+  return chat_ ? chat_logprobs(tokens) : completion_logprobs(tokens, choice);
 }
 
 // {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
@@ -487,7 +522,8 @@ json ResponseBuilder::chat_logprobs(const std::vector<TokenOutput>& tokens) cons
 }
 
 // {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}
-json ResponseBuilder::completion_logprobs(const std::vector<TokenOutput>& tokens) {
+json ResponseBuilder::completion_logprobs(const std::vector<TokenOutput>& tokens,
+                                          ChoiceText& choice) {
   json result = {{"tokens", json::array()},
                  {"token_logprobs", json::array()},
                  {"top_logprobs", json::array()},
@@ -499,8 +535,8 @@ json ResponseBuilder::completion_logprobs(const std::vector<TokenOutput>& tokens
     result["tokens"].push_back(token.text);
     result["token_logprobs"].push_back(json_logprob(token.logprob));
     result["top_logprobs"].push_back(std::move(top));
-    result["text_offset"].push_back(text_offset_);
-    text_offset_ += token.text.size();
+    result["text_offset"].push_back(choice.text_offset);
+    choice.text_offset += token.text.size();
   }
   return result;
 }

@@ -6,8 +6,9 @@
 // - `model` is required and must be the served model's name; any other name is a 404
 //   model_not_found. There is no "default" alias, so a client never silently talks to a model
 //   it did not name.
-// - n and best_of must be 1, echo must be false, a prompt is one string (or a list holding
-//   one string): anything else is a 400 that names the parameter.
+// - n choices are n sequences of the same prompt, sampled independently (a seeded request's
+//   choice i draws with seed + i); best_of must be 1, echo must be false, a prompt is one string
+//   (or a list holding one string): anything else is a 400 that names the parameter.
 // - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
@@ -17,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -45,7 +47,11 @@ enum class Endpoint { ChatCompletions, Completions };
 struct ServedModel {
   std::string name;
   SamplingDefaults defaults;  // for parameters a request leaves out
+  int max_choices = 128;      // n at most (OpenAI's limit, or fewer: what the queue can hold)
 };
+
+// The model as a server with `config` serves it under `name`.
+ServedModel served_model(std::string name, const ServeConfig& config);
 
 // How the answer is delivered; the rest of the request is in Request.
 struct ResponseOptions {
@@ -56,7 +62,15 @@ struct ResponseOptions {
 struct ParsedRequest {
   std::shared_ptr<Request> request;  // id, messages or prompt, sampling, limits; no sink yet
   ResponseOptions options;
+  int choices = 1;  // n
 };
+
+// The engine requests of a parsed call, one per choice (no sinks yet): the request itself when
+// n is 1; else copies named <id>-<i> in the logs, choice i of a seeded request with seed + i.
+std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed);
+
+// What the usage of a call's choices adds up to: the prompt once, every choice's tokens.
+Completion total_usage(std::span<const Completion> choices);
 
 // The body as JSON; throws ApiError 400 when it is not a JSON object.
 nlohmann::json parse_json_body(std::string_view body);
@@ -80,31 +94,39 @@ std::string to_json_text(const nlohmann::json& value);
 // byte-fallback piece as its byte.
 using TokenTextFn = std::function<std::string(int32_t token)>;
 
-// Builds the response objects of one request: the chunks of a stream, or the whole answer
-// from the deltas collected with append().
+// Builds the response objects of one API call: the chunks of a stream, or the whole answer
+// from the deltas collected with append(). Choices are numbered from 0.
 class ResponseBuilder {
  public:
   // `token_text` names the top-logprob alternatives (a Delta carries only their ids).
   ResponseBuilder(const Request& request, const ResponseOptions& options, std::string model,
-                  TokenTextFn token_text);
+                  TokenTextFn token_text, int choices = 1);
 
-  // Streaming. A chat stream opens with role_chunk(); every stream ends with
-  // finish_chunk(), then usage_chunk() when include_usage, then kSseDone.
-  nlohmann::json role_chunk() const;
-  nlohmann::json delta_chunk(const Delta& delta);
-  nlohmann::json finish_chunk(FinishReason reason) const;
-  nlohmann::json usage_chunk(const Completion& completion) const;
+  // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
+  // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
+  nlohmann::json role_chunk(int choice = 0) const;
+  nlohmann::json delta_chunk(const Delta& delta, int choice = 0);
+  nlohmann::json finish_chunk(FinishReason reason, int choice = 0) const;
+  nlohmann::json usage_chunk(std::span<const Completion> choices) const;
 
-  // Non-streaming: collect every delta, then build chat.completion or text_completion.
-  void append(const Delta& delta);
-  nlohmann::json whole_response(const Completion& completion) const;
+  // Non-streaming: collect every delta, then build chat.completion or text_completion from
+  // every choice's completion.
+  void append(const Delta& delta, int choice = 0);
+  nlohmann::json whole_response(std::span<const Completion> choices) const;
 
  private:
+  // A choice's answer so far (non-streaming) and its place in the text (completions logprobs).
+  struct ChoiceText {
+    std::string text;
+    nlohmann::json logprobs;
+    size_t text_offset = 0;  // byte offset of the next token in prompt+text
+  };
+
   nlohmann::json chunk_envelope() const;
-  nlohmann::json usage(const Completion& completion) const;
-  nlohmann::json logprobs(const std::vector<TokenOutput>& tokens);
+  static nlohmann::json usage(std::span<const Completion> choices);
+  nlohmann::json logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice);
   nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
-  nlohmann::json completion_logprobs(const std::vector<TokenOutput>& tokens);
+  nlohmann::json completion_logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice);
 
   std::string id_;
   bool chat_;
@@ -113,9 +135,7 @@ class ResponseBuilder {
   int64_t created_;
   std::string model_;
   TokenTextFn token_text_;
-  size_t text_offset_;  // completions logprobs: byte offset of the next token in prompt+text
-  std::string text_;    // non-streaming: the answer so far
-  nlohmann::json collected_logprobs_;
+  std::vector<ChoiceText> choices_;
 };
 
 }  // namespace pipeline

@@ -198,7 +198,7 @@ json chat(const std::string& question, int max_tokens) {
           {"temperature", 0}};
 }
 
-// Six requests the model answers (greedy), and two the API refuses.
+// Six requests the model answers (greedy; one with two choices), and two the API refuses.
 std::string mixed_batch() {
   std::string text;
   const std::vector<std::string> prompts = {"Once upon a time", "The dog", "Lily wanted to",
@@ -206,7 +206,9 @@ std::string mixed_batch() {
   for (size_t i = 0; i < prompts.size(); ++i)
     text += request_line(numbered("c", i), "/v1/completions", completion(prompts[i], 24));
   text += request_line("chat0", "/v1/chat/completions", chat("Tell me a story.", 24));
-  text += request_line("chat1", "/v1/chat/completions", chat("What is a cat?", 24));
+  json two = chat("What is a cat?", 24);
+  two["n"] = 2;
+  text += request_line("chat1", "/v1/chat/completions", two);
   json hot = completion("x", 4);
   hot["temperature"] = 5;
   text += request_line("too-hot", "/v1/completions", hot);
@@ -257,6 +259,11 @@ TEST_F(BatchCommandTest, AnswersEveryRequestAsTheApiWouldAndRefusalsAsErrorLines
     EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant") << id;
     EXPECT_GT(body["usage"]["completion_tokens"].get<int>(), 0) << id;
   }
+  const json& two = results["chat1"]["response"]["body"];
+  ASSERT_EQ(two["choices"].size(), 2u);
+  EXPECT_EQ(two["choices"][1]["index"], 1);
+  EXPECT_EQ(two["choices"][0]["message"], two["choices"][1]["message"]) << "greedy choices";
+  EXPECT_EQ(two["usage"]["completion_tokens"].get<int>() % 2, 0);
   const json& hot = results["too-hot"]["response"];
   EXPECT_EQ(hot["status_code"], 400);
   EXPECT_EQ(hot["body"]["error"]["param"], "temperature");

@@ -318,6 +318,21 @@ TEST(Engine, AFullQueueRefusesAndShutdownFailsWhatIsLeft) {
   EXPECT_EQ(engine.submit(make_request(kPrompts[3], 8)), SubmitStatus::ShuttingDown);
 }
 
+TEST(Engine, TheChoicesOfOneCallAreAcceptedTogetherOrNotAtAll) {
+  Engine engine(make_config("{window_ms: 60000}", /*max_queue=*/3));
+  ASSERT_EQ(engine.submit(make_request(kPrompts[0], 8)), SubmitStatus::Accepted);
+  const std::vector<std::shared_ptr<Request>> three = {
+      make_request(kPrompts[1], 8), make_request(kPrompts[1], 8), make_request(kPrompts[1], 8)};
+  EXPECT_EQ(engine.submit(three), SubmitStatus::QueueFull);
+  for (const auto& r : three) EXPECT_FALSE(r->sequence_number.has_value());
+  EXPECT_EQ(engine.metrics().waiting_sequences.value(), 1);
+  const std::vector<std::shared_ptr<Request>> two = {make_request(kPrompts[2], 8),
+                                                     make_request(kPrompts[2], 8)};
+  EXPECT_EQ(engine.submit(two), SubmitStatus::Accepted);
+  EXPECT_EQ(engine.metrics().waiting_sequences.value(), 3);
+  engine.shutdown(0ms);
+}
+
 TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
   Engine engine(make_config("{window_ms: 0}"));
   auto a = make_request(kPrompts[5], 32);

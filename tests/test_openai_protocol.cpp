@@ -185,11 +185,35 @@ TEST(ParseRequest, AnotherModelIsNotFound) {
   EXPECT_NE(error.message.find("gpt-4"), std::string::npos);
 }
 
-TEST(ParseRequest, NMustBeOne) {
-  const RequestError error = rejection(Endpoint::ChatCompletions, with(chat_body(), "n", 2));
-  EXPECT_EQ(error.http_status, 400);
-  EXPECT_EQ(error.param, "n");
-  EXPECT_EQ(error.message, "n > 1 is not supported");
+TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
+  const ParsedRequest one = parse_chat(chat_body());
+  EXPECT_EQ(one.choices, 1);
+  EXPECT_EQ(choice_requests(one), (std::vector{one.request}));
+
+  const ParsedRequest three = parse_completion(with(with(completion_body(), "n", 3), "seed", 40));
+  const auto requests = choice_requests(three);
+  ASSERT_EQ(requests.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(requests[i]->id, three.request->id + "-" + std::to_string(i));
+    EXPECT_EQ(requests[i]->sampling.seed, 40u + i);
+    EXPECT_EQ(requests[i]->prompt, "Once upon a time");
+    EXPECT_NE(requests[i], three.request);
+  }
+  // Unseeded choices draw from the engine's per-sequence seeds.
+  for (const auto& request : choice_requests(parse_chat(with(chat_body(), "n", 2))))
+    EXPECT_FALSE(request->sampling.seed.has_value());
+
+  // At most what the server's queue holds.
+  ServedModel small = served_model();
+  small.max_choices = 4;
+  const json five = with(chat_body(), "n", 5);
+  try {
+    parse_openai_request(Endpoint::ChatCompletions, five, small);
+    FAIL() << "n beyond max_choices was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.error().param, "n");
+    EXPECT_EQ(e.error().message, "'n' must be between 1 and 4, got 5.");
+  }
 }
 
 TEST(ParseRequest, MalformedJsonIsRefused) {
@@ -462,6 +486,11 @@ std::shared_ptr<Request> request_from(Endpoint endpoint, const json& body,
   return parsed.request;
 }
 
+// The endings of a call with one choice.
+std::vector<Completion> one(Completion completion) {
+  return {completion};
+}
+
 Delta delta(std::string text, std::vector<TokenOutput> tokens = {}) {
   return Delta{std::move(text), std::move(tokens)};
 }
@@ -503,7 +532,7 @@ TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
   ResponseBuilder builder(*request, options, "stories260K", token_text);
   EXPECT_TRUE(builder.delta_chunk(delta("x")).at("usage").is_null());
   EXPECT_TRUE(builder.finish_chunk(FinishReason::Stop).at("usage").is_null());
-  const json usage = builder.usage_chunk(Completion{FinishReason::Stop, 10, 4});
+  const json usage = builder.usage_chunk(one({FinishReason::Stop, 10, 4}));
   EXPECT_EQ(usage["object"], "chat.completion.chunk");
   EXPECT_EQ(usage["choices"], json::array());
   EXPECT_EQ(usage["usage"],
@@ -530,7 +559,7 @@ TEST(Responses, WholeChatCompletion) {
   ResponseBuilder builder(*request, options, "stories260K", token_text);
   builder.append(delta("Once"));
   builder.append(delta(" upon"));
-  const json response = builder.whole_response(Completion{FinishReason::Stop, 7, 2});
+  const json response = builder.whole_response(one({FinishReason::Stop, 7, 2}));
   EXPECT_EQ(response["id"], request->id);
   EXPECT_EQ(response["object"], "chat.completion");
   EXPECT_EQ(response["model"], "stories260K");
@@ -550,7 +579,7 @@ TEST(Responses, WholeTextCompletion) {
   auto request = request_from(Endpoint::Completions, completion_body(), options);
   ResponseBuilder builder(*request, options, "stories260K", token_text);
   builder.append(delta(" there was"));
-  const json response = builder.whole_response(Completion{FinishReason::Length, 5, 3});
+  const json response = builder.whole_response(one({FinishReason::Length, 5, 3}));
   EXPECT_EQ(response["object"], "text_completion");
   EXPECT_EQ(response["choices"][0]["text"], " there was");
   EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
@@ -584,7 +613,7 @@ TEST(Responses, ChatLogprobsFormat) {
 
   builder.append(delta(" the cat", two_tokens()));
   builder.append(delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}));
-  const json whole = builder.whole_response(Completion{})["choices"][0]["logprobs"];
+  const json whole = builder.whole_response(one({}))["choices"][0]["logprobs"];
   ASSERT_EQ(whole["content"].size(), 3u);
   EXPECT_EQ(whole["content"][2]["token"], " sat");
 }
@@ -604,6 +633,46 @@ TEST(Responses, CompletionLogprobsFormatWithOffsetsAfterThePrompt) {
   const json next = builder.delta_chunk(
       delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}))["choices"][0]["logprobs"];
   EXPECT_EQ(next["text_offset"], json({prompt_length + 8}));
+}
+
+TEST(Responses, ChoicesAreNumberedAndTheirUsageAddsUp) {
+  ResponseOptions options;
+  json body = with(with(chat_body(), "n", 2), "stream", true);
+  body["stream_options"] = {{"include_usage", true}};
+  auto request = request_from(Endpoint::ChatCompletions, body, options);
+  ResponseBuilder builder(*request, options, "stories260K", token_text, 2);
+  EXPECT_EQ(builder.role_chunk(1)["choices"][0]["index"], 1);
+  EXPECT_EQ(builder.delta_chunk(delta("b"), 1)["choices"][0]["index"], 1);
+  EXPECT_EQ(builder.finish_chunk(FinishReason::Stop, 1)["choices"][0]["index"], 1);
+  const std::vector<Completion> ends = {{FinishReason::Length, 6, 3}, {FinishReason::Stop, 6, 2}};
+  EXPECT_EQ(builder.usage_chunk(ends)["usage"],
+            json({{"prompt_tokens", 6}, {"completion_tokens", 5}, {"total_tokens", 11}}));
+
+  ResponseBuilder whole(*request, options, "stories260K", token_text, 2);
+  whole.append(delta("Once"), 0);
+  whole.append(delta("Tim"), 1);
+  whole.append(delta(" upon"), 0);
+  const json response = whole.whole_response(ends);
+  ASSERT_EQ(response["choices"].size(), 2u);
+  EXPECT_EQ(response["choices"][0]["index"], 0);
+  EXPECT_EQ(response["choices"][0]["message"]["content"], "Once upon");
+  EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(response["choices"][1]["index"], 1);
+  EXPECT_EQ(response["choices"][1]["message"]["content"], "Tim");
+  EXPECT_EQ(response["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(response["usage"]["completion_tokens"], 5);
+}
+
+TEST(Responses, CompletionLogprobOffsetsAreEachChoicesOwn) {
+  ResponseOptions options;
+  auto request = request_from(Endpoint::Completions,
+                              with(with(completion_body(), "logprobs", 0), "n", 2), options);
+  const size_t prompt_length = request->prompt.size();
+  ResponseBuilder builder(*request, options, "stories260K", token_text, 2);
+  builder.delta_chunk(delta(" the cat", two_tokens()), 0);
+  const json other = builder.delta_chunk(delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}),
+                                         1)["choices"][0]["logprobs"];
+  EXPECT_EQ(other["text_offset"], json({prompt_length}));
 }
 
 TEST(Responses, InvalidUtf8BecomesReplacementCharacters) {

@@ -11,6 +11,7 @@
 #include <future>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +97,8 @@ struct Stream {
   bool done = false;  // ended with data: [DONE]
   std::string text;
   std::string finish_reason;
+  std::map<int, std::string> choice_texts;  // by choice index
+  std::map<int, std::string> choice_finish_reasons;
   Clock::time_point first_content_time{};
 };
 
@@ -116,7 +119,11 @@ void parse_events(Stream& stream, std::string& pending, Clock::time_point now) {
       if (!piece.empty() && stream.first_content_time == Clock::time_point{})
         stream.first_content_time = now;
       stream.text += piece;
-      if (!choice["finish_reason"].is_null()) stream.finish_reason = choice["finish_reason"];
+      stream.choice_texts[choice["index"].get<int>()] += piece;
+      if (!choice["finish_reason"].is_null()) {
+        stream.finish_reason = choice["finish_reason"];
+        stream.choice_finish_reasons[choice["index"].get<int>()] = choice["finish_reason"];
+      }
     }
     stream.events.push_back(std::move(payload));
     stream.event_times.push_back(now);
@@ -272,6 +279,52 @@ TEST_F(ServerE2E, ChatStreamingAndWholeAnswersAreIdentical) {
   }
 }
 
+// Choice i of a seeded call with n choices draws with seed + i: a one-choice call with that seed
+// is its reference, whole or streamed.
+TEST_F(ServerE2E, NChoicesAreSampledApartAndEachStreamsUnderItsIndex) {
+  json body = with(with(completion_body("Once upon a time", 24), "temperature", 1.0), "seed", 11);
+  const Reply three = post(port(), "/v1/completions", with(body, "n", 3));
+  ASSERT_EQ(three.status, 200) << three.raw;
+  ASSERT_EQ(three.body["choices"].size(), 3u);
+  int completion_tokens = 0;
+  std::set<std::string> texts;
+  std::vector<Reply> alone;
+  for (int i = 0; i < 3; ++i) {
+    alone.push_back(post(port(), "/v1/completions", with(body, "seed", 11 + i)));
+    const json& choice = three.body["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["text"], alone[i].body["choices"][0]["text"]) << "choice " << i;
+    EXPECT_EQ(choice["finish_reason"], alone[i].body["choices"][0]["finish_reason"]);
+    completion_tokens += alone[i].body["usage"]["completion_tokens"].get<int>();
+    texts.insert(choice["text"].get<std::string>());
+  }
+  EXPECT_EQ(texts.size(), 3u) << "the choices should differ";
+  EXPECT_EQ(three.body["usage"]["prompt_tokens"], alone[0].body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(three.body["usage"]["completion_tokens"], completion_tokens);
+
+  json streamed = with(body, "n", 3);
+  streamed["stream_options"] = {{"include_usage", true}};
+  const Stream stream = post_stream(port(), "/v1/completions", streamed);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  EXPECT_TRUE(stream.done);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(stream.choice_texts.at(i), three.body["choices"][i]["text"]) << "choice " << i;
+    EXPECT_EQ(stream.choice_finish_reasons.at(i), three.body["choices"][i]["finish_reason"]);
+  }
+  EXPECT_EQ(stream.events.back()["usage"], three.body["usage"]);
+
+  // A chat stream opens with the assistant's role for every choice.
+  const Stream chat =
+      post_stream(port(), "/v1/chat/completions", with(chat_body("Tell me a story.", 8), "n", 2));
+  ASSERT_EQ(chat.status, 200) << chat.raw;
+  ASSERT_GE(chat.events.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(chat.events[size_t(i)]["choices"][0]["index"], i);
+    EXPECT_EQ(chat.events[size_t(i)]["choices"][0]["delta"]["role"], "assistant");
+  }
+  EXPECT_EQ(chat.choice_texts.at(0), chat.choice_texts.at(1)) << "greedy choices are alike";
+}
+
 TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
   const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
                                .body["choices"][0]["text"];
@@ -408,20 +461,24 @@ TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
 }
 
 TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
-  const double failed_before = metric(port(), "pipeline_requests_failed_total");
-  const double generated_before = metric(port(), "pipeline_generation_tokens_total");
-  json body = completion_body("Once upon a time", 480);
-  body["ignore_eos"] = true;
-  body["stream"] = true;
-  stream_then_hang_up(port(), body);
+  for (int choices : {1, 3}) {
+    SCOPED_TRACE("n = " + std::to_string(choices));
+    const double failed_before = metric(port(), "pipeline_requests_failed_total");
+    const double generated_before = metric(port(), "pipeline_generation_tokens_total");
+    json body = completion_body("Once upon a time", 480);
+    body["ignore_eos"] = true;
+    body["stream"] = true;
+    body["n"] = choices;
+    stream_then_hang_up(port(), body);
 
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (metric(port(), "pipeline_kv_blocks_used") != 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(metric(port(), "pipeline_kv_blocks_used"), 0);
-  // It was cut short (cancelled), not run to its end.
-  EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed_before, 1);
-  EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (metric(port(), "pipeline_kv_blocks_used") != 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(metric(port(), "pipeline_kv_blocks_used"), 0);
+    // Every choice was cut short (cancelled), not run to its end.
+    EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed_before, choices);
+    EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480 * choices);
+  }
   // And the server goes on serving.
   EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
@@ -473,8 +530,8 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
       {"POST", "/v1/chat/completions",
        json{{"model", "gpt-4"}, {"messages", good["messages"]}}.dump(), 404, "model",
        "model_not_found", "gpt-4"},
-      {"POST", "/v1/chat/completions", with(good, "n", 2).dump(), 400, "n", "",
-       "n > 1 is not supported"},
+      {"POST", "/v1/chat/completions", with(good, "n", 1000).dump(), 400, "n", "",
+       "'n' must be between 1 and"},
       {"POST", "/v1/chat/completions", with(good, "temperature", 5).dump(), 400, "temperature", "",
        "temperature"},
       {"POST", "/v1/chat/completions", with(good, "messages", "hi").dump(), 400, "messages", "",

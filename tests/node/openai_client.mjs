@@ -100,8 +100,18 @@ check('errors surface as the client\'s error classes', async () => {
     client.chat.completions.create({ model, messages, temperature: 7 }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'temperature');
   await assert.rejects(
-    client.chat.completions.create({ model, messages, n: 2 }),
-    (e) => e instanceof OpenAI.BadRequestError && /n > 1 is not supported/.test(e.message));
+    client.chat.completions.create({ model, messages, n: 1000 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'n');
+});
+
+check('n choices come numbered, whole and streamed', async () => {
+  const request = { model, messages, n: 2, max_tokens: 8, temperature: 0 };
+  const whole = await client.chat.completions.create(request);
+  assert.deepEqual(whole.choices.map((c) => c.index), [0, 1]);
+  const texts = ['', ''];
+  for await (const chunk of await client.chat.completions.create({ ...request, stream: true }))
+    for (const choice of chunk.choices) texts[choice.index] += choice.delta.content ?? '';
+  assert.deepEqual(texts, whole.choices.map((c) => c.message.content));
 });
 
 check('the model is listed', async () => {
