@@ -36,7 +36,9 @@ constexpr const char* kUsage =
     "  --concurrency C     most requests in flight at once (default N: all together)\n"
     "  --max-tokens T      tokens every request generates; ignore_eos makes it exact (1024)\n"
     "  --prompt TEXT       the prompt of every request, or\n"
-    "  --prompt-tokens P   a prompt of P words 'a', P tokens to a LLaMA tokenizer (default 32)\n"
+    "  --prompt-tokens P   a prompt of P words 'a' or 'the', P tokens to a LLaMA tokenizer\n"
+    "                      (default 32); the first 16 words spell the request's number, so no\n"
+    "                      two requests share a cached prefix\n"
     "  --chat              POST /v1/chat/completions (default: /v1/completions)\n"
     "  --model NAME        the model to ask for (default: the first of GET /v1/models)\n"
     "  --temperature X     sampling temperature (default 0: greedy)\n"
@@ -49,7 +51,8 @@ struct BenchSettings {
   int requests = 16;
   int concurrency = 16;
   int max_tokens = 1024;
-  std::string prompt;
+  std::string prompt;        // every request's, or
+  int64_t prompt_words = 0;  // words of a prompt of its own per request (prompt_for)
   bool chat = false;
   std::string model;  // empty: ask the server
   double temperature = 0.0;
@@ -89,11 +92,7 @@ BenchSettings settings_from(Options& options) {
     if (prompt->empty()) throw UsageError("--prompt must not be empty");
     s.prompt = *prompt;
   } else {
-    // " a" is one token of a LLaMA sentencepiece vocabulary; the server adds BOS (and, for chat,
-    // its template). The usage chunks report the exact count.
-    const int64_t words = positive(options, "--prompt-tokens", 32);
-    s.prompt = "a";
-    for (int64_t i = 1; i < words; ++i) s.prompt += " a";
+    s.prompt_words = positive(options, "--prompt-tokens", 32);
   }
   s.chat = options.flag("--chat");
   s.model = options.get("--model", "");
@@ -121,17 +120,32 @@ std::string served_model(const SseClient& client) {
   return models["data"][0]["id"].get<std::string>();
 }
 
-json request_body(const BenchSettings& s) {
+// Request `number`'s prompt. "a" and "the" are one token each to a LLaMA sentencepiece
+// vocabulary; the server adds BOS (and, for chat, its template), and the usage chunks report the
+// exact count. The first 16 words spell the number in binary: prompts that share a first block
+// would be served from the server's prefix cache, and the benchmark would measure the cache.
+std::string prompt_for(const BenchSettings& s, int number) {
+  if (s.prompt_words == 0) return s.prompt;
+  std::string prompt;
+  for (int64_t i = 0; i < s.prompt_words; ++i) {
+    if (i > 0) prompt += ' ';
+    prompt += i < 16 && (number >> i) & 1 ? "the" : "a";
+  }
+  return prompt;
+}
+
+json request_body(const BenchSettings& s, int number) {
   json body = {{"model", s.model},
                {"max_tokens", s.max_tokens},
                {"temperature", s.temperature},
                {"ignore_eos", true},
                {"stream", true},
                {"stream_options", {{"include_usage", true}}}};
+  const std::string prompt = prompt_for(s, number);
   if (s.chat)
-    body["messages"] = json::array({{{"role", "user"}, {"content", s.prompt}}});
+    body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
   else
-    body["prompt"] = s.prompt;
+    body["prompt"] = prompt;
   return body;
 }
 
@@ -215,7 +229,6 @@ RequestResult run_request(const SseClient& client, const BenchSettings& s,
 
 // All requests, at most s.concurrency in flight: one thread each, released together.
 std::vector<RequestResult> run_all(const SseClient& client, const BenchSettings& s) {
-  const std::string body = request_body(s).dump();
   std::vector<RequestResult> results(size_t(s.requests));
   std::atomic<int> next{0};
   std::latch start(1);
@@ -224,7 +237,7 @@ std::vector<RequestResult> run_all(const SseClient& client, const BenchSettings&
     workers.emplace_back([&] {
       start.wait();
       for (int i; (i = next.fetch_add(1)) < s.requests;)
-        results[size_t(i)] = run_request(client, s, body);
+        results[size_t(i)] = run_request(client, s, request_body(s, i).dump());
     });
   start.count_down();
   for (auto& worker : workers) worker.join();
