@@ -87,6 +87,9 @@ std::string Metrics::prometheus_text() const {
               double(requests_failed.value()));
   write_value(out, "pipeline_prompt_tokens_total", "counter", "Prompt tokens tokenized.",
               double(prompt_tokens.value()));
+  write_value(out, "pipeline_prefix_cache_hit_tokens_total", "counter",
+              "Prompt tokens whose keys and values came from the prefix cache, not computed.",
+              double(prefix_cache_hit_tokens.value()));
   write_value(out, "pipeline_generation_tokens_total", "counter", "Tokens generated.",
               double(generated_tokens.value()));
   write_value(out, "pipeline_prefill_batches_total", "counter", "Prefill forward passes.",

@@ -67,6 +67,7 @@ class Metrics {
   Counter requests_finished;  // ended with a completion
   Counter requests_failed;    // ended with an error (refused, cancelled, shutdown)
   Counter prompt_tokens;
+  Counter prefix_cache_hit_tokens;  // prompt tokens whose keys and values came from the cache
   Counter generated_tokens;
   Counter prefill_batches;
   Histogram prefill_batch_size;   // prompts (whole or a chunk) per prefill batch

@@ -18,6 +18,7 @@ Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_s
                      Metrics& metrics)
     : limits_{std::chrono::milliseconds(config.window_ms), config.max_batch, config.max_num_seqs,
               block_size, config.max_prefill_tokens},
+      prefix_caching_(config.enable_prefix_caching),
       num_blocks_(num_blocks),
       metrics_(metrics),
       blocks_(num_blocks),
@@ -78,7 +79,7 @@ void Scheduler::apply(Message& message) {
 
 void Scheduler::apply_step(StepResult& result) {
   busy_ = false;
-  for (const auto& seq : result.failed) release(*seq);
+  for (const auto& seq : result.failed) release_failed(*seq);
   for (const auto& seq : result.retry) --seq->computed;  // its one token, again next pass
   for (const auto& out : result.outputs)
     if (out.finish) release(*out.seq);
@@ -113,9 +114,15 @@ void Scheduler::schedule_next(Clock::time_point now) {
   static const NvtxName kRange("schedule");
   NvtxRange range(kRange);
   drop_ended();
+  // The last pass's blocks become matchable before anyone is admitted.
+  for (const auto& [id, s] : running_) register_computed(*s);
   std::vector<WaitingSequence> waiting;
-  for (const auto& s : waiting_)
-    waiting.push_back({s->number, int(s->tokens.size()), s->queued_at, s->window_closed});
+  for (const auto& s : waiting_) {
+    WaitingSequence w{s->number, int(s->tokens.size()), s->queued_at, s->window_closed};
+    // Only the first max_batch can be admitted in one pass: the rest need no lookup yet.
+    if (int(waiting.size()) < limits_.max_batch) look_up_prefix(*s, w);
+    waiting.push_back(w);
+  }
   std::vector<RunningSequence> running;
   for (const auto& [id, s] : running_)
     running.push_back({id, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size())});
@@ -135,6 +142,31 @@ void Scheduler::schedule_next(Clock::time_point now) {
   }
 }
 
+// The cached blocks that hold the sequence's first tokens; at least its last token is left to
+// compute, for the logits its first sampled token needs.
+void Scheduler::look_up_prefix(Sequence& seq, WaitingSequence& w) {
+  seq.cached_prefix = {};
+  if (!prefix_caching_) return;
+  const int max_blocks = (int(seq.tokens.size()) - 1) / limits_.block_size;
+  seq.cached_prefix = blocks_.match(seq.tokens, limits_.block_size, max_blocks);
+  w.cached = int(seq.cached_prefix.blocks.size()) * limits_.block_size;
+  for (int32_t block : seq.cached_prefix.blocks) w.cached_in_use += blocks_.in_use(block);
+}
+
+// Registers the sequence's full blocks whose keys and values are computed, so that others (or
+// itself after a preemption) can start from them.
+void Scheduler::register_computed(Sequence& seq) {
+  if (!prefix_caching_) return;
+  const int full = std::min(seq.computed, int(seq.tokens.size())) / limits_.block_size;
+  for (int i = seq.registered_blocks; i < full; ++i) {
+    const auto tokens =
+        std::span(seq.tokens)
+            .subspan(size_t(i) * size_t(limits_.block_size), size_t(limits_.block_size));
+    seq.chain_hash = blocks_.register_block(seq.block_table[size_t(i)], seq.chain_hash, tokens);
+  }
+  seq.registered_blocks = std::max(seq.registered_blocks, full);
+}
+
 void Scheduler::preempt(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) {  // newest first, so the oldest ends up at the front
     SequencePtr seq = std::move(running_.extract(id).mapped());
@@ -150,21 +182,34 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
 }
 
 // Newcomers join the running set with blocks for all of their tokens, so the later chunks of a
-// long prompt never wait for blocks.
+// long prompt never wait for blocks. Each first takes the cached blocks its lookup found, then
+// the new ones: taking new blocks first could evict a cached block another newcomer counts on.
 void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
+  std::vector<SequencePtr> admitted;
   for (const PromptChunk& chunk : chunks) {
     auto it = std::find_if(waiting_.begin(), waiting_.end(),
                            [&](const auto& s) { return s->number == chunk.id; });
     SequencePtr seq = *it;
     waiting_.erase(it);
     seq->waiting.leave(metrics_.waiting_sequences);
+    for (int32_t block : seq->cached_prefix.blocks) blocks_.share(block);
+    seq->block_table = seq->cached_prefix.blocks;
+    seq->registered_blocks = int(seq->block_table.size());
+    seq->chain_hash = seq->cached_prefix.hash;
+    seq->computed = seq->registered_blocks * limits_.block_size;
+    seq->cached_prefix = {};
+    metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
+    admitted.push_back(std::move(seq));
+  }
+  for (auto& seq : admitted) {
     if (!blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size)) {
       fail_kv_exhausted(*seq);
+      release_failed(*seq);
       continue;
     }
     seq->prefill_end = int(seq->tokens.size());
     seq->window_closed = false;
-    running_.emplace(chunk.id, std::move(seq));
+    running_.emplace(seq->number, std::move(seq));
   }
 }
 
@@ -219,7 +264,14 @@ void Scheduler::schedule_again() {
 }
 
 void Scheduler::release(Sequence& seq) {
+  register_computed(seq);
+  release_failed(seq);
+}
+
+void Scheduler::release_failed(Sequence& seq) {
   blocks_.release_all(seq.block_table);
+  seq.registered_blocks = 0;
+  seq.chain_hash = BlockManager::kRootHash;
 }
 
 void Scheduler::end_decode_run() {

@@ -46,6 +46,8 @@ class Scheduler {
   void apply_step(StepResult& result);
   void drop_ended();
   void schedule_next(Clock::time_point now);
+  void look_up_prefix(Sequence& seq, WaitingSequence& w);
+  void register_computed(Sequence& seq);
   void preempt(const std::vector<uint64_t>& ids);
   void admit(const std::vector<PromptChunk>& chunks);
   // Adds the running sequence's next `tokens` tokens to a batch, or fails the sequence if the
@@ -55,11 +57,15 @@ class Scheduler {
   void start_prefill(const SchedulerDecision& decision);
   void start_decode(const std::vector<uint64_t>& ids);
   void schedule_again();
+  // Frees the sequence's blocks; its computed full blocks stay in the prefix cache.
   void release(Sequence& seq);
+  // Frees the blocks of a sequence whose last pass failed: its cache contents may be unfinished.
+  void release_failed(Sequence& seq);
   void end_decode_run();
   void update_gauges();
 
   SchedulerLimits limits_;
+  bool prefix_caching_;
   int num_blocks_;
   Metrics& metrics_;
 

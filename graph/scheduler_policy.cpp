@@ -90,18 +90,19 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
     if (budget == 0) break;
     if (int(decision.admitted.size()) >= limits.max_batch) break;
     if (int(running.size() + decision.admitted.size()) >= limits.max_num_seqs) break;
-    const int n = std::min(w.tokens, budget);
-    const int after = prompt_after + w.tokens - n;
+    const int to_compute = w.tokens - w.cached;
+    const int n = std::min(to_compute, budget);
+    const int after = prompt_after + to_compute - n;
     const int more = growth(decoders, passes_for(after, limits), limits.block_size) - reserved;
     // Its prompt and, right after, its first decoded token; the decoders' longer wait.
-    const int need = blocks_for(w.tokens + 1, limits.block_size) + more;
+    const int need = blocks_for(w.tokens + 1, limits.block_size) - w.cached_in_use + more;
     if (need > available) break;
     available -= need;
     reserved += more;
     prompt_after = after;
     budget -= n;
     decision.admitted.push_back({w.id, n});
-    if (n == w.tokens) decoders.push_back(w.tokens + 1);  // its need counts its first token
+    if (n == to_compute) decoders.push_back(w.tokens + 1);  // its need counts its first token
   }
 }
 

@@ -8,9 +8,12 @@
 //    places or prompt-token budget) go as soon as there is room.
 //  - Admission in arrival order (the head blocks the rest, so nobody starves) while
 //    max_batch, max_num_seqs, free blocks and the pass's prompt-token budget allow. A sequence
-//    is admitted only when the blocks for its tokens plus its first decoded token fit beside
-//    what the running sequences need for their next step, and, while prompts are being
+//    is admitted only when the blocks for its tokens plus its first decoded token (less the
+//    cached ones that running sequences hold already) fit beside what the running sequences need
+//    for their next step, and, while prompts are being
 //    prefilled in chunks, for the decoding sequences' growth until the last chunk.
+//  - Prefix cache: a newcomer's cached first tokens are not computed again; its prefill, and
+//    the budget it takes, starts after them.
 //  - Chunked prefill: a pass computes at most max_prefill_tokens prompt tokens, unfinished
 //    prompts first (oldest first), then the newcomers'; the last prompt to get tokens may get
 //    only its first part and continues in the next pass. The decoding sequences' tokens ride
@@ -41,9 +44,11 @@ struct SchedulerLimits {
 
 struct WaitingSequence {
   uint64_t id = 0;
-  int tokens = 0;              // tokens its prefill computes (prompt, plus any generated before)
+  int tokens = 0;              // tokens its prefill covers (prompt, plus any generated before)
   Clock::time_point queued;    // arrival (a preempted sequence keeps its own)
   bool window_closed = false;  // a window already closed over it (it was left for lack of room)
+  int cached = 0;              // of its tokens, the first ones the prefix cache holds
+  int cached_in_use = 0;       // blocks of those held by running sequences (not free)
 };
 
 struct RunningSequence {

@@ -93,6 +93,9 @@ class FieldReader {
            "must be at most " + std::to_string(max) + (why.empty() ? "" : " (" + why + ")"));
     return int(value);
   }
+  bool boolean(const YAML::Node& node, const std::string& field) const {
+    return scalar<bool>(node, field, "true or false");
+  }
   double number(const YAML::Node& node, const std::string& field) const {
     return scalar<double>(node, field, "a number");
   }
@@ -153,8 +156,8 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
   r.require_map(node, "scheduler");
   r.check_keys(node, "scheduler",
-               {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "kv_block_size",
-                "kv_cache_fraction", "kv_cache_blocks"});
+               {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens",
+                "enable_prefix_caching", "kv_block_size", "kv_cache_fraction", "kv_cache_blocks"});
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
@@ -162,6 +165,9 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
                                "each running request holds a connection thread");
   if (node["max_prefill_tokens"])
     s.max_prefill_tokens = r.integer(node["max_prefill_tokens"], "scheduler.max_prefill_tokens", 1);
+  if (node["enable_prefix_caching"])
+    s.enable_prefix_caching =
+        r.boolean(node["enable_prefix_caching"], "scheduler.enable_prefix_caching");
   if (node["kv_block_size"])
     s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1, 1024);
   if (node["kv_cache_fraction"]) {

@@ -30,7 +30,8 @@ struct SchedulerSection {
   int window_ms = 200;  // batch window for new requests; 0 = no wait
   int max_batch = 16;   // most prompts prefilled together
   int max_num_seqs = 64;
-  int max_prefill_tokens = 2048;  // prompt tokens per forward pass; longer prompts go in chunks
+  int max_prefill_tokens = 2048;      // prompt tokens per forward pass; longer prompts go in chunks
+  bool enable_prefix_caching = true;  // reuse the KV blocks of a prompt's cached first tokens
   int kv_block_size = 16;
   double kv_cache_fraction = 0.9;  // of free device memory (CUDA)
   int kv_cache_blocks = 0;  // explicit pool size; 0 = derive (CPU: max_num_seqs full contexts)

@@ -22,19 +22,30 @@ BlockManager::BlockManager(int num_blocks) {
     throw std::invalid_argument("BlockManager: num_blocks must be at least 0, got " +
                                 std::to_string(num_blocks));
   ref_counts_.assign(size_t(num_blocks), 0);
+  contents_.resize(size_t(num_blocks));
   // Highest id at the bottom of the stack, so blocks are handed out 0, 1, 2, ... at first.
   free_.reserve(size_t(num_blocks));
   for (int32_t block = num_blocks - 1; block >= 0; --block) free_.push_back(block);
 }
 
 int32_t BlockManager::allocate() {
-  if (free_.empty())
+  if (free_.empty() && evictable_.empty())
     throw std::runtime_error("KV cache full: all " + std::to_string(num_total()) +
                              " blocks are in use");
+  if (free_.empty()) evict(evictable_.front());
   const int32_t block = free_.back();
   free_.pop_back();
   ref_counts_[block] = 1;
   return block;
+}
+
+// An evictable block gives up its contents and joins the plain free list.
+void BlockManager::evict(int32_t block) {
+  Content& content = contents_[size_t(block)];
+  evictable_.erase(content.evictable_at);
+  cached_.erase(content.hash);
+  content = Content{};
+  free_.push_back(block);
 }
 
 void BlockManager::retain(int32_t block) {
@@ -49,7 +60,12 @@ void BlockManager::release(int32_t block) {
   if (ref_counts_[block] == 0)
     throw std::logic_error("BlockManager::release: block " + std::to_string(block) +
                            " is already free (double free)");
-  if (--ref_counts_[block] == 0) free_.push_back(block);
+  if (--ref_counts_[block] > 0) return;
+  Content& content = contents_[size_t(block)];
+  if (content.registered)
+    content.evictable_at = evictable_.insert(evictable_.end(), block);
+  else
+    free_.push_back(block);
 }
 
 void BlockManager::release_all(std::vector<int32_t>& table) {
@@ -66,6 +82,65 @@ bool BlockManager::ensure_capacity(std::vector<int32_t>& table, int tokens, int 
   if (!can_allocate(int(needed - table.size()))) return false;
   while (table.size() < needed) table.push_back(allocate());
   return true;
+}
+
+uint64_t BlockManager::chain_hash(uint64_t parent, std::span<const int32_t> tokens) {
+  // splitmix64's finaliser over the chain so far and each token in turn.
+  uint64_t h = parent;
+  for (int32_t token : tokens) {
+    h += 0x9e3779b97f4a7c15ull + uint32_t(token);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+uint64_t BlockManager::register_block(int32_t block, uint64_t parent,
+                                      std::span<const int32_t> tokens) {
+  check_block(block, num_total(), "register_block");
+  if (ref_counts_[block] == 0)
+    throw std::logic_error("BlockManager::register_block: block " + std::to_string(block) +
+                           " is free");
+  const uint64_t hash = chain_hash(parent, tokens);
+  Content& content = contents_[size_t(block)];
+  if (content.registered || cached_.contains(hash)) return hash;
+  content.registered = true;
+  content.hash = hash;
+  content.parent = parent;
+  content.tokens.assign(tokens.begin(), tokens.end());
+  cached_.emplace(hash, block);
+  return hash;
+}
+
+PrefixMatch BlockManager::match(std::span<const int32_t> tokens, int block_size,
+                                int max_blocks) const {
+  PrefixMatch found;
+  found.hash = kRootHash;
+  const int blocks = std::min(max_blocks, int(tokens.size()) / block_size);
+  for (int i = 0; i < blocks; ++i) {
+    const auto block_tokens = tokens.subspan(size_t(i) * size_t(block_size), size_t(block_size));
+    const uint64_t hash = chain_hash(found.hash, block_tokens);
+    const auto it = cached_.find(hash);
+    if (it == cached_.end()) break;
+    // The tokens and the chain before them, compared, not only hashed.
+    const Content& content = contents_[size_t(it->second)];
+    if (content.parent != found.hash || !std::equal(block_tokens.begin(), block_tokens.end(),
+                                                    content.tokens.begin(), content.tokens.end()))
+      break;
+    found.blocks.push_back(it->second);
+    found.hash = hash;
+  }
+  return found;
+}
+
+void BlockManager::share(int32_t block) {
+  check_block(block, num_total(), "share");
+  Content& content = contents_[size_t(block)];
+  if (!content.registered)
+    throw std::logic_error("BlockManager::share: block " + std::to_string(block) +
+                           " holds no cached prefix");
+  if (ref_counts_[block]++ == 0) evictable_.erase(content.evictable_at);
 }
 
 }  // namespace pipeline

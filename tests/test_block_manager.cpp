@@ -1,9 +1,12 @@
 // BlockManager: a free list with reference counts. Blocks come out once each until freed,
 // shared blocks return only with their last reference, and misuse is an error, never a
-// silently corrupted pool.
+// silently corrupted pool. The prefix cache finds registered blocks by their tokens and those
+// before them, keeps them after their last reference until a block is needed, and then gives
+// up the least recently freed first.
 #include <gtest/gtest.h>
 
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -96,6 +99,91 @@ TEST(BlockManager, ReleaseAllFreesTheTableAndEmptiesIt) {
   blocks.release_all(table);
   EXPECT_TRUE(table.empty());
   EXPECT_EQ(blocks.num_used(), 1);
+}
+
+constexpr int kBlock = 4;
+
+// Allocates a table for `tokens` (whole blocks) and registers every block, as the scheduler
+// does once their keys and values are computed.
+std::vector<int32_t> register_all(BlockManager& blocks, const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> table;
+  EXPECT_TRUE(blocks.ensure_capacity(table, int(tokens.size()), kBlock));
+  uint64_t hash = BlockManager::kRootHash;
+  for (size_t i = 0; i < table.size(); ++i)
+    hash = blocks.register_block(table[i], hash, std::span(tokens).subspan(i * kBlock, kBlock));
+  return table;
+}
+
+TEST(BlockManager, AMatchIsTheLongestRegisteredPrefixOfWholeBlocks) {
+  BlockManager blocks(8);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const auto table = register_all(blocks, tokens);
+  EXPECT_EQ(blocks.num_cached(), 3);
+
+  EXPECT_EQ(blocks.match(tokens, kBlock, 3).blocks, table);
+  EXPECT_EQ(blocks.match(tokens, kBlock, 2).blocks, (std::vector{table[0], table[1]}));
+  // A longer sequence with the same start; a partial last block is never matched.
+  std::vector<int32_t> longer = tokens;
+  longer.insert(longer.end(), {13, 14});
+  EXPECT_EQ(blocks.match(longer, kBlock, 10).blocks, table);
+  // A different second block ends the match there, even if the third block's tokens agree.
+  std::vector<int32_t> other = tokens;
+  other[5] = 99;
+  EXPECT_EQ(blocks.match(other, kBlock, 3).blocks, (std::vector{table[0]}));
+  // The same tokens after a different start match nothing: a block is its whole prefix.
+  const std::vector<int32_t> shifted = {9, 10, 11, 12};
+  EXPECT_TRUE(blocks.match(shifted, kBlock, 1).blocks.empty());
+  const auto found = blocks.match(tokens, kBlock, 3);
+  EXPECT_EQ(found.hash,
+            BlockManager::chain_hash(
+                BlockManager::chain_hash(
+                    BlockManager::chain_hash(BlockManager::kRootHash, {tokens.data(), 4}),
+                    {tokens.data() + 4, 4}),
+                {tokens.data() + 8, 4}));
+}
+
+TEST(BlockManager, ReleasedCachedBlocksStayFindableUntilEvictedLeastRecentlyFreedFirst) {
+  BlockManager blocks(3);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto table = register_all(blocks, a);
+  const int32_t plain = blocks.allocate();
+  blocks.release(table[1]);
+  blocks.release(table[0]);  // freed after table[1]
+  EXPECT_EQ(blocks.num_free(), 2) << "evictable blocks count as free";
+  EXPECT_EQ(blocks.num_used(), 1);
+  EXPECT_EQ(blocks.match(a, kBlock, 2).blocks, table);
+
+  // A match takes them back without allocating.
+  blocks.share(table[0]);
+  EXPECT_TRUE(blocks.in_use(table[0]));
+  EXPECT_EQ(blocks.num_free(), 1);
+  blocks.release(table[0]);  // now freed after table[1] again
+
+  // New blocks come from the plain free list first, then from the least recently freed.
+  blocks.release(plain);
+  EXPECT_EQ(blocks.allocate(), plain);
+  EXPECT_EQ(blocks.allocate(), table[1]);
+  EXPECT_EQ(blocks.match(a, kBlock, 2).blocks, (std::vector{table[0]}))
+      << "an evicted block is no longer found, and nothing after it";
+  EXPECT_EQ(blocks.num_cached(), 1);
+  EXPECT_EQ(blocks.allocate(), table[0]);
+  EXPECT_EQ(blocks.num_cached(), 0);
+  EXPECT_THROW(blocks.allocate(), std::runtime_error);
+}
+
+TEST(BlockManager, ContentCachedOnceStaysWithItsFirstBlock) {
+  BlockManager blocks(4);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4};
+  const auto first = register_all(blocks, tokens);
+  const auto second = register_all(blocks, tokens);
+  EXPECT_EQ(blocks.num_cached(), 1);
+  EXPECT_EQ(blocks.match(tokens, kBlock, 1).blocks, first);
+  auto table = second;
+  blocks.release_all(table);
+  EXPECT_EQ(blocks.num_free(), 3);
+  EXPECT_THROW(blocks.share(second[0]), std::logic_error) << "it holds no cached prefix";
+  EXPECT_THROW(blocks.register_block(second[0], BlockManager::kRootHash, tokens), std::logic_error)
+      << "a free block has no computed contents";
 }
 
 }  // namespace

@@ -211,6 +211,44 @@ TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongsi
   EXPECT_GT(m.prefill_decode_tokens.value(), 0u);
 }
 
+TEST(Engine, APromptSeenBeforeComputesOnlyWhatTheCacheLacksAndAnswersAlike) {
+  std::string prompt = long_prompt();
+  prompt.pop_back();  // no trailing space: the prompt and its answer retokenize as generated
+  const Tokenizer tokenizer(model_dir() / "tokenizer.model");
+  const int prompt_tokens = int(tokenizer.encode(prompt, true).size());
+  const std::string answer = solo().text(prompt, 24, true);
+  Engine engine(make_config("{window_ms: 0}"));
+  auto first = make_request(prompt, 24, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(first), SubmitStatus::Accepted);
+  expect_finished_with(first, answer);
+  EXPECT_EQ(engine.metrics().prefix_cache_hit_tokens.value(), 0u);
+  // Its blocks stay cached, and count as free.
+  const auto deadline = std::chrono::steady_clock::now() + 1s;
+  while (engine.metrics().kv_blocks_used.value() != 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(engine.metrics().kv_blocks_used.value(), 0);
+
+  // Every whole block but the one with the prompt's last token comes from the cache.
+  auto again = make_request(prompt, 24, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(again), SubmitStatus::Accepted);
+  expect_finished_with(again, answer);
+  EXPECT_EQ(engine.metrics().prefix_cache_hit_tokens.value(),
+            uint64_t((prompt_tokens - 1) / 16 * 16));
+
+  // The next turn of a conversation, the first answer in its prompt, finds that answer's
+  // blocks too: all of the first request's computed positions (its last token never was).
+  const std::string next_turn = prompt + answer + " The end";
+  ASSERT_EQ(tokenizer.encode(prompt + answer, true).size(), size_t(prompt_tokens + 24))
+      << "the answer retokenizes differently: the test proves nothing";
+  auto longer = make_request(next_turn, 8, /*ignore_eos=*/true);
+  const auto hits_before = engine.metrics().prefix_cache_hit_tokens.value();
+  ASSERT_EQ(engine.submit(longer), SubmitStatus::Accepted);
+  expect_finished_with(longer, solo().text(next_turn, 8, true));
+  EXPECT_EQ(engine.metrics().prefix_cache_hit_tokens.value() - hits_before,
+            uint64_t((prompt_tokens + 23) / 16 * 16));
+}
+
 TEST(Engine, RequestsAFullBatchBroughtDoNotWaitAnotherWindowForTheirTurnInTheBudget) {
   // Four requests fill max_batch and close the minute-long window at once; the 3-token budget
   // admits one prompt's chunk at a time, and the others follow as the budget frees, not a

@@ -23,10 +23,11 @@ class SchedulerTest : public ::testing::Test {
   static constexpr int kBlockSize = 16;
 
   // A scheduler with no batch window and a pool of kBlocks blocks.
-  void start(int max_prefill_tokens = 2048) {
+  void start(int max_prefill_tokens = 2048, bool prefix_caching = true) {
     SchedulerSection config;
     config.window_ms = 0;
     config.max_prefill_tokens = max_prefill_tokens;
+    config.enable_prefix_caching = prefix_caching;
     scheduler_ = std::make_unique<Scheduler>(config, kBlocks, kBlockSize, metrics_);
   }
 
@@ -74,6 +75,15 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void post(StepResult result) { scheduler_->post(std::move(result), emit_); }
+
+  // Like sampled(), for sequences whose token ends them.
+  static StepResult finished(bool prefill, const std::vector<SequencePtr>& seqs) {
+    StepResult result = sampled(prefill, seqs);
+    for (auto& out : result.outputs) out.finish = FinishReason::Length;
+    return result;
+  }
+
+  const Metrics& metrics() const { return metrics_; }
 
  private:
   Metrics metrics_;
@@ -156,6 +166,41 @@ TEST_F(SchedulerTest, ALongPromptGoesInChunksWithTheRunningSequencesAlongside) {
   EXPECT_EQ(both.seqs[0], decoder);  // by arrival
   EXPECT_EQ(both.batch.seqs[0].start_pos, 9);
   EXPECT_EQ(both.batch.seqs[1].start_pos, 40);
+}
+
+TEST_F(SchedulerTest, APromptSeenBeforeStartsAfterItsCachedBlocks) {
+  start();
+  const SequencePtr first = submit(40);
+  auto pass = std::get<PrefillBatch>(next_batch());
+  const std::vector<int32_t> first_blocks = pass.batch.seqs[0].block_table;
+  post(finished(true, {first}));  // its two full blocks stay cached
+
+  const SequencePtr again = submit(40);
+  auto cached = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(cached.seqs.size(), 1u);
+  EXPECT_EQ(cached.batch.seqs[0].start_pos, 32);
+  EXPECT_EQ(cached.batch.seqs[0].tokens.size(), 8u);
+  const auto& table = cached.batch.seqs[0].block_table;
+  ASSERT_EQ(table.size(), 3u);
+  EXPECT_EQ(table[0], first_blocks[0]);
+  EXPECT_EQ(table[1], first_blocks[1]);
+  EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 32u);
+  post(finished(true, {again}));
+
+  // Its last token is always computed, for the logits of its first sampled token: a prompt of
+  // exactly two blocks takes only the first from the cache.
+  submit(32);
+  EXPECT_EQ(std::get<PrefillBatch>(next_batch()).batch.seqs[0].start_pos, 16);
+}
+
+TEST_F(SchedulerTest, WithoutPrefixCachingEveryPromptIsComputedWhole) {
+  start(2048, /*prefix_caching=*/false);
+  const SequencePtr first = submit(40);
+  std::get<PrefillBatch>(next_batch());
+  post(finished(true, {first}));
+  submit(40);
+  EXPECT_EQ(std::get<PrefillBatch>(next_batch()).batch.seqs[0].start_pos, 0);
+  EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 0u);
 }
 
 }  // namespace

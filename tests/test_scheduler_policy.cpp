@@ -202,6 +202,19 @@ TEST(SchedulerPolicy, PromptsThatFinishInThisPassCountAmongTheDecodersThatGrow) 
   EXPECT_EQ(schedule(two, {}, 2 + 7 + 1, wider, kT0).admitted, (Chunks{{5, 31}, {6, 33}}));
 }
 
+TEST(SchedulerPolicy, CachedTokensAreNotComputedAndCachedBlocksInUseCostNothing) {
+  // 100 tokens, the first 64 in the prefix cache: only 36 are computed, in a smaller chunk.
+  WaitingSequence w{5, 100, kT0, false, 64, 0};
+  EXPECT_EQ(schedule({w}, {}, 7, limits(0, 16, 64, 16, 40), kT0).admitted, (Chunks{{5, 36}}));
+  EXPECT_EQ(schedule({w}, {}, 7, limits(0, 16, 64, 16, 20), kT0).admitted, (Chunks{{5, 20}}));
+  // 7 blocks for its 101 positions; evictable cached blocks are taken from the free ones...
+  EXPECT_TRUE(schedule({w}, {}, 6, limits(0), kT0).admitted.empty());
+  // ...but the 4 that running sequences hold are shared, not taken.
+  w.cached_in_use = 4;
+  EXPECT_EQ(schedule({w}, {}, 3, limits(0), kT0).admitted, (Chunks{{5, 36}}));
+  EXPECT_TRUE(schedule({w}, {}, 2, limits(0), kT0).admitted.empty());
+}
+
 TEST(SchedulerPolicy, NobodyIsAdmittedInAPassThatPreempts) {
   const std::vector<RunningSequence> running = {decoding(1, 33, 2), decoding(2, 33, 2)};
   const auto d = schedule(waiting(1, 1, kT0, 3), running, 1, limits(0), kT0);

@@ -49,6 +49,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
   EXPECT_EQ(config.scheduler.max_batch, 16);
   EXPECT_EQ(config.scheduler.max_num_seqs, 64);
   EXPECT_EQ(config.scheduler.max_prefill_tokens, 2048);
+  EXPECT_TRUE(config.scheduler.enable_prefix_caching);
   EXPECT_EQ(config.scheduler.kv_block_size, 16);
   EXPECT_DOUBLE_EQ(config.scheduler.kv_cache_fraction, 0.9);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 0);
@@ -67,7 +68,7 @@ model: {path: /abs/model, chat_template: raw, name: tiny}
 device: cpu
 threads: 2
 server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1}
-scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40}
+scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, enable_prefix_caching: false, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40}
 sampling: {temperature: 0.7, top_p: 0.9, top_k: 40, repeat_last_n: 64, repetition_penalty: 1.1, seed: 7, max_tokens: 99}
 graph:
   nodes:
@@ -83,6 +84,7 @@ graph:
   EXPECT_EQ(config.server.port, 8080);
   EXPECT_EQ(config.scheduler.window_ms, 0);
   EXPECT_EQ(config.scheduler.max_prefill_tokens, 64);
+  EXPECT_FALSE(config.scheduler.enable_prefix_caching);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 40);
   EXPECT_FLOAT_EQ(config.sampling.params.temperature, 0.7f);
   EXPECT_EQ(config.sampling.params.top_k, 40);
@@ -129,6 +131,10 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":3: field 'scheduler.max_prefill_tokens': must be at least 1");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_prefill_tokens: 99999999999\n"),
             file + ":3: field 'scheduler.max_prefill_tokens': must be at most 2147483647");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  enable_prefix_caching: maybe\n"),
+            file +
+                ":3: field 'scheduler.enable_prefix_caching': expected true or false, got "
+                "'maybe'");
   EXPECT_EQ(error_of("model: {path: m}\ndevice: tpu\n"),
             file + ":2: field 'device': 'tpu' is not one of auto, cpu, cuda");
   EXPECT_EQ(error_of("model: {path: m, chat_template: chatml}\n"),
