@@ -23,7 +23,8 @@ class Engine {
   explicit Engine(const ServeConfig& config);
   ~Engine();  // shuts down with the configured grace
 
-  // Never blocks. QueueFull: the waiting queue holds server.max_queue requests (answer 503).
+  // Never blocks. QueueFull: the waiting queue would hold more than server.max_queue requests
+  // (answer 503).
   SubmitStatus submit(std::shared_ptr<Request> request);
   // Several requests that answer together (the choices of one API call): all are accepted or
   // none is, so a full queue never leaves some of them running.

@@ -79,11 +79,13 @@ std::string Metrics::prometheus_text() const {
     out += "pipeline_stage_queue_depth{stage=\"" + s.node + "\"} " +
            std::to_string(s.queue_depth.value()) + "\n";
 
-  write_value(out, "pipeline_requests_added_total", "counter", "Requests accepted.",
+  write_value(out, "pipeline_requests_added_total", "counter",
+              "Requests accepted (a call with n choices counts n).",
               double(requests_added.value()));
-  write_value(out, "pipeline_requests_finished_total", "counter", "Requests that completed.",
-              double(requests_finished.value()));
-  write_value(out, "pipeline_requests_failed_total", "counter", "Requests that ended in an error.",
+  write_value(out, "pipeline_requests_finished_total", "counter",
+              "Requests (choices) that completed.", double(requests_finished.value()));
+  write_value(out, "pipeline_requests_failed_total", "counter",
+              "Requests (choices) that ended in an error or were cancelled.",
               double(requests_failed.value()));
   write_value(out, "pipeline_prompt_tokens_total", "counter", "Prompt tokens tokenized.",
               double(prompt_tokens.value()));

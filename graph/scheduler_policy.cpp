@@ -61,11 +61,20 @@ int advance_running(const std::vector<RunningSequence>& running, int budget,
   return budget;
 }
 
-// Blocks that sequences reaching `positions` after this pass need for `passes` more passes:
-// they advance one token a pass.
-int growth(const std::vector<int>& positions, int passes, int block_size) {
+// A sequence that decodes during the passes after this one: the positions it holds after this
+// pass, and those its blocks are already counted for.
+struct Decoder {
+  int positions = 0;
+  int covered = 0;
+};
+
+// Blocks the decoders need beyond those counted for `passes` more passes: each advances one
+// position a pass.
+int growth(const std::vector<Decoder>& decoders, int passes, int block_size) {
   int blocks = 0;
-  for (int p : positions) blocks += blocks_for(p + passes, block_size) - blocks_for(p, block_size);
+  for (const Decoder& d : decoders)
+    blocks += std::max(
+        0, blocks_for(d.positions + passes, block_size) - blocks_for(d.covered, block_size));
   return blocks;
 }
 
@@ -82,8 +91,8 @@ int passes_for(int prompt_tokens, const SchedulerLimits& limits) {
 // passes, and so does every newcomer admitted whole before the one with a chunk left.
 void admit(const std::vector<WaitingSequence>& waiting, const std::vector<RunningSequence>& running,
            int available, int budget, const SchedulerLimits& limits, SchedulerDecision& decision) {
-  std::vector<int> decoders;  // positions each decoding sequence reaches after this pass
-  for (const auto& s : running) decoders.push_back(s.tokens);
+  std::vector<Decoder> decoders;
+  for (const auto& s : running) decoders.push_back({s.tokens, s.tokens});
   int prompt_after = 0;  // prompt tokens the newcomers leave for later passes
   int reserved = 0;      // blocks kept for the decoders' growth meanwhile
   for (const auto& w : waiting) {
@@ -102,7 +111,8 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
     prompt_after = after;
     budget -= n;
     decision.admitted.push_back({w.id, n});
-    if (n == to_compute) decoders.push_back(w.tokens + 1);  // its need counts its first token
+    // Whole in this pass: it decodes from the next, its need counting its first token.
+    if (n == to_compute) decoders.push_back({w.tokens, w.tokens + 1});
   }
 }
 

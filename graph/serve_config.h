@@ -22,7 +22,7 @@ struct ServerSection {
   std::string host = "127.0.0.1";
   int port = 2000;
   std::string api_key;  // empty: no authentication
-  int max_queue = 256;  // waiting requests beyond this get 503
+  int max_queue = 256;  // waiting requests (a call's n choices count n) beyond this get 503
   int shutdown_grace_s = 30;
 };
 

@@ -279,7 +279,7 @@ struct HttpServer::Impl {
     const size_t threads =
         size_t(limits.scheduler.max_num_seqs) + size_t(limits.server.max_queue) + 16;
     server.new_task_queue = [threads] { return new ConnectionThreads(threads); };
-    server.set_payload_max_length(16 << 20);
+    server.set_payload_max_length(kMaxRequestBytes);
     // Stream chunks are small writes: send each at once rather than wait for an ACK (Nagle).
     server.set_tcp_nodelay(true);
     // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets a second server
@@ -413,9 +413,10 @@ struct HttpServer::Impl {
         break;
       case SubmitStatus::QueueFull:
         return reply_error(res, make_error(503,
-                                           "The server is overloaded: " +
+                                           "The server is overloaded: its queue of " +
                                                std::to_string(engine.config().server.max_queue) +
-                                               " requests are already waiting. Retry later.",
+                                               " waiting sequences (one per choice) has no room "
+                                               "for this request. Retry later.",
                                            "server_error", "queue_full"));
       case SubmitStatus::ShuttingDown:
         return reply_error(res, shutting_down_error());

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -52,11 +54,19 @@ bool read_bool(const json& body, const char* name, bool fallback) {
   return value->get<bool>();
 }
 
+// A JSON number as float; beyond float's range it becomes an infinity (a plain conversion would
+// be undefined), which the range checks then refuse.
+float to_float(double value) {
+  if (value > std::numeric_limits<float>::max()) return std::numeric_limits<float>::infinity();
+  if (value < -std::numeric_limits<float>::max()) return -std::numeric_limits<float>::infinity();
+  return float(value);
+}
+
 float read_float(const json& body, const char* name, float fallback) {
   const json* value = find_field(body, name);
   if (!value) return fallback;
   if (!value->is_number()) throw wrong_type(name, "a number", *value);
-  return value->get<float>();
+  return to_float(value->get<double>());
 }
 
 // An integer field within [min, max]; `fallback` when it is not given.
@@ -108,10 +118,14 @@ void refuse_unsupported(Endpoint endpoint, const json& body) {
                   "alternatives in logprobs");
 }
 
-// best_of: choosing the likeliest of several sequences is not implemented.
-void require_single_best_of(const json& body) {
-  if (read_int(body, "best_of", 1, 1, INT_MAX) > 1)
-    throw invalid("best_of", "best_of > 1 is not supported");
+// best_of: sampling more sequences than are returned, to return the likeliest, is not
+// implemented; best_of equal to n (every sequence returned) is what n does alone.
+void check_best_of(const json& body, int choices) {
+  const int best_of = read_int(body, "best_of", choices, 1, INT_MAX);
+  if (best_of < choices)
+    throw invalid("best_of", "best_of must be at least n (" + std::to_string(choices) + "), got " +
+                                 std::to_string(best_of));
+  if (best_of > choices) throw invalid("best_of", "best_of > n is not supported");
 }
 
 std::string random_id(std::string_view prefix) {
@@ -251,14 +265,15 @@ void check_sampling_ranges(Endpoint endpoint, const SamplingParams& params) {
   throw invalid(param, problem);
 }
 
-// {"token id": bias, ...}: JSON keys are strings, so the ids come as decimal text. The biases'
-// range is the sampler's (validate()); the vocabulary's is tokenize's.
+// {"token id": bias, ...}: JSON keys are strings, so the ids come as decimal text; two keys for
+// one id ("5", "05") are refused, their order being lost to the JSON object. The biases' range
+// is the sampler's (validate()); the vocabulary's is tokenize's. An empty array is not given.
 std::vector<LogitBias> read_logit_bias(const json& body) {
   const json* value = find_field(body, "logit_bias");
-  if (!value) return {};
+  if (!value || (value->is_array() && value->empty())) return {};
   if (!value->is_object())
     throw wrong_type("logit_bias", "an object mapping token ids to biases", *value);
-  std::vector<LogitBias> biases;
+  std::map<int32_t, float> by_token;
   for (const auto& [key, bias] : value->items()) {
     int32_t token = -1;
     const char* end = key.data() + key.size();
@@ -267,8 +282,12 @@ std::vector<LogitBias> read_logit_bias(const json& body) {
       throw invalid("logit_bias", "Invalid key in 'logit_bias': \"" + key +
                                       "\". Keys must be token ids: non-negative integers.");
     if (!bias.is_number()) throw wrong_type("logit_bias", "numbers as biases", bias);
-    biases.push_back({token, bias.get<float>()});
+    if (!by_token.emplace(token, to_float(bias.get<double>())).second)
+      throw invalid("logit_bias",
+                    "'logit_bias' names token " + std::to_string(token) + " more than once.");
   }
+  std::vector<LogitBias> biases;
+  for (const auto& [token, bias] : by_token) biases.push_back({token, bias});
   return biases;
 }
 
@@ -325,6 +344,16 @@ ServedModel served_model(std::string name, const ServeConfig& config) {
   return {std::move(name), config.sampling, std::min(128, config.server.max_queue)};
 }
 
+// Every choice is a request of its own, with its own copy of the prompt to tokenize.
+void check_choices_size(const Request& request, int choices) {
+  size_t bytes = request.prompt.size();
+  for (const ChatMessage& message : request.messages) bytes += message.content.size();
+  if (choices > 1 && bytes * size_t(choices) > kMaxRequestBytes)
+    throw invalid("n", "n (" + std::to_string(choices) + ") times the prompt's " +
+                           std::to_string(bytes) + " bytes exceeds the " +
+                           std::to_string(kMaxRequestBytes >> 20) + " MiB a request may hold");
+}
+
 ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const ServedModel& model) {
   if (!body.is_object()) throw invalid("", "The request body must be a JSON object.");
   check_model(body, model);
@@ -333,14 +362,15 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   Request& request = *parsed.request;
   request.chat = endpoint == Endpoint::ChatCompletions;
   request.id = random_id(request.chat ? "chatcmpl-" : "cmpl-");
+  parsed.choices = read_int(body, "n", 1, 1, model.max_choices);
   if (request.chat) {
     request.messages = read_messages(body);
   } else {
     request.prompt = read_prompt(body);
     if (read_bool(body, "echo", false)) throw invalid("echo", "echo is not supported");
-    require_single_best_of(body);
+    check_best_of(body, parsed.choices);
   }
-  parsed.choices = read_int(body, "n", 1, 1, model.max_choices);
+  check_choices_size(request, parsed.choices);
   refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
   request.max_tokens = read_max_tokens(endpoint, body, model.defaults.max_tokens);

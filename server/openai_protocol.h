@@ -14,6 +14,7 @@
 //   follow llama.cpp's server.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,6 +72,10 @@ std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parse
 
 // What the usage of a call's choices adds up to: the prompt once, every choice's tokens.
 Completion total_usage(std::span<const Completion> choices);
+
+// The largest request body the server reads. A call's n choices together hold at most this much
+// prompt text, so that n does not multiply what one request may cost.
+inline constexpr size_t kMaxRequestBytes = size_t(16) << 20;
 
 // The body as JSON; throws ApiError 400 when it is not a JSON object.
 nlohmann::json parse_json_body(std::string_view body);

@@ -203,6 +203,15 @@ TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
   for (const auto& request : choice_requests(parse_chat(with(chat_body(), "n", 2))))
     EXPECT_FALSE(request->sampling.seed.has_value());
 
+  // n copies of the prompt fit in what one request may hold.
+  const std::string big(kMaxRequestBytes / 4, 'a');
+  EXPECT_EQ(parse_completion(with(with(completion_body(), "prompt", big), "n", 4)).choices, 4);
+  const RequestError too_big =
+      rejection(Endpoint::Completions, with(with(completion_body(), "prompt", big), "n", 5));
+  EXPECT_EQ(too_big.param, "n");
+  EXPECT_NE(too_big.message.find("exceeds the 16 MiB a request may hold"), std::string::npos)
+      << too_big.message;
+
   // At most what the server's queue holds.
   ServedModel small = served_model();
   small.max_choices = 4;
@@ -274,7 +283,10 @@ std::vector<BadInput> bad_inputs() {
       {completion, with(completion_body(), "prompt", {1, 2, 3}), "prompt", "string"},
       {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
       {completion, with(completion_body(), "echo", true), "echo", "not supported"},
-      {completion, with(completion_body(), "best_of", 3), "best_of", "not supported"},
+      {completion, with(completion_body(), "best_of", 3), "best_of",
+       "best_of > n is not supported"},
+      {completion, with(with(completion_body(), "n", 2), "best_of", 1), "best_of",
+       "best_of must be at least n (2), got 1"},
       {chat, with(chat_body(), "n", 0), "n", "between 1"},
       {chat, with(chat_body(), "n", "1"), "n", "integer"},
       {chat, with(chat_body(), "stream", "true"), "stream", "boolean"},
@@ -319,8 +331,13 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "logit_bias", {{"12x", 1}}), "logit_bias", "Invalid key"},
       {chat, with(chat_body(), "logit_bias", {{"99999999999", 1}}), "logit_bias", "Invalid key"},
       {chat, with(chat_body(), "logit_bias", {{"13", "up"}}), "logit_bias", "numbers as biases"},
+      {chat, with(chat_body(), "logit_bias", {{"5", 1}, {"05", 2}}), "logit_bias",
+       "names token 5 more than once"},
       {completion, with(completion_body(), "logit_bias", {{"13", 101}}), "logit_bias",
        "between -100 and 100"},
+      {completion, with(completion_body(), "logit_bias", {{"13", 1e39}}), "logit_bias",
+       "between -100 and 100, got inf"},
+      {chat, with(chat_body(), "temperature", 1e39), "temperature", "got inf"},
       {completion, with(completion_body(), "suffix", "The end."), "suffix", "not supported"},
       {chat, with(chat_body(), "tools", {{{"type", "function"}}}), "tools", "function calling"},
       {chat, with(chat_body(), "tool_choice", "required"), "tool_choice", "function calling"},
@@ -356,6 +373,10 @@ TEST(ParseRequest, LogitBiasMapsTokenIdsToBiases) {
   EXPECT_EQ(biases, (std::map<int32_t, float>{{7, 2.5f}, {13, -100.0f}}));
   EXPECT_TRUE(
       parse_chat(with(chat_body(), "logit_bias", nullptr)).request->sampling.logit_bias.empty());
+  EXPECT_TRUE(parse_chat(with(chat_body(), "logit_bias", json::array()))
+                  .request->sampling.logit_bias.empty());
+  // best_of equal to n is n alone.
+  EXPECT_EQ(parse_completion(with(with(completion_body(), "n", 2), "best_of", 2)).choices, 2);
 }
 
 // The OpenAI fields this server does not implement pass at their neutral values, and -1 turns

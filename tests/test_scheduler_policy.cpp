@@ -200,6 +200,10 @@ TEST(SchedulerPolicy, PromptsThatFinishInThisPassCountAmongTheDecodersThatGrow) 
   const SchedulerLimits wider = limits(0, 16, 64, 16, 64);
   EXPECT_EQ(schedule(two, {}, 2 + 7, wider, kT0).admitted, (Chunks{{5, 31}}));
   EXPECT_EQ(schedule(two, {}, 2 + 7 + 1, wider, kT0).admitted, (Chunks{{5, 31}, {6, 33}}));
+  // Its first decoded token's block is counted once: 30 tokens reach 32 positions in those two
+  // passes, all in the 2 blocks its own need counts.
+  const std::vector<WaitingSequence> thirty = {{5, 30, kT0}, {6, 100, kT0}};
+  EXPECT_EQ(schedule(thirty, {}, 2 + 7, wider, kT0).admitted, (Chunks{{5, 30}, {6, 34}}));
 }
 
 TEST(SchedulerPolicy, CachedTokensAreNotComputedAndCachedBlocksInUseCostNothing) {
