@@ -7,8 +7,9 @@
 //   model_not_found. There is no "default" alias, so a client never silently talks to a model
 //   it did not name.
 // - n choices are n sequences of the same prompt, sampled independently (a seeded request's
-//   choice i draws with seed + i); best_of must be 1, echo must be false, a prompt is one string
-//   (or a list holding one string): anything else is a 400 that names the parameter.
+//   choice i draws with seed + i); best_of, if given, must equal n; echo must be false; a
+//   prompt is one string (or a list holding one string): anything else is a 400 that names the
+//   parameter.
 // - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
