@@ -61,9 +61,10 @@ class BatchRunner::Answer {
          TokenTextFn token_text, Results& results)
       : input_(input),
         request_id_(parsed.request->id),
-        builder_(*parsed.request, parsed.options, model, std::move(token_text), parsed.choices),
-        completions_(size_t(parsed.choices)),
-        left_(parsed.choices),
+        per_prompt_(parsed.per_prompt),
+        builder_(parsed, model, std::move(token_text)),
+        completions_(size_t(parsed.choices())),
+        left_(parsed.choices()),
         results_(results) {}
 
   void delta(int choice, const Delta& delta) {
@@ -91,11 +92,12 @@ class BatchRunner::Answer {
       return;
     }
     results_.push({&input_, request_id_, 200, builder_.whole_response(completions_),
-                   total_usage(completions_).completion_tokens, false});
+                   total_usage(completions_, per_prompt_).completion_tokens, false});
   }
 
   const BatchInput& input_;
   std::string request_id_;
+  int per_prompt_;
   std::mutex mutex_;
   ResponseBuilder builder_;
   std::vector<Completion> completions_;

@@ -422,9 +422,8 @@ struct HttpServer::Impl {
         return reply_error(res, shutting_down_error());
     }
     auto choices = std::make_shared<CallChoices>(engine, std::move(requests));
-    ResponseBuilder builder(
-        *parsed.request, parsed.options, served.name,
-        [this](int32_t token) { return engine.tokenizer().token_text(token); }, parsed.choices);
+    ResponseBuilder builder(parsed, served.name,
+                            [this](int32_t token) { return engine.tokenizer().token_text(token); });
     const PeerConnection peer(req.remote_addr, req.remote_port, port);
     // Nothing is committed before the first event, so an error the pipeline raises before the
     // first token (a prompt longer than the context, say) still gets its own status.

@@ -195,15 +195,19 @@ std::vector<ChatMessage> read_messages(const json& body) {
   return messages;
 }
 
-std::string read_prompt(const json& body) {
+// A string, or a list of strings: a prompt each. Token ids are refused by their type.
+std::vector<std::string> read_prompts(const json& body) {
   const json* value = find_field(body, "prompt");
   if (!value) throw invalid("prompt", "you must provide a prompt parameter");
-  if (value->is_string()) return value->get<std::string>();
-  if (value->is_array() && value->size() == 1 && (*value)[0].is_string())
-    return (*value)[0].get<std::string>();
-  if (value->is_array() && value->size() > 1 && (*value)[0].is_string())
-    throw invalid("prompt", "a list of several prompts is not supported; send one per request");
-  throw wrong_type("prompt", "a string or a list holding one string", *value);
+  if (value->is_string()) return {value->get<std::string>()};
+  if (!value->is_array() || value->empty())
+    throw wrong_type("prompt", "a string or a list of strings", *value);
+  std::vector<std::string> prompts;
+  for (const json& item : *value) {
+    if (!item.is_string()) throw wrong_type("prompt", "a string or a list of strings", item);
+    prompts.push_back(item.get<std::string>());
+  }
+  return prompts;
 }
 
 std::vector<std::string> read_stop(const json& body) {
@@ -344,12 +348,18 @@ ServedModel served_model(std::string name, const ServeConfig& config) {
   return {std::move(name), config.sampling, std::min(128, config.server.max_queue)};
 }
 
-// Every choice is a request of its own, with its own copy of the prompt to tokenize.
-void check_choices_size(const Request& request, int choices) {
-  size_t bytes = request.prompt.size();
-  for (const ChatMessage& message : request.messages) bytes += message.content.size();
-  if (choices > 1 && bytes * size_t(choices) > kMaxRequestBytes)
-    throw invalid("n", "n (" + std::to_string(choices) + ") times the prompt's " +
+// Every choice is a request of its own: the queue must hold them all, and each has its own copy
+// of its prompt to tokenize.
+void check_choices(const ParsedRequest& parsed, const ServedModel& model) {
+  if (parsed.choices() > model.max_choices)
+    throw invalid("n", "n (" + std::to_string(parsed.per_prompt) + ") times the " +
+                           std::to_string(parsed.prompts.size()) + " prompts makes more than " +
+                           std::to_string(model.max_choices) + " choices");
+  size_t bytes = 0;
+  for (const std::string& prompt : parsed.prompts) bytes += prompt.size();
+  for (const ChatMessage& message : parsed.request->messages) bytes += message.content.size();
+  if (parsed.choices() > 1 && bytes * size_t(parsed.per_prompt) > kMaxRequestBytes)
+    throw invalid("n", "n (" + std::to_string(parsed.per_prompt) + ") times the prompt's " +
                            std::to_string(bytes) + " bytes exceeds the " +
                            std::to_string(kMaxRequestBytes >> 20) + " MiB a request may hold");
 }
@@ -362,15 +372,16 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   Request& request = *parsed.request;
   request.chat = endpoint == Endpoint::ChatCompletions;
   request.id = random_id(request.chat ? "chatcmpl-" : "cmpl-");
-  parsed.choices = read_int(body, "n", 1, 1, model.max_choices);
+  parsed.per_prompt = read_int(body, "n", 1, 1, model.max_choices);
   if (request.chat) {
     request.messages = read_messages(body);
   } else {
-    request.prompt = read_prompt(body);
+    parsed.prompts = read_prompts(body);
+    request.prompt = parsed.prompts.front();
     if (read_bool(body, "echo", false)) throw invalid("echo", "echo is not supported");
-    check_best_of(body, parsed.choices);
+    check_best_of(body, parsed.per_prompt);
   }
-  check_choices_size(request, parsed.choices);
+  check_choices(parsed, model);
   refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
   request.max_tokens = read_max_tokens(endpoint, body, model.defaults.max_tokens);
@@ -400,36 +411,43 @@ std::string sse_event(const json& payload) {
 }
 
 std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed) {
-  if (parsed.choices == 1) return {parsed.request};
+  if (parsed.choices() == 1) return {parsed.request};
   std::vector<std::shared_ptr<Request>> requests;
-  for (int i = 0; i < parsed.choices; ++i) {
+  for (int i = 0; i < parsed.choices(); ++i) {
     auto choice = std::make_shared<Request>(*parsed.request);
     choice->id.append("-").append(std::to_string(i));
-    if (choice->sampling.seed) *choice->sampling.seed += uint64_t(i);
+    if (!parsed.prompts.empty()) choice->prompt = parsed.prompts[size_t(i / parsed.per_prompt)];
+    if (choice->sampling.seed) *choice->sampling.seed += uint64_t(i % parsed.per_prompt);
     requests.push_back(std::move(choice));
   }
   return requests;
 }
 
-Completion total_usage(std::span<const Completion> choices) {
+Completion total_usage(std::span<const Completion> choices, int per_prompt) {
   Completion total;
-  if (!choices.empty()) total.prompt_tokens = choices.front().prompt_tokens;
-  for (const Completion& c : choices) total.completion_tokens += c.completion_tokens;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i % size_t(per_prompt) == 0) total.prompt_tokens += choices[i].prompt_tokens;
+    total.completion_tokens += choices[i].completion_tokens;
+  }
   return total;
 }
 
-ResponseBuilder::ResponseBuilder(const Request& request, const ResponseOptions& options,
-                                 std::string model, TokenTextFn token_text, int choices)
-    : id_(request.id),
-      chat_(request.chat),
-      logprobs_(request.sampling.logprobs),
-      include_usage_(options.include_usage),
+ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
+                                 TokenTextFn token_text)
+    : id_(parsed.request->id),
+      chat_(parsed.request->chat),
+      logprobs_(parsed.request->sampling.logprobs),
+      include_usage_(parsed.options.include_usage),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()),
       model_(std::move(model)),
       token_text_(std::move(token_text)),
-      choices_(size_t(choices), ChoiceText{{}, nullptr, request.chat ? 0 : request.prompt.size()}) {
+      per_prompt_(parsed.per_prompt) {
+  // Completions logprobs count text offsets in the prompt followed by the answer.
+  for (int i = 0; i < parsed.choices(); ++i)
+    choices_.push_back(
+        {{}, nullptr, chat_ ? 0 : parsed.prompts.at(size_t(i / per_prompt_)).size()});
 }
 
 json ResponseBuilder::chunk_envelope() const {
@@ -519,8 +537,8 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
           {"usage", usage(choices)}};
 }
 
-json ResponseBuilder::usage(std::span<const Completion> choices) {
-  const Completion total = total_usage(choices);
+json ResponseBuilder::usage(std::span<const Completion> choices) const {
+  const Completion total = total_usage(choices, per_prompt_);
   return {{"prompt_tokens", total.prompt_tokens},
           {"completion_tokens", total.completion_tokens},
           {"total_tokens", total.prompt_tokens + total.completion_tokens}};

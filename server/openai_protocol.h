@@ -7,14 +7,16 @@
 //   model_not_found. There is no "default" alias, so a client never silently talks to a model
 //   it did not name.
 // - n choices are n sequences of the same prompt, sampled independently (a seeded request's
-//   choice i draws with seed + i); best_of, if given, must equal n; echo must be false; a
-//   prompt is one string (or a list holding one string): anything else is a 400 that names the
-//   parameter.
+//   choice i draws with seed + i); a completions prompt may be a list of strings, each with its
+//   n choices (prompt p's choice j is choice p * n + j, as OpenAI numbers them); best_of, if
+//   given, must equal n; echo must be false; prompts of token ids are not taken: anything else
+//   is a 400 that names the parameter.
 // - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -62,17 +64,22 @@ struct ResponseOptions {
 };
 
 struct ParsedRequest {
-  std::shared_ptr<Request> request;  // id, messages or prompt, sampling, limits; no sink yet
+  // id, messages or the first prompt, sampling, limits; no sink yet.
+  std::shared_ptr<Request> request;
   ResponseOptions options;
-  int choices = 1;  // n
+  std::vector<std::string> prompts;  // completions: every prompt of the list (one at least)
+  int per_prompt = 1;                // n: choices of each prompt
+
+  int choices() const { return int(std::max<size_t>(prompts.size(), 1)) * per_prompt; }
 };
 
-// The engine requests of a parsed call, one per choice (no sinks yet): the request itself when
-// n is 1; else copies named <id>-<i> in the logs, choice i of a seeded request with seed + i.
+// The engine requests of a parsed call, one per choice (no sinks yet): the request itself for a
+// single choice; else copies named <id>-<i> in the logs, choice i with its prompt and, if the
+// request is seeded, its prompt's choice j with seed + j.
 std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed);
 
-// What the usage of a call's choices adds up to: the prompt once, every choice's tokens.
-Completion total_usage(std::span<const Completion> choices);
+// What the usage of a call's choices adds up to: each prompt once, every choice's tokens.
+Completion total_usage(std::span<const Completion> choices, int per_prompt);
 
 // The largest request body the server reads. A call's n choices together hold at most this much
 // prompt text, so that n does not multiply what one request may cost.
@@ -105,8 +112,7 @@ using TokenTextFn = std::function<std::string(int32_t token)>;
 class ResponseBuilder {
  public:
   // `token_text` names the top-logprob alternatives (a Delta carries only their ids).
-  ResponseBuilder(const Request& request, const ResponseOptions& options, std::string model,
-                  TokenTextFn token_text, int choices = 1);
+  ResponseBuilder(const ParsedRequest& parsed, std::string model, TokenTextFn token_text);
 
   // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
   // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
@@ -129,7 +135,7 @@ class ResponseBuilder {
   };
 
   nlohmann::json chunk_envelope() const;
-  static nlohmann::json usage(std::span<const Completion> choices);
+  nlohmann::json usage(std::span<const Completion> choices) const;
   nlohmann::json logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice);
   nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
   nlohmann::json completion_logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice);
@@ -141,6 +147,7 @@ class ResponseBuilder {
   int64_t created_;
   std::string model_;
   TokenTextFn token_text_;
+  int per_prompt_;
   std::vector<ChoiceText> choices_;
 };
 

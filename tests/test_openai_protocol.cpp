@@ -187,7 +187,7 @@ TEST(ParseRequest, AnotherModelIsNotFound) {
 
 TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
   const ParsedRequest one = parse_chat(chat_body());
-  EXPECT_EQ(one.choices, 1);
+  EXPECT_EQ(one.choices(), 1);
   EXPECT_EQ(choice_requests(one), (std::vector{one.request}));
 
   const ParsedRequest three = parse_completion(with(with(completion_body(), "n", 3), "seed", 40));
@@ -205,12 +205,25 @@ TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
 
   // n copies of the prompt fit in what one request may hold.
   const std::string big(kMaxRequestBytes / 4, 'a');
-  EXPECT_EQ(parse_completion(with(with(completion_body(), "prompt", big), "n", 4)).choices, 4);
+  EXPECT_EQ(parse_completion(with(with(completion_body(), "prompt", big), "n", 4)).choices(), 4);
   const RequestError too_big =
       rejection(Endpoint::Completions, with(with(completion_body(), "prompt", big), "n", 5));
   EXPECT_EQ(too_big.param, "n");
   EXPECT_NE(too_big.message.find("exceeds the 16 MiB a request may hold"), std::string::npos)
       << too_big.message;
+
+  // A list of prompts: prompt p's choice j is choice p * n + j, each seed series from the seed.
+  const ParsedRequest listed = parse_completion(
+      with(with(with(completion_body(), "prompt", {"A", "B"}), "n", 2), "seed", 7));
+  EXPECT_EQ(listed.choices(), 4);
+  const auto four = choice_requests(listed);
+  ASSERT_EQ(four.size(), 4u);
+  const std::vector<std::string> prompts = {"A", "A", "B", "B"};
+  const std::vector<uint64_t> seeds = {7, 8, 7, 8};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(four[i]->prompt, prompts[i]) << i;
+    EXPECT_EQ(four[i]->sampling.seed, seeds[i]) << i;
+  }
 
   // At most what the server's queue holds.
   ServedModel small = served_model();
@@ -279,7 +292,10 @@ std::vector<BadInput> bad_inputs() {
        "messages[0].content", "string"},
       {chat, image_part, "messages[0].content[0]", "text"},
       {completion, no_prompt, "prompt", "prompt"},
-      {completion, with(completion_body(), "prompt", {"a", "b"}), "prompt", "one per request"},
+      {completion, with(completion_body(), "prompt", json::array()), "prompt", "list of strings"},
+      {completion, with(completion_body(), "prompt", {"a", 7}), "prompt", "list of strings"},
+      {completion, with(with(completion_body(), "prompt", {"a", "b", "c"}), "n", 50), "n",
+       "n (50) times the 3 prompts makes more than 128 choices"},
       {completion, with(completion_body(), "prompt", {1, 2, 3}), "prompt", "string"},
       {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
       {completion, with(completion_body(), "echo", true), "echo", "not supported"},
@@ -376,7 +392,7 @@ TEST(ParseRequest, LogitBiasMapsTokenIdsToBiases) {
   EXPECT_TRUE(parse_chat(with(chat_body(), "logit_bias", json::array()))
                   .request->sampling.logit_bias.empty());
   // best_of equal to n is n alone.
-  EXPECT_EQ(parse_completion(with(with(completion_body(), "n", 2), "best_of", 2)).choices, 2);
+  EXPECT_EQ(parse_completion(with(with(completion_body(), "n", 2), "best_of", 2)).choices(), 2);
 }
 
 // The OpenAI fields this server does not implement pass at their neutral values, and -1 turns
@@ -500,11 +516,8 @@ std::string token_text(int32_t token) {
   return text;
 }
 
-std::shared_ptr<Request> request_from(Endpoint endpoint, const json& body,
-                                      ResponseOptions& options) {
-  ParsedRequest parsed = parse_openai_request(endpoint, body, served_model());
-  options = parsed.options;
-  return parsed.request;
+ParsedRequest parsed_from(Endpoint endpoint, const json& body) {
+  return parse_openai_request(endpoint, body, served_model());
 }
 
 // The endings of a call with one choice.
@@ -517,10 +530,10 @@ Delta delta(std::string text, std::vector<TokenOutput> tokens = {}) {
 }
 
 TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {
-  ResponseOptions options;
-  auto request =
-      request_from(Endpoint::ChatCompletions, with(chat_body(), "stream", true), options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::ChatCompletions, with(chat_body(), "stream", true));
+  const auto& request = parsed.request;
+  ResponseBuilder builder(parsed, "stories260K", token_text);
 
   const json role = builder.role_chunk();
   EXPECT_EQ(role["id"], request->id);
@@ -546,11 +559,10 @@ TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {
 }
 
 TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
-  ResponseOptions options;
   json body = with(chat_body(), "stream", true);
   body["stream_options"] = {{"include_usage", true}};
-  auto request = request_from(Endpoint::ChatCompletions, body, options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, body);
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   EXPECT_TRUE(builder.delta_chunk(delta("x")).at("usage").is_null());
   EXPECT_TRUE(builder.finish_chunk(FinishReason::Stop).at("usage").is_null());
   const json usage = builder.usage_chunk(one({FinishReason::Stop, 10, 4}));
@@ -561,9 +573,8 @@ TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
 }
 
 TEST(Responses, CompletionChunksAreTextCompletions) {
-  ResponseOptions options;
-  auto request = request_from(Endpoint::Completions, completion_body(), options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed = parsed_from(Endpoint::Completions, completion_body());
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   const json chunk = builder.delta_chunk(delta(" there"));
   EXPECT_EQ(chunk["object"], "text_completion");
   EXPECT_EQ(chunk["choices"][0]["text"], " there");
@@ -575,9 +586,9 @@ TEST(Responses, CompletionChunksAreTextCompletions) {
 }
 
 TEST(Responses, WholeChatCompletion) {
-  ResponseOptions options;
-  auto request = request_from(Endpoint::ChatCompletions, chat_body(), options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, chat_body());
+  const auto& request = parsed.request;
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   builder.append(delta("Once"));
   builder.append(delta(" upon"));
   const json response = builder.whole_response(one({FinishReason::Stop, 7, 2}));
@@ -596,9 +607,8 @@ TEST(Responses, WholeChatCompletion) {
 }
 
 TEST(Responses, WholeTextCompletion) {
-  ResponseOptions options;
-  auto request = request_from(Endpoint::Completions, completion_body(), options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed = parsed_from(Endpoint::Completions, completion_body());
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   builder.append(delta(" there was"));
   const json response = builder.whole_response(one({FinishReason::Length, 5, 3}));
   EXPECT_EQ(response["object"], "text_completion");
@@ -613,11 +623,10 @@ std::vector<TokenOutput> two_tokens() {
 }
 
 TEST(Responses, ChatLogprobsFormat) {
-  ResponseOptions options;
   json body = with(chat_body(), "logprobs", true);
   body["top_logprobs"] = 2;
-  auto request = request_from(Endpoint::ChatCompletions, body, options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, body);
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   const json logprobs =
       builder.delta_chunk(delta(" the cat", two_tokens()))["choices"][0]["logprobs"];
   EXPECT_TRUE(logprobs["refusal"].is_null());
@@ -640,11 +649,11 @@ TEST(Responses, ChatLogprobsFormat) {
 }
 
 TEST(Responses, CompletionLogprobsFormatWithOffsetsAfterThePrompt) {
-  ResponseOptions options;
-  auto request =
-      request_from(Endpoint::Completions, with(completion_body(), "logprobs", 2), options);
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::Completions, with(completion_body(), "logprobs", 2));
+  const auto& request = parsed.request;
   const size_t prompt_length = request->prompt.size();
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   const json first = builder.delta_chunk(delta(" the cat", two_tokens()))["choices"][0]["logprobs"];
   EXPECT_EQ(first["tokens"], json({" the", " cat"}));
   EXPECT_EQ(first["token_logprobs"], json({-0.5, -9999.0}));
@@ -657,11 +666,10 @@ TEST(Responses, CompletionLogprobsFormatWithOffsetsAfterThePrompt) {
 }
 
 TEST(Responses, ChoicesAreNumberedAndTheirUsageAddsUp) {
-  ResponseOptions options;
   json body = with(with(chat_body(), "n", 2), "stream", true);
   body["stream_options"] = {{"include_usage", true}};
-  auto request = request_from(Endpoint::ChatCompletions, body, options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text, 2);
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, body);
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   EXPECT_EQ(builder.role_chunk(1)["choices"][0]["index"], 1);
   EXPECT_EQ(builder.delta_chunk(delta("b"), 1)["choices"][0]["index"], 1);
   EXPECT_EQ(builder.finish_chunk(FinishReason::Stop, 1)["choices"][0]["index"], 1);
@@ -669,7 +677,7 @@ TEST(Responses, ChoicesAreNumberedAndTheirUsageAddsUp) {
   EXPECT_EQ(builder.usage_chunk(ends)["usage"],
             json({{"prompt_tokens", 6}, {"completion_tokens", 5}, {"total_tokens", 11}}));
 
-  ResponseBuilder whole(*request, options, "stories260K", token_text, 2);
+  ResponseBuilder whole(parsed, "stories260K", token_text);
   whole.append(delta("Once"), 0);
   whole.append(delta("Tim"), 1);
   whole.append(delta(" upon"), 0);
@@ -685,21 +693,39 @@ TEST(Responses, ChoicesAreNumberedAndTheirUsageAddsUp) {
 }
 
 TEST(Responses, CompletionLogprobOffsetsAreEachChoicesOwn) {
-  ResponseOptions options;
-  auto request = request_from(Endpoint::Completions,
-                              with(with(completion_body(), "logprobs", 0), "n", 2), options);
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::Completions, with(with(completion_body(), "logprobs", 0), "n", 2));
+  const auto& request = parsed.request;
   const size_t prompt_length = request->prompt.size();
-  ResponseBuilder builder(*request, options, "stories260K", token_text, 2);
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   builder.delta_chunk(delta(" the cat", two_tokens()), 0);
   const json other = builder.delta_chunk(delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}),
                                          1)["choices"][0]["logprobs"];
   EXPECT_EQ(other["text_offset"], json({prompt_length}));
 }
 
+TEST(Responses, EachPromptOfAListCountsOnceAndOffsetsItsOwnText) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions,
+      with(with(with(completion_body(), "prompt", {"ab", "cdef"}), "n", 2), "logprobs", 0));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  const std::vector<TokenOutput> token = {TokenOutput{13, " sat", -0.25f, {}}};
+  EXPECT_EQ(builder.delta_chunk(delta(" sat", token), 1)["choices"][0]["logprobs"]["text_offset"],
+            json({2}));
+  EXPECT_EQ(builder.delta_chunk(delta(" sat", token), 3)["choices"][0]["logprobs"]["text_offset"],
+            json({4}));
+  const std::vector<Completion> ends = {{FinishReason::Stop, 3, 1},
+                                        {FinishReason::Stop, 3, 2},
+                                        {FinishReason::Stop, 5, 3},
+                                        {FinishReason::Stop, 5, 4}};
+  EXPECT_EQ(builder.whole_response(ends)["usage"],
+            json({{"prompt_tokens", 8}, {"completion_tokens", 10}, {"total_tokens", 18}}));
+  EXPECT_EQ(builder.whole_response(ends)["choices"].size(), 4u);
+}
+
 TEST(Responses, InvalidUtf8BecomesReplacementCharacters) {
-  ResponseOptions options;
-  auto request = request_from(Endpoint::ChatCompletions, chat_body(), options);
-  ResponseBuilder builder(*request, options, "stories260K", token_text);
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, chat_body());
+  ResponseBuilder builder(parsed, "stories260K", token_text);
   const std::string text = to_json_text(builder.delta_chunk(delta("\xE2\x96")));
   EXPECT_NE(text.find("\xEF\xBF\xBD"), std::string::npos) << text;
   EXPECT_NO_THROW(json::parse(text));

@@ -325,6 +325,32 @@ TEST_F(ServerE2E, NChoicesAreSampledApartAndEachStreamsUnderItsIndex) {
   EXPECT_EQ(chat.choice_texts.at(0), chat.choice_texts.at(1)) << "greedy choices are alike";
 }
 
+TEST_F(ServerE2E, AListOfPromptsIsAnsweredPromptByPrompt) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog"};
+  json body = completion_body(prompts[0], 16);
+  body["prompt"] = prompts;
+  body["n"] = 2;
+  const Reply all = post(port(), "/v1/completions", body);
+  ASSERT_EQ(all.status, 200) << all.raw;
+  ASSERT_EQ(all.body["choices"].size(), 4u);
+  int prompt_tokens = 0;
+  for (size_t p = 0; p < 2; ++p) {
+    const Reply alone = post(port(), "/v1/completions", completion_body(prompts[p], 16));
+    prompt_tokens += alone.body["usage"]["prompt_tokens"].get<int>();
+    for (size_t j = 0; j < 2; ++j) {
+      const json& choice = all.body["choices"][p * 2 + j];
+      EXPECT_EQ(choice["index"], p * 2 + j);
+      EXPECT_EQ(choice["text"], alone.body["choices"][0]["text"]) << "prompt " << p;
+    }
+  }
+  EXPECT_EQ(all.body["usage"]["prompt_tokens"], prompt_tokens);
+
+  const Stream stream = post_stream(port(), "/v1/completions", body);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(stream.choice_texts.at(i), all.body["choices"][i]["text"]) << "choice " << i;
+}
+
 TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
   const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
                                .body["choices"][0]["text"];
