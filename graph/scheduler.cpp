@@ -116,16 +116,24 @@ void Scheduler::schedule_next(Clock::time_point now) {
   drop_ended();
   // The last pass's blocks become matchable before anyone is admitted.
   for (const auto& [id, s] : running_) register_computed(*s);
+  // Only the first max_batch can be admitted in one pass, and none while the running set is
+  // full: the rest need no lookup yet.
+  const int lookups = int(running_.size()) < limits_.max_num_seqs ? limits_.max_batch : 0;
   std::vector<WaitingSequence> waiting;
   for (const auto& s : waiting_) {
     WaitingSequence w{s->number, int(s->tokens.size()), s->queued_at, s->window_closed};
-    // Only the first max_batch can be admitted in one pass: the rest need no lookup yet.
-    if (int(waiting.size()) < limits_.max_batch) look_up_prefix(*s, w);
+    s->cached_prefix.clear();
+    if (int(waiting.size()) < lookups) look_up_prefix(*s, w);
     waiting.push_back(w);
   }
   std::vector<RunningSequence> running;
-  for (const auto& [id, s] : running_)
-    running.push_back({id, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size())});
+  for (const auto& [id, s] : running_) {
+    // A preemption frees only the blocks nobody else holds (a cached prefix may be shared).
+    int own = 0;
+    for (int32_t block : s->block_table) own += blocks_.ref_count(block) == 1;
+    running.push_back(
+        {id, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size()), own});
+  }
   const auto decision = schedule(waiting, running, blocks_.num_free(), limits_, now);
   wake_at_ = decision.wake_at;
   preempt(decision.preempt);
@@ -145,12 +153,11 @@ void Scheduler::schedule_next(Clock::time_point now) {
 // The cached blocks that hold the sequence's first tokens; at least its last token is left to
 // compute, for the logits its first sampled token needs.
 void Scheduler::look_up_prefix(Sequence& seq, WaitingSequence& w) {
-  seq.cached_prefix = {};
   if (!prefix_caching_) return;
   const int max_blocks = (int(seq.tokens.size()) - 1) / limits_.block_size;
   seq.cached_prefix = blocks_.match(seq.tokens, limits_.block_size, max_blocks);
-  w.cached = int(seq.cached_prefix.blocks.size()) * limits_.block_size;
-  for (int32_t block : seq.cached_prefix.blocks) w.cached_in_use += blocks_.in_use(block);
+  w.cached = int(seq.cached_prefix.size()) * limits_.block_size;
+  for (int32_t block : seq.cached_prefix) w.cached_in_use += blocks_.ref_count(block) > 0;
 }
 
 // Registers the sequence's full blocks whose keys and values are computed, so that others (or
@@ -162,7 +169,8 @@ void Scheduler::register_computed(Sequence& seq) {
     const auto tokens =
         std::span(seq.tokens)
             .subspan(size_t(i) * size_t(limits_.block_size), size_t(limits_.block_size));
-    seq.chain_hash = blocks_.register_block(seq.block_table[size_t(i)], seq.chain_hash, tokens);
+    const int32_t parent = i == 0 ? BlockManager::kNoParent : seq.block_table[size_t(i) - 1];
+    blocks_.register_block(seq.block_table[size_t(i)], parent, tokens);
   }
   seq.registered_blocks = std::max(seq.registered_blocks, full);
 }
@@ -192,12 +200,11 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
     SequencePtr seq = *it;
     waiting_.erase(it);
     seq->waiting.leave(metrics_.waiting_sequences);
-    for (int32_t block : seq->cached_prefix.blocks) blocks_.share(block);
-    seq->block_table = seq->cached_prefix.blocks;
+    for (int32_t block : seq->cached_prefix) blocks_.share(block);
+    seq->block_table = std::move(seq->cached_prefix);
+    seq->cached_prefix.clear();
     seq->registered_blocks = int(seq->block_table.size());
-    seq->chain_hash = seq->cached_prefix.hash;
     seq->computed = seq->registered_blocks * limits_.block_size;
-    seq->cached_prefix = {};
     metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
     admitted.push_back(std::move(seq));
   }
@@ -271,7 +278,6 @@ void Scheduler::release(Sequence& seq) {
 void Scheduler::release_failed(Sequence& seq) {
   blocks_.release_all(seq.block_table);
   seq.registered_blocks = 0;
-  seq.chain_hash = BlockManager::kRootHash;
 }
 
 void Scheduler::end_decode_run() {

@@ -33,7 +33,7 @@ int preempt_until_the_step_fits(const std::vector<RunningSequence>& running, int
   int available = free_blocks;
   for (size_t i = 0; need > available && i + 1 < order.size(); ++i) {
     need -= step_need(*order[i], block_size);
-    available += order[i]->blocks;
+    available += order[i]->own_blocks;
     decision.preempt.push_back(order[i]->id);
   }
   return available - need;

@@ -20,8 +20,9 @@
 //    along every pass, so a long prompt never stalls the running streams for more than one
 //    chunk.
 //  - Preemption: when the running sequences need more new blocks than are free, the newest
-//    are preempted (their blocks freed, they return to the front of the waiting queue to be
-//    recomputed) until the rest fit, and nobody is admitted in that pass. The oldest is never
+//    are preempted (their own blocks freed, a cached prefix they share staying with the others;
+//    they return to the front of the waiting queue to be recomputed) until the rest fit, and
+//    nobody is admitted in that pass. The oldest is never
 //    preempted: every single sequence fits the pool by itself (tokenize caps max_tokens so).
 #pragma once
 
@@ -56,6 +57,7 @@ struct RunningSequence {
   int tokens = 0;       // positions its next step reaches once its prompt is computed
   int prompt_left = 0;  // prompt tokens still to compute; 0: it decodes
   int blocks = 0;       // blocks it holds
+  int own_blocks = 0;   // of those, the ones no other sequence holds: what preempting it frees
   bool decoding() const { return prompt_left == 0; }
 };
 

@@ -102,11 +102,10 @@ struct Sequence {
   std::vector<int32_t> block_table;
   int computed = 0;     // positions whose keys and values are in the KV cache (or being computed)
   int prefill_end = 0;  // positions its prefill covers: its tokens when it was admitted
-  // Prefix cache: its first blocks that are registered (or were found there), the hash chain's
-  // value after them, and while it waits, the cached blocks this round's lookup found.
+  // Prefix cache: its first blocks that are registered (or were found there), and while it
+  // waits, the cached blocks this round's lookup found.
   int registered_blocks = 0;
-  uint64_t chain_hash = BlockManager::kRootHash;
-  PrefixMatch cached_prefix;
+  std::vector<int32_t> cached_prefix;
   // Waiting: a batch window closed over it and left it for lack of room, or it was preempted;
   // either way it goes as soon as there is room.
   bool window_closed = false;

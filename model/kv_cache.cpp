@@ -23,6 +23,7 @@ BlockManager::BlockManager(int num_blocks) {
                                 std::to_string(num_blocks));
   ref_counts_.assign(size_t(num_blocks), 0);
   contents_.resize(size_t(num_blocks));
+  reuses_.assign(size_t(num_blocks), 0);
   // Highest id at the bottom of the stack, so blocks are handed out 0, 1, 2, ... at first.
   free_.reserve(size_t(num_blocks));
   for (int32_t block = num_blocks - 1; block >= 0; --block) free_.push_back(block);
@@ -43,8 +44,9 @@ int32_t BlockManager::allocate() {
 void BlockManager::evict(int32_t block) {
   Content& content = contents_[size_t(block)];
   evictable_.erase(content.evictable_at);
-  cached_.erase(content.hash);
+  cached_.erase(content.key);
   content = Content{};
+  ++reuses_[size_t(block)];  // its children, if still registered, can no longer be reached
   free_.push_back(block);
 }
 
@@ -69,7 +71,7 @@ void BlockManager::release(int32_t block) {
 }
 
 void BlockManager::release_all(std::vector<int32_t>& table) {
-  for (int32_t block : table) release(block);
+  for (auto it = table.rbegin(); it != table.rend(); ++it) release(*it);
   table.clear();
 }
 
@@ -84,52 +86,62 @@ bool BlockManager::ensure_capacity(std::vector<int32_t>& table, int tokens, int 
   return true;
 }
 
-uint64_t BlockManager::chain_hash(uint64_t parent, std::span<const int32_t> tokens) {
-  // splitmix64's finaliser over the chain so far and each token in turn.
-  uint64_t h = parent;
-  for (int32_t token : tokens) {
-    h += 0x9e3779b97f4a7c15ull + uint32_t(token);
+BlockManager::Parent BlockManager::parent_of(int32_t block) const {
+  if (block == kNoParent) return {};
+  return {block, reuses_[size_t(block)]};
+}
+
+// Where a block of `tokens` after `parent` is looked up: splitmix64's finaliser over the parent
+// and each token in turn. Collisions only cost a miss: a match compares what the key stands for.
+uint64_t BlockManager::key_of(const Parent& parent, std::span<const int32_t> tokens) {
+  uint64_t h = (uint64_t(uint32_t(parent.block)) << 32) | parent.reuse;
+  const auto mix = [&h](uint64_t value) {
+    h += 0x9e3779b97f4a7c15ull + value;
     h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
     h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
     h ^= h >> 31;
-  }
+  };
+  mix(0);
+  for (int32_t token : tokens) mix(uint32_t(token));
   return h;
 }
 
-uint64_t BlockManager::register_block(int32_t block, uint64_t parent,
-                                      std::span<const int32_t> tokens) {
+void BlockManager::register_block(int32_t block, int32_t parent, std::span<const int32_t> tokens) {
   check_block(block, num_total(), "register_block");
   if (ref_counts_[block] == 0)
     throw std::logic_error("BlockManager::register_block: block " + std::to_string(block) +
                            " is free");
-  const uint64_t hash = chain_hash(parent, tokens);
+  if (parent != kNoParent) {
+    check_block(parent, num_total(), "register_block");
+    if (!contents_[size_t(parent)].registered) return;
+  }
   Content& content = contents_[size_t(block)];
-  if (content.registered || cached_.contains(hash)) return hash;
+  const Parent after = parent_of(parent);
+  const uint64_t key = key_of(after, tokens);
+  if (content.registered || cached_.contains(key)) return;
   content.registered = true;
-  content.hash = hash;
-  content.parent = parent;
+  content.parent = after;
   content.tokens.assign(tokens.begin(), tokens.end());
-  cached_.emplace(hash, block);
-  return hash;
+  content.key = key;
+  cached_.emplace(key, block);
 }
 
-PrefixMatch BlockManager::match(std::span<const int32_t> tokens, int block_size,
-                                int max_blocks) const {
-  PrefixMatch found;
-  found.hash = kRootHash;
+std::vector<int32_t> BlockManager::match(std::span<const int32_t> tokens, int block_size,
+                                         int max_blocks) const {
+  std::vector<int32_t> found;
+  int32_t parent = kNoParent;
   const int blocks = std::min(max_blocks, int(tokens.size()) / block_size);
   for (int i = 0; i < blocks; ++i) {
     const auto block_tokens = tokens.subspan(size_t(i) * size_t(block_size), size_t(block_size));
-    const uint64_t hash = chain_hash(found.hash, block_tokens);
-    const auto it = cached_.find(hash);
+    const Parent after = parent_of(parent);
+    const auto it = cached_.find(key_of(after, block_tokens));
     if (it == cached_.end()) break;
-    // The tokens and the chain before them, compared, not only hashed.
     const Content& content = contents_[size_t(it->second)];
-    if (content.parent != found.hash || !std::equal(block_tokens.begin(), block_tokens.end(),
-                                                    content.tokens.begin(), content.tokens.end()))
+    if (!(content.parent == after) || !std::equal(block_tokens.begin(), block_tokens.end(),
+                                                  content.tokens.begin(), content.tokens.end()))
       break;
-    found.blocks.push_back(it->second);
-    found.hash = hash;
+    found.push_back(it->second);
+    parent = it->second;
   }
   return found;
 }

@@ -24,25 +24,21 @@ struct KvCacheShape {
   int blocks_for(int tokens) const { return int((int64_t(tokens) + block_size - 1) / block_size); }
 };
 
-// The blocks a prefix-cache lookup found: the first blocks of a sequence's tokens, in order,
-// and the hash chain's value after the last of them.
-struct PrefixMatch {
-  std::vector<int32_t> blocks;
-  uint64_t hash = 0;
-};
-
 // Free list of block ids with reference counts (a block may be shared by sequences that share
 // a prefix), and the prefix cache. Not thread-safe: one scheduler owns it.
 //
-// Prefix caching, as vLLM's: a full block whose keys and values are computed is registered
-// under its tokens and the hash of every block before it. A later sequence that starts with the
-// same tokens shares the registered blocks instead of computing them again. A registered block
-// whose last reference goes keeps its contents, evictable: it is reused by a match, or handed
-// out by allocate() once no block without contents is left (the least recently freed first).
+// Prefix caching, as vLLM's: a full block whose keys and values are computed is registered as
+// holding its tokens after its parent, the registered block before it in its sequence (none for
+// a first block). A later sequence that starts with the same tokens shares the registered blocks
+// instead of computing them again. A match compares the tokens and the parent block itself (its
+// id and how often that id was reused), never a hash alone, so a crafted collision cannot hand
+// one request keys and values computed over another's context. A registered block whose last
+// reference goes keeps its contents, evictable: it is reused by a match, or handed out by
+// allocate() once no block without contents is left (the least recently freed first).
 class BlockManager {
  public:
-  // The hash chain's value before a sequence's first block.
-  static constexpr uint64_t kRootHash = 0x6a09e667f3bcc908ull;
+  // The parent of a sequence's first block.
+  static constexpr int32_t kNoParent = -1;
 
   explicit BlockManager(int num_blocks);
 
@@ -53,7 +49,7 @@ class BlockManager {
   int num_used() const { return num_total() - num_free(); }
   int num_cached() const { return int(cached_.size()); }  // registered, in use or evictable
   bool can_allocate(int n) const { return n <= num_free(); }
-  bool in_use(int32_t block) const { return ref_counts_.at(size_t(block)) > 0; }
+  int ref_count(int32_t block) const { return ref_counts_.at(size_t(block)); }
 
   // Returns a block id with reference count 1; throws std::runtime_error when none is free.
   int32_t allocate();
@@ -61,37 +57,47 @@ class BlockManager {
   // Drops one reference; the block returns to the free list at zero (a registered one as
   // evictable).
   void release(int32_t block);
+  // Releases a sequence's table, last block first: a chain's tail is evicted before its start,
+  // which its other blocks are found through.
   void release_all(std::vector<int32_t>& table);
   // Grows `table` until it covers `tokens` positions; false (and unchanged) when blocks run out.
   bool ensure_capacity(std::vector<int32_t>& table, int tokens, int block_size);
 
-  // The hash of a block of `tokens` after blocks whose chain ended at `parent`.
-  static uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens);
-  // Registers `block` (in use, its keys and values computed) as holding `tokens` after the chain
-  // `parent`; returns the block's hash. Content already registered in another block leaves this
-  // one unregistered (it is freed as usual), and a block registered before stays as it was.
-  uint64_t register_block(int32_t block, uint64_t parent, std::span<const int32_t> tokens);
+  // Registers `block` (in use, its keys and values computed) as holding `tokens` after `parent`
+  // (the block before it in the same sequence, which the caller holds, or kNoParent). Nothing
+  // happens when the parent is not registered (the block could never be found), when the same
+  // tokens after the same parent are registered in another block, or when `block` is registered.
+  void register_block(int32_t block, int32_t parent, std::span<const int32_t> tokens);
   // The registered blocks that hold the first blocks of `tokens` (block_size tokens each), up to
   // `max_blocks`: the longest prefix found. Takes no reference.
-  PrefixMatch match(std::span<const int32_t> tokens, int block_size, int max_blocks) const;
+  std::vector<int32_t> match(std::span<const int32_t> tokens, int block_size, int max_blocks) const;
   // Takes a reference on a registered block, in use or evictable.
   void share(int32_t block);
 
  private:
+  // A registered block's parent, as it was when the block was registered.
+  struct Parent {
+    int32_t block = kNoParent;
+    uint32_t reuse = 0;  // the parent id's reuses_ then
+    bool operator==(const Parent&) const = default;
+  };
   struct Content {
     bool registered = false;
-    uint64_t hash = 0;
-    uint64_t parent = 0;
+    Parent parent;
     std::vector<int32_t> tokens;
+    uint64_t key = 0;
     std::list<int32_t>::iterator evictable_at;  // while evictable
   };
 
+  Parent parent_of(int32_t block) const;
+  static uint64_t key_of(const Parent& parent, std::span<const int32_t> tokens);
   void evict(int32_t block);
 
   std::vector<int32_t> free_;  // without contents
   std::vector<int32_t> ref_counts_;
   std::vector<Content> contents_;
-  std::unordered_map<uint64_t, int32_t> cached_;  // hash -> registered block
+  std::vector<uint32_t> reuses_;                  // per id: how often its contents were given up
+  std::unordered_map<uint64_t, int32_t> cached_;  // key_of(parent, tokens) -> registered block
   std::list<int32_t> evictable_;                  // registered, unused; least recently freed first
 };
 

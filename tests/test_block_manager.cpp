@@ -108,9 +108,9 @@ constexpr int kBlock = 4;
 std::vector<int32_t> register_all(BlockManager& blocks, const std::vector<int32_t>& tokens) {
   std::vector<int32_t> table;
   EXPECT_TRUE(blocks.ensure_capacity(table, int(tokens.size()), kBlock));
-  uint64_t hash = BlockManager::kRootHash;
   for (size_t i = 0; i < table.size(); ++i)
-    hash = blocks.register_block(table[i], hash, std::span(tokens).subspan(i * kBlock, kBlock));
+    blocks.register_block(table[i], i == 0 ? BlockManager::kNoParent : table[i - 1],
+                          std::span(tokens).subspan(i * kBlock, kBlock));
   return table;
 }
 
@@ -120,26 +120,19 @@ TEST(BlockManager, AMatchIsTheLongestRegisteredPrefixOfWholeBlocks) {
   const auto table = register_all(blocks, tokens);
   EXPECT_EQ(blocks.num_cached(), 3);
 
-  EXPECT_EQ(blocks.match(tokens, kBlock, 3).blocks, table);
-  EXPECT_EQ(blocks.match(tokens, kBlock, 2).blocks, (std::vector{table[0], table[1]}));
+  EXPECT_EQ(blocks.match(tokens, kBlock, 3), table);
+  EXPECT_EQ(blocks.match(tokens, kBlock, 2), (std::vector{table[0], table[1]}));
   // A longer sequence with the same start; a partial last block is never matched.
   std::vector<int32_t> longer = tokens;
   longer.insert(longer.end(), {13, 14});
-  EXPECT_EQ(blocks.match(longer, kBlock, 10).blocks, table);
+  EXPECT_EQ(blocks.match(longer, kBlock, 10), table);
   // A different second block ends the match there, even if the third block's tokens agree.
   std::vector<int32_t> other = tokens;
   other[5] = 99;
-  EXPECT_EQ(blocks.match(other, kBlock, 3).blocks, (std::vector{table[0]}));
+  EXPECT_EQ(blocks.match(other, kBlock, 3), (std::vector{table[0]}));
   // The same tokens after a different start match nothing: a block is its whole prefix.
   const std::vector<int32_t> shifted = {9, 10, 11, 12};
-  EXPECT_TRUE(blocks.match(shifted, kBlock, 1).blocks.empty());
-  const auto found = blocks.match(tokens, kBlock, 3);
-  EXPECT_EQ(found.hash,
-            BlockManager::chain_hash(
-                BlockManager::chain_hash(
-                    BlockManager::chain_hash(BlockManager::kRootHash, {tokens.data(), 4}),
-                    {tokens.data() + 4, 4}),
-                {tokens.data() + 8, 4}));
+  EXPECT_TRUE(blocks.match(shifted, kBlock, 1).empty());
 }
 
 TEST(BlockManager, ReleasedCachedBlocksStayFindableUntilEvictedLeastRecentlyFreedFirst) {
@@ -151,11 +144,11 @@ TEST(BlockManager, ReleasedCachedBlocksStayFindableUntilEvictedLeastRecentlyFree
   blocks.release(table[0]);  // freed after table[1]
   EXPECT_EQ(blocks.num_free(), 2) << "evictable blocks count as free";
   EXPECT_EQ(blocks.num_used(), 1);
-  EXPECT_EQ(blocks.match(a, kBlock, 2).blocks, table);
+  EXPECT_EQ(blocks.match(a, kBlock, 2), table);
 
   // A match takes them back without allocating.
   blocks.share(table[0]);
-  EXPECT_TRUE(blocks.in_use(table[0]));
+  EXPECT_EQ(blocks.ref_count(table[0]), 1);
   EXPECT_EQ(blocks.num_free(), 1);
   blocks.release(table[0]);  // now freed after table[1] again
 
@@ -163,12 +156,52 @@ TEST(BlockManager, ReleasedCachedBlocksStayFindableUntilEvictedLeastRecentlyFree
   blocks.release(plain);
   EXPECT_EQ(blocks.allocate(), plain);
   EXPECT_EQ(blocks.allocate(), table[1]);
-  EXPECT_EQ(blocks.match(a, kBlock, 2).blocks, (std::vector{table[0]}))
+  EXPECT_EQ(blocks.match(a, kBlock, 2), (std::vector{table[0]}))
       << "an evicted block is no longer found, and nothing after it";
   EXPECT_EQ(blocks.num_cached(), 1);
   EXPECT_EQ(blocks.allocate(), table[0]);
   EXPECT_EQ(blocks.num_cached(), 0);
   EXPECT_THROW(blocks.allocate(), std::runtime_error);
+}
+
+TEST(BlockManager, AReleasedChainIsEvictedFromItsEndSoItsStartStaysFindable) {
+  BlockManager blocks(4);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  auto table = register_all(blocks, tokens);
+  const auto kept = table;
+  blocks.release_all(table);
+  blocks.allocate();  // the one plain free block
+  EXPECT_EQ(blocks.allocate(), kept[2]) << "the chain's last block goes first";
+  EXPECT_EQ(blocks.match(tokens, kBlock, 3), (std::vector{kept[0], kept[1]}));
+}
+
+TEST(BlockManager, ABlockIsFoundOnlyAfterTheVeryBlockItWasComputedAfter) {
+  BlockManager blocks(2);
+  const std::vector<int32_t> first = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto table = register_all(blocks, first);
+  const auto kept = table;
+  blocks.share(kept[1]);  // another sequence holds the second block
+  blocks.release_all(table);
+  // The first block's id is reused for other tokens, registered as a first block.
+  std::vector<int32_t> reused;
+  ASSERT_TRUE(blocks.ensure_capacity(reused, 4, kBlock));
+  ASSERT_EQ(reused[0], kept[0]);
+  const std::vector<int32_t> other = {9, 9, 9, 9, 5, 6, 7, 8};
+  blocks.register_block(reused[0], BlockManager::kNoParent, std::span(other).first(4));
+  // The second block was computed after tokens 1 2 3 4, not 9 9 9 9: it is not found after them,
+  // even though its parent's id and its own tokens are the same.
+  EXPECT_EQ(blocks.match(other, kBlock, 2), (std::vector{kept[0]}));
+  EXPECT_TRUE(blocks.match(first, kBlock, 2).empty());
+}
+
+TEST(BlockManager, ABlockAfterAnUnregisteredOneIsNotRegistered) {
+  BlockManager blocks(2);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<int32_t> table;
+  ASSERT_TRUE(blocks.ensure_capacity(table, 8, kBlock));
+  blocks.register_block(table[1], table[0], std::span(tokens).subspan(4, 4));
+  EXPECT_EQ(blocks.num_cached(), 0) << "nothing could ever find it";
+  EXPECT_THROW(blocks.register_block(table[1], 99, tokens), std::out_of_range);
 }
 
 TEST(BlockManager, ContentCachedOnceStaysWithItsFirstBlock) {
@@ -177,12 +210,12 @@ TEST(BlockManager, ContentCachedOnceStaysWithItsFirstBlock) {
   const auto first = register_all(blocks, tokens);
   const auto second = register_all(blocks, tokens);
   EXPECT_EQ(blocks.num_cached(), 1);
-  EXPECT_EQ(blocks.match(tokens, kBlock, 1).blocks, first);
+  EXPECT_EQ(blocks.match(tokens, kBlock, 1), first);
   auto table = second;
   blocks.release_all(table);
   EXPECT_EQ(blocks.num_free(), 3);
   EXPECT_THROW(blocks.share(second[0]), std::logic_error) << "it holds no cached prefix";
-  EXPECT_THROW(blocks.register_block(second[0], BlockManager::kRootHash, tokens), std::logic_error)
+  EXPECT_THROW(blocks.register_block(second[0], BlockManager::kNoParent, tokens), std::logic_error)
       << "a free block has no computed contents";
 }
 

@@ -35,12 +35,12 @@ std::vector<WaitingSequence> waiting(int n, int tokens, Clock::time_point queued
 
 // A running sequence whose next step decodes the token at position tokens - 1.
 RunningSequence decoding(uint64_t id, int tokens, int blocks) {
-  return {id, tokens, 0, blocks};
+  return {id, tokens, 0, blocks, blocks};
 }
 
 // A running sequence with `prompt_left` of its `tokens` prompt tokens still to compute.
 RunningSequence prefilling(uint64_t id, int tokens, int prompt_left, int blocks) {
-  return {id, tokens, prompt_left, blocks};
+  return {id, tokens, prompt_left, blocks, blocks};
 }
 
 TEST(SchedulerPolicy, WaitsForTheWindowThenAdmitsEveryoneWaiting) {
@@ -217,6 +217,23 @@ TEST(SchedulerPolicy, CachedTokensAreNotComputedAndCachedBlocksInUseCostNothing)
   w.cached_in_use = 4;
   EXPECT_EQ(schedule({w}, {}, 3, limits(0), kT0).admitted, (Chunks{{5, 36}}));
   EXPECT_TRUE(schedule({w}, {}, 2, limits(0), kT0).admitted.empty());
+}
+
+TEST(SchedulerPolicy, PreemptionCountsOnlyTheBlocksItFrees) {
+  // Four decoders share a 5-block cached prefix and each holds one full block of its own, so each
+  // needs a new block and none is free. Preempting one frees its own block, not its 6.
+  std::vector<RunningSequence> running;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    RunningSequence s = decoding(id, 6 * 16 + 1, 6);
+    s.own_blocks = 1;
+    running.push_back(s);
+  }
+  const auto d = schedule({}, running, 0, limits(0), kT0);
+  EXPECT_EQ(d.preempt, (Ids{4, 3}));  // two freed blocks for the two that stay
+  EXPECT_EQ(d.decode, (Ids{1, 2}));
+  // Counting their whole tables, one preemption would have seemed to make room for all three.
+  for (auto& s : running) s.own_blocks = s.blocks;
+  EXPECT_EQ(schedule({}, running, 0, limits(0), kT0).preempt, (Ids{4}));
 }
 
 TEST(SchedulerPolicy, NobodyIsAdmittedInAPassThatPreempts) {
