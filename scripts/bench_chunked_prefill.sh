@@ -41,17 +41,12 @@ for rep in $(seq "$reps"); do
   done
 done
 
-python3 - "$out" "$reps" "${budgets[@]}" <<'EOF'
-import json, statistics, sys
+PYTHONPATH=scripts PYTHONDONTWRITEBYTECODE=1 python3 - "$out" "$reps" "${budgets[@]}" <<'EOF'
+import sys
+import bench_medians
 out, reps, budgets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def median(kind, budget, *path):
-    values = []
-    for rep in range(1, reps + 1):
-        value = json.load(open(f"{out}/{kind}-{budget}-{rep}.json"))
-        for key in path:
-            value = value[key]
-        values.append(value)
-    return statistics.median(values)
+    return bench_medians.median(out, reps, f"{kind}-{budget}", *path)
 print(f"medians of {reps}: running streams (24 x 400 tokens, 4 at a time) and long prompts (16 x 481 tokens)")
 print(f"{'max_prefill_tokens':>18} {'ITL median ms':>14} {'ITL p99 ms':>11} {'ITL max ms':>11} "
       f"{'streams tok/s':>14} {'long TTFT median ms':>20} {'long TTFT p99 ms':>17}")

@@ -40,18 +40,14 @@ for rep in $(seq "$reps"); do
   done
 done
 
-python3 - "$out" "$reps" <<'PY'
-import json, statistics, sys
+PYTHONPATH=scripts PYTHONDONTWRITEBYTECODE=1 python3 - "$out" "$reps" <<'PY'
+import json, sys
+import bench_medians
 out, reps = sys.argv[1], int(sys.argv[2])
 def median(caching, concurrency, *path):
-    values = []
-    for rep in range(1, reps + 1):
-        value = json.load(open(f"{out}/{caching}-{concurrency}-{rep}.json"))
-        for key in path:
-            value = value[key]
-        values.append(value)
-    return statistics.median(values)
-first = json.load(open(f"{out}/false-1-1.json"))
+    return bench_medians.median(out, reps, f"{caching}-{concurrency}", *path)
+with open(f"{out}/false-1-1.json") as report:
+    first = json.load(report)
 print(f"medians of {reps}: 16 requests of one {first['prompt_tokens'] // 16}-token prompt, 16 tokens each")
 print(f"{'prefix caching':>14} {'concurrency':>11} {'TTFT median ms':>15} {'TTFT p99 ms':>12} "
       f"{'requests/s':>11}")
