@@ -170,7 +170,16 @@ void Scheduler::register_computed(Sequence& seq) {
         std::span(seq.tokens)
             .subspan(size_t(i) * size_t(limits_.block_size), size_t(limits_.block_size));
     const int32_t parent = i == 0 ? BlockManager::kNoParent : seq.block_table[size_t(i) - 1];
-    blocks_.register_block(seq.block_table[size_t(i)], parent, tokens);
+    int32_t& block = seq.block_table[size_t(i)];
+    const int32_t holder = blocks_.register_block(block, parent, tokens);
+    // Computed twice (two sequences with the same start in one pass): keep the registered copy,
+    // so that this sequence's later blocks chain to it, and free this one. Nothing reads or
+    // writes the table while no pass is in flight.
+    if (holder != BlockManager::kNoBlock && holder != block) {
+      blocks_.share(holder);
+      blocks_.release(block);
+      block = holder;
+    }
   }
   seq.registered_blocks = std::max(seq.registered_blocks, full);
 }
@@ -205,7 +214,6 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
     seq->cached_prefix.clear();
     seq->registered_blocks = int(seq->block_table.size());
     seq->computed = seq->registered_blocks * limits_.block_size;
-    metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
     admitted.push_back(std::move(seq));
   }
   for (auto& seq : admitted) {
@@ -214,6 +222,7 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
       release_failed(*seq);
       continue;
     }
+    metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
     seq->prefill_end = int(seq->tokens.size());
     seq->window_closed = false;
     running_.emplace(seq->number, std::move(seq));

@@ -94,36 +94,45 @@ BlockManager::Parent BlockManager::parent_of(int32_t block) const {
 // Where a block of `tokens` after `parent` is looked up: splitmix64's finaliser over the parent
 // and each token in turn. Collisions only cost a miss: a match compares what the key stands for.
 uint64_t BlockManager::key_of(const Parent& parent, std::span<const int32_t> tokens) {
-  uint64_t h = (uint64_t(uint32_t(parent.block)) << 32) | parent.reuse;
+  uint64_t h = 0;
   const auto mix = [&h](uint64_t value) {
     h += 0x9e3779b97f4a7c15ull + value;
     h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
     h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
     h ^= h >> 31;
   };
-  mix(0);
+  mix(uint32_t(parent.block));
+  mix(parent.reuse);
   for (int32_t token : tokens) mix(uint32_t(token));
   return h;
 }
 
-void BlockManager::register_block(int32_t block, int32_t parent, std::span<const int32_t> tokens) {
+int32_t BlockManager::register_block(int32_t block, int32_t parent,
+                                     std::span<const int32_t> tokens) {
   check_block(block, num_total(), "register_block");
   if (ref_counts_[block] == 0)
     throw std::logic_error("BlockManager::register_block: block " + std::to_string(block) +
                            " is free");
   if (parent != kNoParent) {
     check_block(parent, num_total(), "register_block");
-    if (!contents_[size_t(parent)].registered) return;
+    if (!contents_[size_t(parent)].registered) return kNoBlock;
   }
   Content& content = contents_[size_t(block)];
+  if (content.registered) return block;
   const Parent after = parent_of(parent);
   const uint64_t key = key_of(after, tokens);
-  if (content.registered || cached_.contains(key)) return;
+  if (const auto it = cached_.find(key); it != cached_.end()) {
+    const Content& held = contents_[size_t(it->second)];
+    const bool same = held.parent == after && std::equal(tokens.begin(), tokens.end(),
+                                                         held.tokens.begin(), held.tokens.end());
+    return same ? it->second : kNoBlock;  // a key collision: this content stays unregistered
+  }
   content.registered = true;
   content.parent = after;
   content.tokens.assign(tokens.begin(), tokens.end());
   content.key = key;
   cached_.emplace(key, block);
+  return block;
 }
 
 std::vector<int32_t> BlockManager::match(std::span<const int32_t> tokens, int block_size,

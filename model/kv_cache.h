@@ -37,8 +37,9 @@ struct KvCacheShape {
 // allocate() once no block without contents is left (the least recently freed first).
 class BlockManager {
  public:
-  // The parent of a sequence's first block.
+  // The parent of a sequence's first block; no block.
   static constexpr int32_t kNoParent = -1;
+  static constexpr int32_t kNoBlock = -1;
 
   explicit BlockManager(int num_blocks);
 
@@ -64,10 +65,11 @@ class BlockManager {
   bool ensure_capacity(std::vector<int32_t>& table, int tokens, int block_size);
 
   // Registers `block` (in use, its keys and values computed) as holding `tokens` after `parent`
-  // (the block before it in the same sequence, which the caller holds, or kNoParent). Nothing
-  // happens when the parent is not registered (the block could never be found), when the same
-  // tokens after the same parent are registered in another block, or when `block` is registered.
-  void register_block(int32_t block, int32_t parent, std::span<const int32_t> tokens);
+  // (the block before it in the same sequence, which the caller holds, or kNoParent), and
+  // returns the registered block that holds them: `block`, or another that already held the same
+  // tokens after the same parent (the caller should use that one instead, and give `block` up),
+  // or kNoBlock when the parent is not registered (nothing could find the block).
+  int32_t register_block(int32_t block, int32_t parent, std::span<const int32_t> tokens);
   // The registered blocks that hold the first blocks of `tokens` (block_size tokens each), up to
   // `max_blocks`: the longest prefix found. Takes no reference.
   std::vector<int32_t> match(std::span<const int32_t> tokens, int block_size, int max_blocks) const;
@@ -78,7 +80,7 @@ class BlockManager {
   // A registered block's parent, as it was when the block was registered.
   struct Parent {
     int32_t block = kNoParent;
-    uint32_t reuse = 0;  // the parent id's reuses_ then
+    uint64_t reuse = 0;  // the parent id's reuses_ then
     bool operator==(const Parent&) const = default;
   };
   struct Content {
@@ -96,7 +98,7 @@ class BlockManager {
   std::vector<int32_t> free_;  // without contents
   std::vector<int32_t> ref_counts_;
   std::vector<Content> contents_;
-  std::vector<uint32_t> reuses_;                  // per id: how often its contents were given up
+  std::vector<uint64_t> reuses_;                  // per id: how often its contents were given up
   std::unordered_map<uint64_t, int32_t> cached_;  // key_of(parent, tokens) -> registered block
   std::list<int32_t> evictable_;                  // registered, unused; least recently freed first
 };

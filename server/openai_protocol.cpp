@@ -200,8 +200,8 @@ std::vector<std::string> read_prompts(const json& body) {
   const json* value = find_field(body, "prompt");
   if (!value) throw invalid("prompt", "you must provide a prompt parameter");
   if (value->is_string()) return {value->get<std::string>()};
-  if (!value->is_array() || value->empty())
-    throw wrong_type("prompt", "a string or a list of strings", *value);
+  if (value->is_array() && value->empty()) throw invalid("prompt", "the list of prompts is empty");
+  if (!value->is_array()) throw wrong_type("prompt", "a string or a list of strings", *value);
   std::vector<std::string> prompts;
   for (const json& item : *value) {
     if (!item.is_string()) throw wrong_type("prompt", "a string or a list of strings", item);
@@ -282,7 +282,7 @@ std::vector<LogitBias> read_logit_bias(const json& body) {
     int32_t token = -1;
     const char* end = key.data() + key.size();
     const auto parsed = std::from_chars(key.data(), end, token);
-    if (parsed.ec != std::errc() || parsed.ptr != end || token < 0)
+    if (key.empty() || key[0] == '-' || parsed.ec != std::errc() || parsed.ptr != end)
       throw invalid("logit_bias", "Invalid key in 'logit_bias': \"" + key +
                                       "\". Keys must be token ids: non-negative integers.");
     if (!bias.is_number()) throw wrong_type("logit_bias", "numbers as biases", bias);
@@ -359,7 +359,7 @@ void check_choices(const ParsedRequest& parsed, const ServedModel& model) {
   for (const std::string& prompt : parsed.prompts) bytes += prompt.size();
   for (const ChatMessage& message : parsed.request->messages) bytes += message.content.size();
   if (parsed.choices() > 1 && bytes * size_t(parsed.per_prompt) > kMaxRequestBytes)
-    throw invalid("n", "n (" + std::to_string(parsed.per_prompt) + ") times the prompt's " +
+    throw invalid("n", "n (" + std::to_string(parsed.per_prompt) + ") times the prompts' " +
                            std::to_string(bytes) + " bytes exceeds the " +
                            std::to_string(kMaxRequestBytes >> 20) + " MiB a request may hold");
 }
@@ -432,6 +432,16 @@ Completion total_usage(std::span<const Completion> choices, int per_prompt) {
   return total;
 }
 
+namespace {
+
+// Choice i's prompt (a completions call's; the request's own when it lists none).
+const std::string& prompt_of(const ParsedRequest& parsed, int choice) {
+  if (parsed.prompts.empty()) return parsed.request->prompt;
+  return parsed.prompts.at(size_t(choice / parsed.per_prompt));
+}
+
+}  // namespace
+
 ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
                                  TokenTextFn token_text)
     : id_(parsed.request->id),
@@ -446,8 +456,7 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
       per_prompt_(parsed.per_prompt) {
   // Completions logprobs count text offsets in the prompt followed by the answer.
   for (int i = 0; i < parsed.choices(); ++i)
-    choices_.push_back(
-        {{}, nullptr, chat_ ? 0 : parsed.prompts.at(size_t(i / per_prompt_)).size()});
+    choices_.push_back({{}, nullptr, chat_ ? 0 : prompt_of(parsed, i).size()});
 }
 
 json ResponseBuilder::chunk_envelope() const {

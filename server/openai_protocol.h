@@ -6,9 +6,9 @@
 // - `model` is required and must be the served model's name; any other name is a 404
 //   model_not_found. There is no "default" alias, so a client never silently talks to a model
 //   it did not name.
-// - n choices are n sequences of the same prompt, sampled independently (a seeded request's
-//   choice i draws with seed + i); a completions prompt may be a list of strings, each with its
-//   n choices (prompt p's choice j is choice p * n + j, as OpenAI numbers them); best_of, if
+// - n choices are n sequences of the same prompt, sampled independently; a completions prompt
+//   may be a list of strings, each with its n choices (prompt p's choice j is choice p * n + j,
+//   as OpenAI numbers them, and a seeded request's draws with seed + j); best_of, if
 //   given, must equal n; echo must be false; prompts of token ids are not taken: anything else
 //   is a 400 that names the parameter.
 // - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.

@@ -210,6 +210,8 @@ TEST(BlockManager, ContentCachedOnceStaysWithItsFirstBlock) {
   const auto first = register_all(blocks, tokens);
   const auto second = register_all(blocks, tokens);
   EXPECT_EQ(blocks.num_cached(), 1);
+  EXPECT_EQ(blocks.register_block(second[0], BlockManager::kNoParent, tokens), first[0])
+      << "the block that holds them already";
   EXPECT_EQ(blocks.match(tokens, kBlock, 1), first);
   auto table = second;
   blocks.release_all(table);

@@ -23,9 +23,11 @@ class SchedulerTest : public ::testing::Test {
   static constexpr int kBlockSize = 16;
 
   // A scheduler with no batch window and a pool of kBlocks blocks.
-  void start(int max_prefill_tokens = 2048, bool prefix_caching = true) {
+  void start(int max_prefill_tokens = 2048, bool prefix_caching = true, int max_batch = 16,
+             int window_ms = 0) {
     SchedulerSection config;
-    config.window_ms = 0;
+    config.window_ms = window_ms;
+    config.max_batch = max_batch;
     config.max_prefill_tokens = max_prefill_tokens;
     config.enable_prefix_caching = prefix_caching;
     scheduler_ = std::make_unique<Scheduler>(config, kBlocks, kBlockSize, metrics_);
@@ -201,6 +203,26 @@ TEST_F(SchedulerTest, WithoutPrefixCachingEveryPromptIsComputedWhole) {
   submit(40);
   EXPECT_EQ(std::get<PrefillBatch>(next_batch()).batch.seqs[0].start_pos, 0);
   EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 0u);
+}
+
+TEST_F(SchedulerTest, ASecondCopyOfTheSameStartGivesWayToTheCachedOne) {
+  // Two equal prompts fill a batch of two and are computed in the same pass, each in its own
+  // blocks; once computed, the second takes the first's registered blocks and frees its own, so
+  // that the blocks it computes after them chain to the cache too.
+  start(2048, true, /*max_batch=*/2, /*window_ms=*/60000);
+  const SequencePtr a = submit(40);
+  const SequencePtr b = submit(40);
+  auto both = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(both.seqs.size(), 2u);
+  const auto a_blocks = both.batch.seqs[0].block_table;
+  EXPECT_NE(both.batch.seqs[1].block_table[0], a_blocks[0]);
+  post(sampled(true, {a, b}));
+  auto step = std::get<DecodeBatch>(next_batch());
+  ASSERT_EQ(step.seqs.size(), 2u);
+  const auto& b_table = step.batch.seqs[1].block_table;
+  EXPECT_EQ(b_table[0], a_blocks[0]);
+  EXPECT_EQ(b_table[1], a_blocks[1]);
+  EXPECT_NE(b_table[2], a_blocks[2]) << "the partial block stays its own";
 }
 
 }  // namespace
