@@ -59,6 +59,7 @@ struct Request {
   bool chat = true;
   std::vector<ChatMessage> messages;  // chat requests
   std::string prompt;                 // text completions
+  std::vector<int32_t> prompt_ids;    // a completions prompt given as token ids: used as they are
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
   std::vector<std::string> stop;

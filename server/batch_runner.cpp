@@ -125,7 +125,7 @@ BatchRunner::BatchRunner(Engine& engine, std::string input_name, std::FILE* outp
     : engine_(engine),
       input_name_(std::move(input_name)),
       output_(output),
-      served_(served_model(engine.model_name(), engine.config())) {}
+      served_(served_model(engine.model_name(), engine.config(), engine.tokenizer())) {}
 
 BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
                                std::chrono::milliseconds period, const Report& report) {

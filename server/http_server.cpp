@@ -268,7 +268,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
 struct HttpServer::Impl {
   explicit Impl(Engine& engine_ref)
       : engine(engine_ref),
-        served(served_model(engine_ref.model_name(), engine_ref.config())),
+        served(served_model(engine_ref.model_name(), engine_ref.config(), engine_ref.tokenizer())),
         created(std::time(nullptr)) {
     // A completion request holds its connection thread until it ends, so every request the
     // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when

@@ -195,19 +195,49 @@ std::vector<ChatMessage> read_messages(const json& body) {
   return messages;
 }
 
-// A string, or a list of strings: a prompt each. Token ids are refused by their type.
-std::vector<std::string> read_prompts(const json& body) {
+constexpr const char* kPromptForms =
+    "a string, a list of strings, a list of token ids or a list of lists of token ids";
+
+// A prompt of token ids: each within the tokenizer's vocabulary; its text is theirs, decoded.
+void read_prompt_ids(const json& ids, const ServedModel& model, ParsedRequest& parsed) {
+  if (!model.tokenizer) throw invalid("prompt", "prompts of token ids are not taken here");
+  if (ids.empty()) throw invalid("prompt", "a prompt of token ids is empty");
+  std::vector<int32_t> tokens;
+  for (const json& id : ids) {
+    const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
+    if (!token) throw wrong_type("prompt", kPromptForms, id);
+    if (*token < 0 || *token >= model.tokenizer->vocab_size())
+      throw invalid("prompt", "token id " + std::to_string(*token) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(model.tokenizer->vocab_size()) + " tokens");
+    tokens.push_back(int32_t(*token));
+  }
+  parsed.prompts.push_back(model.tokenizer->decode(tokens));
+  parsed.prompt_ids.push_back(std::move(tokens));
+}
+
+// OpenAI's four forms of a completions prompt.
+void read_prompts(const json& body, const ServedModel& model, ParsedRequest& parsed) {
   const json* value = find_field(body, "prompt");
   if (!value) throw invalid("prompt", "you must provide a prompt parameter");
-  if (value->is_string()) return {value->get<std::string>()};
-  if (value->is_array() && value->empty()) throw invalid("prompt", "the list of prompts is empty");
-  if (!value->is_array()) throw wrong_type("prompt", "a string or a list of strings", *value);
-  std::vector<std::string> prompts;
-  for (const json& item : *value) {
-    if (!item.is_string()) throw wrong_type("prompt", "a string or a list of strings", item);
-    prompts.push_back(item.get<std::string>());
+  if (value->is_string()) {
+    parsed.prompts = {value->get<std::string>()};
+    parsed.prompt_ids = {{}};
+    return;
   }
-  return prompts;
+  if (!value->is_array()) throw wrong_type("prompt", kPromptForms, *value);
+  if (value->empty()) throw invalid("prompt", "the list of prompts is empty");
+  if ((*value)[0].is_number()) return read_prompt_ids(*value, model, parsed);
+  for (const json& item : *value) {
+    if (item.is_string()) {
+      parsed.prompts.push_back(item.get<std::string>());
+      parsed.prompt_ids.emplace_back();
+    } else if (item.is_array()) {
+      read_prompt_ids(item, model, parsed);
+    } else {
+      throw wrong_type("prompt", kPromptForms, item);
+    }
+  }
 }
 
 std::vector<std::string> read_stop(const json& body) {
@@ -343,9 +373,9 @@ json parse_json_body(std::string_view body) {
   return value;
 }
 
-ServedModel served_model(std::string name, const ServeConfig& config) {
+ServedModel served_model(std::string name, const ServeConfig& config, const Tokenizer& tokenizer) {
   // A call's choices wait in the queue together: more than it holds could never be accepted.
-  return {std::move(name), config.sampling, std::min(128, config.server.max_queue)};
+  return {std::move(name), config.sampling, std::min(128, config.server.max_queue), &tokenizer};
 }
 
 // Every choice is a request of its own: the queue must hold them all, and each has its own copy
@@ -376,8 +406,9 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   if (request.chat) {
     request.messages = read_messages(body);
   } else {
-    parsed.prompts = read_prompts(body);
+    read_prompts(body, model, parsed);
     request.prompt = parsed.prompts.front();
+    request.prompt_ids = parsed.prompt_ids.front();
     if (read_bool(body, "echo", false)) throw invalid("echo", "echo is not supported");
     check_best_of(body, parsed.per_prompt);
   }
@@ -416,7 +447,10 @@ std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parse
   for (int i = 0; i < parsed.choices(); ++i) {
     auto choice = std::make_shared<Request>(*parsed.request);
     choice->id.append("-").append(std::to_string(i));
-    if (!parsed.prompts.empty()) choice->prompt = parsed.prompts[size_t(i / parsed.per_prompt)];
+    if (!parsed.prompts.empty()) {
+      choice->prompt = parsed.prompts[size_t(i / parsed.per_prompt)];
+      choice->prompt_ids = parsed.prompt_ids[size_t(i / parsed.per_prompt)];
+    }
     if (choice->sampling.seed) *choice->sampling.seed += uint64_t(i % parsed.per_prompt);
     requests.push_back(std::move(choice));
   }

@@ -8,9 +8,9 @@
 //   it did not name.
 // - n choices are n sequences of the same prompt, sampled independently; a completions prompt
 //   may be a list of strings, each with its n choices (prompt p's choice j is choice p * n + j,
-//   as OpenAI numbers them, and a seeded request's draws with seed + j); best_of, if
-//   given, must equal n; echo must be false; prompts of token ids are not taken: anything else
-//   is a 400 that names the parameter.
+//   as OpenAI numbers them, and a seeded request's draws with seed + j), and a prompt may be
+//   given as token ids (used as they are: no BOS is added); best_of, if given, must equal n;
+//   echo must be false: anything else is a 400 that names the parameter.
 // - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
@@ -32,6 +32,7 @@
 
 #include "graph/request.h"
 #include "graph/serve_config.h"
+#include "io/tokenizer.h"
 
 namespace pipeline {
 
@@ -52,10 +53,12 @@ struct ServedModel {
   std::string name;
   SamplingDefaults defaults;  // for parameters a request leaves out
   int max_choices = 128;      // n at most (OpenAI's limit, or fewer: what the queue can hold)
+  // Reads prompts given as token ids (their range, their text); without it they are refused.
+  const Tokenizer* tokenizer = nullptr;
 };
 
-// The model as a server with `config` serves it under `name`.
-ServedModel served_model(std::string name, const ServeConfig& config);
+// The model as a server with `config` serves it under `name`, with its tokenizer.
+ServedModel served_model(std::string name, const ServeConfig& config, const Tokenizer& tokenizer);
 
 // How the answer is delivered; the rest of the request is in Request.
 struct ResponseOptions {
@@ -68,7 +71,9 @@ struct ParsedRequest {
   std::shared_ptr<Request> request;
   ResponseOptions options;
   std::vector<std::string> prompts;  // completions: every prompt of the list (one at least)
-  int per_prompt = 1;                // n: choices of each prompt
+  // Per prompt, its token ids when it was given as ids (its text above is theirs, decoded).
+  std::vector<std::vector<int32_t>> prompt_ids;
+  int per_prompt = 1;  // n: choices of each prompt
 
   int choices() const { return int(std::max<size_t>(prompts.size(), 1)) * per_prompt; }
 };

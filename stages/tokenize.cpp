@@ -20,6 +20,19 @@ StageInfo TokenizeStage::info() {
   return info;
 }
 
+// The chat template's tokens, a prompt's own ids (checked against the model's vocabulary, which
+// the API checked against the tokenizer's), or the prompt's text encoded after BOS.
+std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req) const {
+  if (req.chat) return apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages);
+  if (req.prompt_ids.empty()) return ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);
+  for (int32_t id : req.prompt_ids)
+    if (id < 0 || id >= ctx_.model.vocab_size)
+      throw std::invalid_argument("token id " + std::to_string(id) +
+                                  " is outside the model's vocabulary of " +
+                                  std::to_string(ctx_.model.vocab_size) + " tokens");
+  return req.prompt_ids;
+}
+
 void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
@@ -31,8 +44,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
                         " tokens",
                     "logit_bias"};
   try {
-    seq.tokens = req.chat ? apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages)
-                          : ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);
+    seq.tokens = prompt_tokens(req);
   } catch (const std::invalid_argument& e) {
     throw Refusal{e.what(), prompt_param};
   }

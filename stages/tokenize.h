@@ -26,6 +26,7 @@ class TokenizeStage : public Stage {
     std::string message;
     std::string param;  // the request field at fault; empty: none in particular
   };
+  std::vector<int32_t> prompt_tokens(const Request& req) const;
   // Fills the sequence's prompt, limits, sampler and text state; throws Refusal.
   void prepare(Sequence& seq) const;
 

@@ -7,13 +7,22 @@
 #include <map>
 #include <random>
 
+#include "tests/support/shared_data.h"
+
 namespace pipeline {
 namespace {
 
 using nlohmann::json;
 
+// stories260K's tokenizer (a vocabulary of 512), for prompts of token ids.
+const Tokenizer& tokenizer() {
+  static const Tokenizer tokenizer(testing::shared_path("models/stories260K/tokenizer.model"));
+  return tokenizer;
+}
+
 ServedModel served_model() {
   ServedModel model;
+  model.tokenizer = &tokenizer();
   model.name = "stories260K";
   model.defaults.max_tokens = 77;
   model.defaults.params.temperature = 0.7f;
@@ -225,6 +234,24 @@ TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
     EXPECT_EQ(four[i]->sampling.seed, seeds[i]) << i;
   }
 
+  // Prompts of token ids, alone or in a list with text: used as they are, their text decoded.
+  const std::vector<int32_t> ids = tokenizer().encode("Once upon a time", true);
+  const ParsedRequest by_ids = parse_completion(with(completion_body(), "prompt", ids));
+  EXPECT_EQ(by_ids.request->prompt_ids, ids);
+  EXPECT_EQ(by_ids.request->prompt, "Once upon a time");
+  const ParsedRequest mixed =
+      parse_completion(with(completion_body(), "prompt", {json(ids), json("The dog")}));
+  const auto two = choice_requests(mixed);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0]->prompt_ids, ids);
+  EXPECT_TRUE(two[1]->prompt_ids.empty());
+  EXPECT_EQ(two[1]->prompt, "The dog");
+  ServedModel without = served_model();
+  without.tokenizer = nullptr;
+  EXPECT_THROW(
+      parse_openai_request(Endpoint::Completions, with(completion_body(), "prompt", ids), without),
+      ApiError);
+
   // At most what the server's queue holds.
   ServedModel small = served_model();
   small.max_choices = 4;
@@ -297,7 +324,13 @@ std::vector<BadInput> bad_inputs() {
       {completion, with(completion_body(), "prompt", {"a", 7}), "prompt", "list of strings"},
       {completion, with(with(completion_body(), "prompt", {"a", "b", "c"}), "n", 50), "n",
        "n (50) times the 3 prompts makes more than 128 choices"},
-      {completion, with(completion_body(), "prompt", {1, 2, 3}), "prompt", "string"},
+      {completion, with(completion_body(), "prompt", {1, 2, 512}), "prompt",
+       "token id 512 is outside the vocabulary of 512 tokens"},
+      {completion, with(completion_body(), "prompt", {1, -2}), "prompt", "token id -2"},
+      {completion, with(completion_body(), "prompt", {1, 2.5}), "prompt", "list of token ids"},
+      {completion, with(completion_body(), "prompt", {{1, 2}, json::array()}), "prompt",
+       "a prompt of token ids is empty"},
+      {completion, with(completion_body(), "prompt", {{1, 2}, 7}), "prompt", "list of token ids"},
       {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
       {completion, with(completion_body(), "echo", true), "echo", "not supported"},
       {completion, with(completion_body(), "best_of", 3), "best_of",

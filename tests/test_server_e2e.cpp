@@ -20,6 +20,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "io/tokenizer.h"
 #include "tests/support/command.h"
 #include "tests/support/server_process.h"
 #include "tests/support/shared_data.h"
@@ -349,6 +350,26 @@ TEST_F(ServerE2E, AListOfPromptsIsAnsweredPromptByPrompt) {
   ASSERT_EQ(stream.status, 200) << stream.raw;
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(stream.choice_texts.at(i), all.body["choices"][i]["text"]) << "choice " << i;
+}
+
+TEST_F(ServerE2E, APromptOfTokenIdsIsAnsweredAsItsText) {
+  const pipeline::Tokenizer tokenizer(
+      pipeline::testing::shared_path("models/stories260K/tokenizer.model"));
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog"};
+  json body = completion_body(prompts[0], 16);
+  body["prompt"] = tokenizer.encode(prompts[0], true);
+  const Reply by_ids = post(port(), "/v1/completions", body);
+  ASSERT_EQ(by_ids.status, 200) << by_ids.raw;
+  const Reply by_text = post(port(), "/v1/completions", completion_body(prompts[0], 16));
+  EXPECT_EQ(by_ids.body["choices"][0]["text"], by_text.body["choices"][0]["text"]);
+  EXPECT_EQ(by_ids.body["usage"]["prompt_tokens"], by_text.body["usage"]["prompt_tokens"]);
+
+  body["prompt"] = {tokenizer.encode(prompts[0], true), tokenizer.encode(prompts[1], true)};
+  const Reply both = post(port(), "/v1/completions", body);
+  ASSERT_EQ(both.status, 200) << both.raw;
+  ASSERT_EQ(both.body["choices"].size(), 2u);
+  const Reply second = post(port(), "/v1/completions", completion_body(prompts[1], 16));
+  EXPECT_EQ(both.body["choices"][1]["text"], second.body["choices"][0]["text"]);
 }
 
 TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
