@@ -116,16 +116,17 @@ void Scheduler::schedule_next(Clock::time_point now) {
   drop_ended();
   // The last pass's blocks become matchable before anyone is admitted.
   for (const auto& [id, s] : running_) register_computed(*s);
-  // Only the first max_batch can be admitted in one pass, and none while the running set is
-  // full: the rest need no lookup yet.
-  const int lookups = int(running_.size()) < limits_.max_num_seqs ? limits_.max_batch : 0;
   std::vector<WaitingSequence> waiting;
   for (const auto& s : waiting_) {
-    WaitingSequence w{s->number, int(s->tokens.size()), s->queued_at, s->window_closed};
+    waiting.push_back({s->number, int(s->tokens.size()), s->queued_at, s->window_closed});
     s->cached_prefix.clear();
-    if (int(waiting.size()) < lookups) look_up_prefix(*s, w);
-    waiting.push_back(w);
   }
+  // Only the first max_batch can be admitted in one pass, and none while the window is open or
+  // the running set is full: the rest need no lookup yet.
+  const bool may_admit =
+      window_over(waiting, limits_, now) && int(running_.size()) < limits_.max_num_seqs;
+  const size_t lookups = may_admit ? std::min(waiting.size(), size_t(limits_.max_batch)) : 0;
+  for (size_t i = 0; i < lookups; ++i) look_up_prefix(*waiting_[i], waiting[i]);
   std::vector<RunningSequence> running;
   for (const auto& [id, s] : running_) {
     // A preemption frees only the blocks nobody else holds (a cached prefix may be shared).

@@ -118,6 +118,13 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
 
 }  // namespace
 
+bool window_over(const std::vector<WaitingSequence>& waiting, const SchedulerLimits& limits,
+                 Clock::time_point now) {
+  return !waiting.empty() &&
+         (waiting.front().window_closed || now >= waiting.front().queued + limits.window ||
+          int(waiting.size()) >= limits.max_batch);
+}
+
 SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
                            const std::vector<RunningSequence>& running, int free_blocks,
                            const SchedulerLimits& limits, Clock::time_point now) {
@@ -127,10 +134,7 @@ SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
   const int budget = advance_running(running, limits.max_prefill_tokens, decision);
   // A pass that had to preempt has no room for newcomers.
   if (waiting.empty() || !decision.preempt.empty()) return decision;
-  const bool window_over = waiting.front().window_closed ||
-                           now >= waiting.front().queued + limits.window ||
-                           int(waiting.size()) >= limits.max_batch;
-  if (window_over) {
+  if (window_over(waiting, limits, now)) {
     admit(waiting, running, available, budget, limits, decision);
     decision.window_closed = true;
   } else if (running.empty()) {

@@ -84,6 +84,10 @@ struct SchedulerDecision {
   bool idle() const { return !computes_prompts() && decode.empty(); }
 };
 
+// Whether the waiting sequences may be admitted now (the window rule above).
+bool window_over(const std::vector<WaitingSequence>& waiting, const SchedulerLimits& limits,
+                 Clock::time_point now);
+
 SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
                            const std::vector<RunningSequence>& running, int free_blocks,
                            const SchedulerLimits& limits, Clock::time_point now);
