@@ -121,12 +121,7 @@ int32_t BlockManager::register_block(int32_t block, int32_t parent,
   if (content.registered) return block;
   const Parent after = parent_of(parent);
   const uint64_t key = key_of(after, tokens);
-  if (const auto it = cached_.find(key); it != cached_.end()) {
-    const Content& held = contents_[size_t(it->second)];
-    const bool same = held.parent == after && std::equal(tokens.begin(), tokens.end(),
-                                                         held.tokens.begin(), held.tokens.end());
-    return same ? it->second : kNoBlock;  // a key collision: this content stays unregistered
-  }
+  if (cached_.contains(key)) return holder(key, after, tokens);  // kNoBlock on a key collision
   content.registered = true;
   content.parent = after;
   content.tokens.assign(tokens.begin(), tokens.end());
@@ -143,16 +138,24 @@ std::vector<int32_t> BlockManager::match(std::span<const int32_t> tokens, int bl
   for (int i = 0; i < blocks; ++i) {
     const auto block_tokens = tokens.subspan(size_t(i) * size_t(block_size), size_t(block_size));
     const Parent after = parent_of(parent);
-    const auto it = cached_.find(key_of(after, block_tokens));
-    if (it == cached_.end()) break;
-    const Content& content = contents_[size_t(it->second)];
-    if (!(content.parent == after) || !std::equal(block_tokens.begin(), block_tokens.end(),
-                                                  content.tokens.begin(), content.tokens.end()))
-      break;
-    found.push_back(it->second);
-    parent = it->second;
+    parent = holder(key_of(after, block_tokens), after, block_tokens);
+    if (parent == kNoBlock) break;
+    found.push_back(parent);
   }
   return found;
+}
+
+// The registered block under `key` when it holds `tokens` after `parent`, compared, not only
+// hashed; kNoBlock otherwise.
+int32_t BlockManager::holder(uint64_t key, const Parent& parent,
+                             std::span<const int32_t> tokens) const {
+  const auto it = cached_.find(key);
+  if (it == cached_.end()) return kNoBlock;
+  const Content& content = contents_[size_t(it->second)];
+  const bool same =
+      content.parent == parent &&
+      std::equal(tokens.begin(), tokens.end(), content.tokens.begin(), content.tokens.end());
+  return same ? it->second : kNoBlock;
 }
 
 void BlockManager::share(int32_t block) {

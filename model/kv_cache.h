@@ -93,6 +93,7 @@ class BlockManager {
 
   Parent parent_of(int32_t block) const;
   static uint64_t key_of(const Parent& parent, std::span<const int32_t> tokens);
+  int32_t holder(uint64_t key, const Parent& parent, std::span<const int32_t> tokens) const;
   void evict(int32_t block);
 
   std::vector<int32_t> free_;  // without contents
