@@ -45,6 +45,9 @@ struct SampledOutput {
   int index = 0;
   SampledToken sampled;
   std::optional<FinishReason> finish;  // set when this token ends the sequence
+  // Request::prompt_logprobs, with the first generated token: the scores of prompt tokens 1 ..
+  // prompt_len - 1.
+  std::vector<SampledToken> prompt_scores;
 };
 
 // What a forward pass produced, for the scheduler (the loop edge) and the detokenizer.

@@ -15,11 +15,11 @@
 
 namespace pipeline {
 
-// One generated token, for logprobs.
+// One token with its logprob, for logprobs.
 struct TokenOutput {
   int32_t token = 0;
   std::string text;  // the token's own text (its bytes may be part of a wider character)
-  float logprob = 0.0f;
+  std::optional<float> logprob;  // none only for a prompt's first token: nothing predicts it
   std::vector<TokenLogprob> top;
 };
 
@@ -27,6 +27,9 @@ struct TokenOutput {
 struct Delta {
   std::string text;
   std::vector<TokenOutput> tokens;
+  // With Request::prompt_logprobs, in a sequence's first delta only: every prompt token, each
+  // with the model's logprob of it given the tokens before it.
+  std::vector<TokenOutput> prompt;
 };
 
 struct Completion {
@@ -64,6 +67,10 @@ struct Request {
   int max_tokens = 0;  // 0: up to the end of the context
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with
+  // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
+  // the prefix cache, since cached positions have no logits.
+  bool prompt_logprobs = false;
   std::shared_ptr<RequestSink> sink;
   // Set by Engine::submit when it accepts the request: its sequence's number, which
   // Engine::cancel finds it by. Read on the thread that submitted.

@@ -152,9 +152,10 @@ void Scheduler::schedule_next(Clock::time_point now) {
 }
 
 // The cached blocks that hold the sequence's first tokens; at least its last token is left to
-// compute, for the logits its first sampled token needs.
+// compute, for the logits its first sampled token needs. A prompt to score takes none: its
+// scores need every position's logits.
 void Scheduler::look_up_prefix(Sequence& seq, WaitingSequence& w) {
-  if (!prefix_caching_) return;
+  if (!prefix_caching_ || seq.scores_prompt()) return;
   const int max_blocks = (int(seq.tokens.size()) - 1) / limits_.block_size;
   seq.cached_prefix = blocks_.match(seq.tokens, limits_.block_size, max_blocks);
   w.cached = int(seq.cached_prefix.size()) * limits_.block_size;
@@ -243,6 +244,10 @@ void Scheduler::add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seq
   chunk.tokens.assign(seq->tokens.begin() + seq->computed, seq->tokens.begin() + end);
   chunk.start_pos = seq->computed;
   chunk.block_table = seq->block_table;
+  if (seq->scores_prompt()) {
+    chunk.all_logits = true;
+    seq->scored_rows = std::max(seq->scored_rows, std::min(end, seq->prompt_len - 1));
+  }
   seq->computed = end;
   batch.seqs.push_back(std::move(chunk));
   seqs.push_back(seq);

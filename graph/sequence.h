@@ -31,6 +31,7 @@ namespace pipeline {
 struct GeneratedToken {
   SampledToken sampled;
   std::optional<FinishReason> finish;
+  std::vector<SampledToken> prompt_scores;  // SampledOutput::prompt_scores
 };
 
 // Detokenize's per-sequence state: tokens come back into order, then become text.
@@ -111,8 +112,15 @@ struct Sequence {
   bool window_closed = false;
   std::chrono::steady_clock::time_point queued_at;  // arrival in the queue (preemption keeps it)
 
+  // Request::prompt_logprobs: positions from 0 whose logits rows a pass was asked for, so
+  // that a preempted sequence does not ask again (scheduler thread).
+  int scored_rows = 0;
+
   // Model stages only.
   std::chrono::steady_clock::time_point last_token_at;
+  // Request::prompt_logprobs: prompt tokens 1, 2, ... scored so far (the first token has no
+  // score); handed on with the first generated token.
+  std::vector<SampledToken> prompt_scores;
 
   // Detokenize sets it when a stop string ended the text; the scheduler then drops the sequence.
   std::atomic<bool> stopped{false};
@@ -121,6 +129,9 @@ struct Sequence {
   int generated() const { return int(tokens.size()) - prompt_len; }
   // Prefill tokens still to compute; 0 once it decodes (scheduler thread).
   int prompt_left() const { return std::max(0, prefill_end - computed); }
+  // Whether its prompt still needs logits rows for its scores: rows 0 .. prompt_len - 2 score
+  // tokens 1 .. prompt_len - 1 (scheduler thread).
+  bool scores_prompt() const { return request->prompt_logprobs && scored_rows < prompt_len - 1; }
 };
 
 using SequencePtr = std::shared_ptr<Sequence>;

@@ -75,6 +75,38 @@ int weight_bucket(float weight) {
   return std::min(int(std::bit_cast<uint32_t>(weight) >> 20), kWeightBuckets - 1);
 }
 
+// log(sum(exp(logits))) of the raw logits: the model's own distribution, which logprobs report.
+double log_normaliser(std::span<const float> logits, float max_logit) {
+  // float exp (a couple of ulp), summed in double
+  const double sum = sum_over(logits, [&](float logit) { return shifted_exp(logit - max_logit); });
+  return max_logit + std::log(sum);
+}
+
+// The `count` most likely tokens of the raw logits, most likely first, ties broken by the lower
+// id so that the report is the same everywhere (NaNs skipped). One pass keeps them in a short
+// sorted list: a token enters only when it beats the list's last, which after the first few
+// thousand ids is rare.
+void report_alternatives(std::span<const float> logits, double log_z, size_t count,
+                         std::vector<TokenLogprob>& top) {
+  count = std::min(count, logits.size());
+  top.clear();
+  if (count == 0) return;
+  std::vector<int32_t> best;
+  best.reserve(count + 1);
+  for (size_t id = 0; id < logits.size(); ++id) {
+    const float logit = logits[id];
+    if (std::isnan(logit)) continue;
+    // Ids come in increasing order, so an equal logit never beats one already listed.
+    if (best.size() == count && !(logit > logits[size_t(best.back())])) continue;
+    auto at = std::upper_bound(best.begin(), best.end(), logit, [&](float value, int32_t other) {
+      return value > logits[size_t(other)];
+    });
+    best.insert(at, int32_t(id));
+    if (best.size() > count) best.pop_back();
+  }
+  for (int32_t id : best) top.push_back({id, float(double(logits[size_t(id)]) - log_z)});
+}
+
 }  // namespace
 
 std::string validate(const SamplingParams& p) {
@@ -105,6 +137,21 @@ std::string validate(const SamplingParams& p) {
   return {};
 }
 
+SampledToken score_token(std::span<const float> logits, int32_t token, int top_logprobs) {
+  if (token < 0 || size_t(token) >= logits.size())
+    throw std::invalid_argument("score_token: token " + std::to_string(token) +
+                                " is outside the vocabulary of " + std::to_string(logits.size()));
+  const float max_logit = max_value(logits);
+  if (!std::isfinite(max_logit))
+    throw std::invalid_argument("score_token: logits have no finite maximum");
+  const double log_z = log_normaliser(logits, max_logit);
+  SampledToken out;
+  out.token = token;
+  out.logprob = float(double(logits[size_t(token)]) - log_z);
+  report_alternatives(logits, log_z, size_t(std::max(top_logprobs, 0)), out.top);
+  return out;
+}
+
 Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
     : params_(params), rng_(params.seed.value_or(fallback_seed)) {
   if (std::string error = validate(params); !error.empty()) throw std::invalid_argument(error);
@@ -120,7 +167,7 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
     throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
   const bool report = params_.logprobs || params_.top_logprobs > 0;
   const double log_z = report ? log_normaliser(logits, max_logit) : 0.0;
-  if (report) report_alternatives(logits, log_z, out);
+  if (report) report_alternatives(logits, log_z, size_t(params_.top_logprobs), out.top);
 
   if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty()) {
     out.token = first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
@@ -139,29 +186,6 @@ bool Sampler::penalises() const {
   const bool neutral =
       p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
   return !neutral && p.repeat_last_n != 0;
-}
-
-// log(sum(exp(logits))) of the raw logits: the model's own distribution, which logprobs report.
-double Sampler::log_normaliser(std::span<const float> logits, float max_logit) {
-  // float exp (a couple of ulp), summed in double
-  const double sum = sum_over(logits, [&](float logit) { return shifted_exp(logit - max_logit); });
-  return max_logit + std::log(sum);
-}
-
-// The top_logprobs most likely tokens of the raw logits, ties broken by the lower id so that
-// the report is the same everywhere.
-void Sampler::report_alternatives(std::span<const float> logits, double log_z, SampledToken& out) {
-  const size_t count = std::min(size_t(params_.top_logprobs), logits.size());
-  if (count == 0) return;
-  order_.resize(logits.size());
-  std::iota(order_.begin(), order_.end(), 0);
-  std::partial_sort(order_.begin(), order_.begin() + count, order_.end(),
-                    [&](int32_t a, int32_t b) {
-                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-                    });
-  out.top.resize(count);
-  for (size_t i = 0; i < count; ++i)
-    out.top[i] = {order_[i], float(double(logits[order_[i]]) - log_z)};
 }
 
 // CTRL-style repetition penalty, then OpenAI's presence and frequency penalties, once per

@@ -50,6 +50,11 @@ struct SampledToken {
   std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, most likely first
 };
 
+// The model's own logprob of a given `token` under `logits` and its `top_logprobs` likeliest
+// tokens, as Sampler::sample reports them for the token it draws: echo's scores of a prompt.
+// Throws std::invalid_argument on a token outside the logits or logits with no finite maximum.
+SampledToken score_token(std::span<const float> logits, int32_t token, int top_logprobs);
+
 // Draws tokens for one sequence: penalties over the history window (as llama.cpp applies them),
 // then greedy argmax (temperature 0) or top-k, softmax at the temperature, top-p, min-p and
 // a draw from what is left. Scratch buffers are sized at the first call and reused after.
@@ -67,8 +72,6 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  static double log_normaliser(std::span<const float> logits, float max_logit);
-  void report_alternatives(std::span<const float> logits, double log_z, SampledToken& out);
   bool penalises() const;  // any penalty set, over a window of at least one token
   void apply_penalties(std::span<const int32_t> history);
   void apply_logit_bias();

@@ -196,7 +196,7 @@ class EventStream {
  private:
   std::string render(ChoiceEvent& event) {
     if (auto* delta = std::get_if<Delta>(&event.event)) {
-      if (delta->text.empty() && delta->tokens.empty()) return {};
+      if (!builder_.shows(*delta, event.choice)) return {};
       return sse_event(builder_.delta_chunk(*delta, event.choice));
     }
     // A stream ends with [DONE] after an error too, as vLLM's does: clients that read until

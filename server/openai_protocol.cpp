@@ -340,11 +340,30 @@ SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
   return params;
 }
 
-int read_max_tokens(Endpoint endpoint, const json& body, int fallback) {
+// 0 only with echo: the prompt alone.
+int read_max_tokens(Endpoint endpoint, const json& body, int fallback, bool echo) {
   // Chat's newer name wins over the deprecated one when both are given.
   if (endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens"))
     return read_int(body, "max_completion_tokens", fallback, 1, INT_MAX);
-  return read_int(body, "max_tokens", fallback, 1, INT_MAX);
+  return read_int(body, "max_tokens", fallback, echo ? 0 : 1, INT_MAX);
+}
+
+// Completions' echo: the answer starts with the prompt, and with logprobs, the prompt's tokens
+// are scored too. With max_tokens 0 the prompt is the whole answer; one token is still generated
+// (the engine always samples after a prompt) and dropped, as vLLM does.
+void read_echo(Endpoint endpoint, const json& body, ParsedRequest& parsed) {
+  const bool echo = read_bool(body, "echo", false);
+  if (endpoint == Endpoint::ChatCompletions) {
+    if (echo) throw invalid("echo", "echo is a /v1/completions parameter");
+    return;
+  }
+  Request& request = *parsed.request;
+  parsed.options.echo = echo;
+  request.prompt_logprobs = echo && request.sampling.logprobs;
+  if (echo && request.max_tokens == 0) {
+    parsed.options.prompt_only = true;
+    request.max_tokens = 1;
+  }
 }
 
 // OpenAI reports an impossible probability as -9999 rather than a non-JSON -infinity.
@@ -409,16 +428,17 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
     read_prompts(body, model, parsed);
     request.prompt = parsed.prompts.front();
     request.prompt_ids = parsed.prompt_ids.front();
-    if (read_bool(body, "echo", false)) throw invalid("echo", "echo is not supported");
     check_best_of(body, parsed.per_prompt);
   }
   check_choices(parsed, model);
   refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
-  request.max_tokens = read_max_tokens(endpoint, body, model.defaults.max_tokens);
+  request.max_tokens =
+      read_max_tokens(endpoint, body, model.defaults.max_tokens, read_bool(body, "echo", false));
   request.sampling = read_sampling(body, model.defaults.params);
   read_logprobs(endpoint, body, request);
   check_sampling_ranges(endpoint, request.sampling);
+  read_echo(endpoint, body, parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   return parsed;
@@ -482,15 +502,24 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
       chat_(parsed.request->chat),
       logprobs_(parsed.request->sampling.logprobs),
       include_usage_(parsed.options.include_usage),
+      prompt_only_(parsed.options.prompt_only),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()),
       model_(std::move(model)),
       token_text_(std::move(token_text)),
       per_prompt_(parsed.per_prompt) {
-  // Completions logprobs count text offsets in the prompt followed by the answer.
-  for (int i = 0; i < parsed.choices(); ++i)
-    choices_.push_back({{}, nullptr, chat_ ? 0 : prompt_of(parsed, i).size()});
+  // Completions logprobs count text offsets in the prompt followed by the answer; an echoed
+  // prompt's own tokens start at 0.
+  for (int i = 0; i < parsed.choices(); ++i) {
+    ChoiceText choice;
+    if (!chat_) {
+      choice.prompt = prompt_of(parsed, i);
+      choice.echo_due = parsed.options.echo;
+      choice.text_offset = choice.prompt.size();
+    }
+    choices_.push_back(std::move(choice));
+  }
 }
 
 json ResponseBuilder::chunk_envelope() const {
@@ -513,27 +542,33 @@ json ResponseBuilder::role_chunk(int choice) const {
   return chunk;
 }
 
+bool ResponseBuilder::shows(const Delta& delta, int choice) const {
+  if (choices_.at(size_t(choice)).echo_due || !delta.prompt.empty()) return true;
+  return !prompt_only_ && (!delta.text.empty() || !delta.tokens.empty());
+}
+
 json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
+  ChoiceText& state = choices_.at(size_t(choice));
   json chunk = chunk_envelope();
-  json entry = {{"index", choice},
-                {"logprobs", logprobs(delta.tokens, choices_.at(size_t(choice)))},
-                {"finish_reason", nullptr}};
+  json entry = {
+      {"index", choice}, {"logprobs", logprobs(delta, state)}, {"finish_reason", nullptr}};
   if (chat_)
     entry["delta"] = {{"content", delta.text}};
   else
-    entry["text"] = delta.text;
+    entry["text"] = take_text(delta, state);
   chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
 
-json ResponseBuilder::finish_chunk(FinishReason reason, int choice) const {
+json ResponseBuilder::finish_chunk(FinishReason reason, int choice) {
   json chunk = chunk_envelope();
-  json entry = {
-      {"index", choice}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+  json entry = {{"index", choice},
+                {"logprobs", nullptr},
+                {"finish_reason", finish_reason_name(shown_reason(reason))}};
   if (chat_)
     entry["delta"] = json::object();
-  else
-    entry["text"] = "";
+  else  // an echo no delta carried (an answer with no text) comes here
+    entry["text"] = take_text(Delta{}, choices_.at(size_t(choice)));
   chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
@@ -546,8 +581,8 @@ json ResponseBuilder::usage_chunk(std::span<const Completion> choices) const {
 
 void ResponseBuilder::append(const Delta& delta, int choice) {
   ChoiceText& state = choices_.at(size_t(choice));
-  state.text += delta.text;
-  json part = logprobs(delta.tokens, state);
+  json part = logprobs(delta, state);
+  state.text += take_text(delta, state);
   if (part.is_null()) return;
   if (state.logprobs.is_null()) {
     state.logprobs = std::move(part);
@@ -565,11 +600,11 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
     const ChoiceText& state = choices_.at(i);
     json entry = {{"index", i},
                   {"logprobs", state.logprobs},
-                  {"finish_reason", finish_reason_name(choices[i].reason)}};
+                  {"finish_reason", finish_reason_name(shown_reason(choices[i].reason))}};
     if (chat_)
       entry["message"] = {{"role", "assistant"}, {"content", state.text}, {"refusal", nullptr}};
-    else
-      entry["text"] = state.text;
+    else  // an echo no delta carried: the prompt is the whole text
+      entry["text"] = state.echo_due ? state.prompt + state.text : state.text;
     entries.push_back(std::move(entry));
   }
   return {{"id", id_},
@@ -581,15 +616,31 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
 }
 
 json ResponseBuilder::usage(std::span<const Completion> choices) const {
-  const Completion total = total_usage(choices, per_prompt_);
+  Completion total = total_usage(choices, per_prompt_);
+  if (prompt_only_) total.completion_tokens = 0;
   return {{"prompt_tokens", total.prompt_tokens},
           {"completion_tokens", total.completion_tokens},
           {"total_tokens", total.prompt_tokens + total.completion_tokens}};
 }
 
-json ResponseBuilder::logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice) {
+// A prompt_only answer ends at its length limit of 0, whatever ended the token it dropped.
+FinishReason ResponseBuilder::shown_reason(FinishReason reason) const {
+  return prompt_only_ ? FinishReason::Length : reason;
+}
+
+std::string ResponseBuilder::take_text(const Delta& delta, ChoiceText& choice) const {
+  std::string text;
+  if (choice.echo_due) {
+    text = choice.prompt;
+    choice.echo_due = false;
+  }
+  if (!prompt_only_) text += delta.text;
+  return text;
+}
+
+json ResponseBuilder::logprobs(const Delta& delta, ChoiceText& choice) const {
   if (!logprobs_) return nullptr;
-  return chat_ ? chat_logprobs(tokens) : completion_logprobs(tokens, choice);
+  return chat_ ? chat_logprobs(delta.tokens) : completion_logprobs(delta, choice);
 }
 
 // {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
@@ -605,28 +656,55 @@ json ResponseBuilder::chat_logprobs(const std::vector<TokenOutput>& tokens) cons
                      {"bytes", utf8_bytes(text)}});
     }
     content.push_back({{"token", token.text},
-                       {"logprob", json_logprob(token.logprob)},
+                       {"logprob", json_logprob(token.logprob.value_or(0.0f))},
                        {"bytes", utf8_bytes(token.text)},
                        {"top_logprobs", std::move(top)}});
   }
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-// {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}
-json ResponseBuilder::completion_logprobs(const std::vector<TokenOutput>& tokens,
-                                          ChoiceText& choice) {
+namespace {
+
+// One token of completions logprobs; a prompt's first token has null for its logprob and its
+// alternatives.
+void add_completion_logprob(json& result, const TokenOutput& token, size_t text_offset,
+                            const TokenTextFn& token_text) {
+  json top = nullptr;
+  if (token.logprob) {
+    top = json::object();
+    for (const TokenLogprob& alternative : token.top)
+      top[token_text(alternative.token)] = json_logprob(alternative.logprob);
+  }
+  result["tokens"].push_back(token.text);
+  result["token_logprobs"].push_back(token.logprob ? json(json_logprob(*token.logprob)) : json());
+  result["top_logprobs"].push_back(std::move(top));
+  result["text_offset"].push_back(text_offset);
+}
+
+}  // namespace
+
+// {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}:
+// an echoed prompt's tokens, then the delta's own (none for prompt_only).
+json ResponseBuilder::completion_logprobs(const Delta& delta, ChoiceText& choice) const {
   json result = {{"tokens", json::array()},
                  {"token_logprobs", json::array()},
                  {"top_logprobs", json::array()},
                  {"text_offset", json::array()}};
-  for (const TokenOutput& token : tokens) {
-    json top = json::object();
-    for (const TokenLogprob& alternative : token.top)
-      top[token_text_(alternative.token)] = json_logprob(alternative.logprob);
-    result["tokens"].push_back(token.text);
-    result["token_logprobs"].push_back(json_logprob(token.logprob));
-    result["top_logprobs"].push_back(std::move(top));
-    result["text_offset"].push_back(choice.text_offset);
+  size_t offset = 0;
+  bool first_word = true;
+  for (const TokenOutput& token : delta.prompt) {
+    add_completion_logprob(result, token, std::min(offset, choice.prompt.size()), token_text_);
+    size_t length = token.text.size();
+    // SentencePiece's mark of the first word's start is a space the prompt does not have.
+    if (first_word && length > 0) {
+      first_word = false;
+      if (token.text[0] == ' ' && (choice.prompt.empty() || choice.prompt[0] != ' ')) --length;
+    }
+    offset += length;
+  }
+  if (prompt_only_) return result;
+  for (const TokenOutput& token : delta.tokens) {
+    add_completion_logprob(result, token, choice.text_offset, token_text_);
     choice.text_offset += token.text.size();
   }
   return result;

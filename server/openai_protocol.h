@@ -9,8 +9,13 @@
 // - n choices are n sequences of the same prompt, sampled independently; a completions prompt
 //   may be a list of strings, each with its n choices (prompt p's choice j is choice p * n + j,
 //   as OpenAI numbers them, and a seeded request's draws with seed + j), and a prompt may be
-//   given as token ids (used as they are: no BOS is added); best_of, if given, must equal n;
-//   echo must be false: anything else is a 400 that names the parameter.
+//   given as token ids (used as they are: no BOS is added); best_of, if given, must equal n:
+//   anything else is a 400 that names the parameter.
+// - echo (completions) puts the prompt before the answer; with logprobs, the prompt's tokens come
+//   first in them, the first with a null logprob (nothing predicts it), their text_offsets
+//   counted in the prompt (the space SentencePiece marks a first word with is not in the
+//   prompt, so it counts for nothing). max_tokens 0 is allowed with echo: the prompt alone, with
+//   finish_reason "length" and no completion tokens, as vLLM answers it.
 // - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
@@ -64,6 +69,8 @@ ServedModel served_model(std::string name, const ServeConfig& config, const Toke
 struct ResponseOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool echo = false;           // completions: the prompt before the answer
+  bool prompt_only = false;    // echo with max_tokens 0: the one token generated is not shown
 };
 
 struct ParsedRequest {
@@ -121,9 +128,12 @@ class ResponseBuilder {
 
   // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
   // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
+  // A delta that shows() nothing (no text or tokens, or a prompt_only answer's token after the
+  // echo) needs no chunk.
   nlohmann::json role_chunk(int choice = 0) const;
+  bool shows(const Delta& delta, int choice = 0) const;
   nlohmann::json delta_chunk(const Delta& delta, int choice = 0);
-  nlohmann::json finish_chunk(FinishReason reason, int choice = 0) const;
+  nlohmann::json finish_chunk(FinishReason reason, int choice = 0);
   nlohmann::json usage_chunk(std::span<const Completion> choices) const;
 
   // Non-streaming: collect every delta, then build chat.completion or text_completion from
@@ -136,19 +146,25 @@ class ResponseBuilder {
   struct ChoiceText {
     std::string text;
     nlohmann::json logprobs;
+    std::string prompt;      // its prompt's text
+    bool echo_due = false;   // echo: the prompt is not sent yet
     size_t text_offset = 0;  // byte offset of the next token in prompt+text
   };
 
   nlohmann::json chunk_envelope() const;
   nlohmann::json usage(std::span<const Completion> choices) const;
-  nlohmann::json logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice);
+  FinishReason shown_reason(FinishReason reason) const;
+  // The text a delta adds to the answer: the echoed prompt first, if due (and then no longer).
+  std::string take_text(const Delta& delta, ChoiceText& choice) const;
+  nlohmann::json logprobs(const Delta& delta, ChoiceText& choice) const;
   nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
-  nlohmann::json completion_logprobs(const std::vector<TokenOutput>& tokens, ChoiceText& choice);
+  nlohmann::json completion_logprobs(const Delta& delta, ChoiceText& choice) const;
 
   std::string id_;
   bool chat_;
   bool logprobs_;
   bool include_usage_;
+  bool prompt_only_;
   int64_t created_;
   std::string model_;
   TokenTextFn token_text_;

@@ -22,8 +22,10 @@ void DetokenizeStage::operator()(Message message, const Emit& emit) {
   StreamEvents out;
   for (auto& output : result.outputs) {
     const SequencePtr& seq = output.seq;
-    seq->text->tokens.push(uint64_t(output.index), {std::move(output.sampled), output.finish},
-                           [&](const GeneratedToken& token) { add_token(seq, token, out); });
+    seq->text->tokens.push(
+        uint64_t(output.index),
+        {std::move(output.sampled), output.finish, std::move(output.prompt_scores)},
+        [&](const GeneratedToken& token) { add_token(seq, token, out); });
   }
   if (!out.events.empty()) emit(std::move(out));
 }
@@ -37,6 +39,8 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   std::optional<FinishReason> finish = token.finish;
 
   Delta delta;
+  if (state.completion_tokens == 1 && seq->request->prompt_logprobs)
+    delta.prompt = scored_prompt(*seq, token);
   if (seq->request->sampling.logprobs)
     delta.tokens.push_back(
         {id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
@@ -54,13 +58,30 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     finish = FinishReason::Stop;
     seq->stopped.store(true);
   }
-  if (!delta.text.empty() || !delta.tokens.empty())
+  if (!delta.text.empty() || !delta.tokens.empty() || !delta.prompt.empty())
     out.events.push_back({seq, state.next_event++, std::move(delta)});
   if (finish) {
     state.done = true;
     out.events.push_back(
         {seq, state.next_event++, Completion{*finish, seq->prompt_len, state.completion_tokens}});
   }
+}
+
+std::vector<TokenOutput> DetokenizeStage::scored_prompt(const Sequence& seq,
+                                                        const GeneratedToken& token) const {
+  std::vector<TokenOutput> prompt;
+  for (int i = 0; i < seq.prompt_len; ++i) {
+    const int32_t id = seq.tokens[size_t(i)];
+    TokenOutput out{id, ctx_.tokenizer.token_text(id), std::nullopt, {}};
+    // Score i - 1 is token i's; the model step scored every token but the first.
+    if (i > 0 && size_t(i - 1) < token.prompt_scores.size()) {
+      const SampledToken& score = token.prompt_scores[size_t(i - 1)];
+      out.logprob = score.logprob;
+      out.top = score.top;
+    }
+    prompt.push_back(std::move(out));
+  }
+  return prompt;
 }
 
 }  // namespace pipeline

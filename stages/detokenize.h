@@ -1,7 +1,8 @@
 // detokenize: sampled tokens → text deltas, per sequence in generation order (tokens of one
 // sequence may arrive from concurrent bodies out of order; TextState puts them back in order).
 // Stop strings end a sequence with reason "stop" and are never sent, not even in part; the
-// scheduler then drops the sequence at its next step.
+// scheduler then drops the sequence at its next step. A prompt that was scored (echo with
+// logprobs) goes out with the first delta.
 #pragma once
 
 #include "graph/engine_context.h"
@@ -18,6 +19,8 @@ class DetokenizeStage : public Stage {
  private:
   // One token of `seq`, in order; appends the events it makes to `out`.
   void add_token(const SequencePtr& seq, const GeneratedToken& token, StreamEvents& out) const;
+  // Request::prompt_logprobs: the prompt's tokens with their scores, for the first delta.
+  std::vector<TokenOutput> scored_prompt(const Sequence& seq, const GeneratedToken& token) const;
 
   EngineContext& ctx_;
 };

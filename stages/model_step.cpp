@@ -29,6 +29,68 @@ bool reaches_the_end(const SequenceChunk& chunk, const Sequence& seq) {
   return chunk.start_pos + chunk.tokens.size() == seq.tokens.size();
 }
 
+// Each chunk's first row of logits: one row per chunk, or one per token with all_logits.
+std::vector<int> first_rows(const Batch& batch) {
+  std::vector<int> rows;
+  int row = 0;
+  for (const SequenceChunk& chunk : batch.seqs) {
+    rows.push_back(row);
+    row += chunk.all_logits ? int(chunk.tokens.size()) : 1;
+  }
+  return rows;
+}
+
+// A logits row that scores a prompt token: row `row` predicts prompt token `position`.
+struct ScoreRow {
+  size_t seq = 0;
+  int row = 0;
+  int position = 0;
+};
+
+// The rows of this pass that score prompt tokens not scored yet. A sequence preempted before its
+// first token computes its prompt again; the rows it scored then are not scored twice.
+std::vector<ScoreRow> rows_to_score(const std::vector<SequencePtr>& seqs, const Batch& batch,
+                                    const std::vector<int>& first_row) {
+  std::vector<ScoreRow> rows;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceChunk& chunk = batch.seqs[i];
+    const Sequence& seq = *seqs[i];
+    if (!chunk.all_logits) continue;
+    for (int j = 0; j < int(chunk.tokens.size()); ++j) {
+      const int position = chunk.start_pos + j + 1;
+      if (position >= seq.prompt_len) break;
+      if (position > int(seq.prompt_scores.size())) rows.push_back({i, first_row[i] + j, position});
+    }
+  }
+  return rows;
+}
+
+// Request::prompt_logprobs: scores the prompt tokens this pass's logits predict, into each
+// sequence's prompt_scores. Returns, per sequence, why scoring failed (or nothing).
+std::vector<std::optional<std::string>> score_prompts(const std::vector<SequencePtr>& seqs,
+                                                      const Batch& batch, const Logits& logits,
+                                                      const std::vector<int>& first_row) {
+  std::vector<std::optional<std::string>> errors(seqs.size());
+  const std::vector<ScoreRow> rows = rows_to_score(seqs, batch, first_row);
+  if (rows.empty()) return errors;
+  std::vector<SampledToken> scores(rows.size());
+  std::vector<std::optional<std::string>> row_errors(rows.size());
+  tbb::parallel_for(size_t(0), rows.size(), [&](size_t r) {
+    const Sequence& seq = *seqs[rows[r].seq];
+    try {
+      scores[r] = score_token(logits.row(rows[r].row), seq.tokens[size_t(rows[r].position)],
+                              seq.request->sampling.top_logprobs);
+    } catch (const std::exception& e) {
+      row_errors[r] = e.what();
+    }
+  });
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (row_errors[r]) errors[rows[r].seq] = row_errors[r];
+    seqs[rows[r].seq]->prompt_scores.push_back(std::move(scores[r]));
+  }
+  return errors;
+}
+
 }  // namespace
 
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
@@ -51,17 +113,21 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   const auto now = Clock::now();
   (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)
       .observe(seconds_since(start, now));
-  // Each sequence samples from its own row with its own sampler: in parallel, since a large
-  // batch's sampling would otherwise stall the device between steps.
+  // Each sequence samples from its own row (a chunk's last) with its own sampler: in parallel,
+  // since a large batch's sampling would otherwise stall the device between steps.
+  const std::vector<int> first_row = first_rows(batch);
   std::vector<SampledToken> sampled(seqs.size());
-  std::vector<std::optional<std::string>> sampling_errors(seqs.size());
+  std::vector<std::optional<std::string>> sampling_errors;
   {
     static const NvtxName kSampling("sampling");
     NvtxRange range(kSampling);
+    sampling_errors = score_prompts(seqs, batch, logits, first_row);
     tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
-      if (!reaches_the_end(batch.seqs[i], *seqs[i])) return;
+      if (!reaches_the_end(batch.seqs[i], *seqs[i]) || sampling_errors[i]) return;
+      const SequenceChunk& chunk = batch.seqs[i];
+      const int row = first_row[i] + (chunk.all_logits ? int(chunk.tokens.size()) - 1 : 0);
       try {
-        sampled[i] = seqs[i]->sampler->sample(logits.row(int(i)), seqs[i]->tokens);
+        sampled[i] = seqs[i]->sampler->sample(logits.row(row), seqs[i]->tokens);
       } catch (const std::exception& e) {
         sampling_errors[i] = e.what();
       }
@@ -69,12 +135,12 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& seq = *seqs[i];
-    if (!reaches_the_end(batch.seqs[i], seq)) continue;
     if (sampling_errors[i]) {
       seq.stream.fail(server_error("sampling failed: " + *sampling_errors[i]));
       result.failed.push_back(seqs[i]);
       continue;
     }
+    if (!reaches_the_end(batch.seqs[i], seq)) continue;
     seq.tokens.push_back(sampled[i].token);
     const int index = seq.generated() - 1;
     std::optional<FinishReason> finish;
@@ -87,7 +153,10 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     else
       ctx.metrics.inter_token_latency.observe(seconds_since(seq.last_token_at, now));
     seq.last_token_at = now;
-    result.outputs.push_back({seqs[i], index, std::move(sampled[i]), finish});
+    // The prompt's scores go out with its first token (empty unless asked for).
+    std::vector<SampledToken> scores;
+    if (index == 0) scores = std::move(seq.prompt_scores);
+    result.outputs.push_back({seqs[i], index, std::move(sampled[i]), finish, std::move(scores)});
   }
   ctx.metrics.generated_tokens.add(result.outputs.size());
   result.seconds = seconds_since(start, Clock::now());

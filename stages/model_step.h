@@ -2,7 +2,8 @@
 // whose chunk reaches its last token samples its next token with its own Sampler and is marked
 // finished on an end-of-sequence id (unless ignore_eos) or at max_tokens (tokenize capped it to
 // the context and the KV pool). A chunk that stops short of that is part of a prompt still being
-// prefilled: its logits row is not sampled.
+// prefilled: its logits row is not sampled. A prompt to score (Request::prompt_logprobs) has a
+// row per token, and each scores the prompt token after it.
 #pragma once
 
 #include <vector>

@@ -265,6 +265,98 @@ TEST(Engine, ChunkedPrefillUnderPreemptionAnswersIdentically) {
   EXPECT_GT(engine.metrics().preemptions.value(), 0u);
 }
 
+// A greedy request that reports each token's logprob and two alternatives.
+std::shared_ptr<Request> request_with_logprobs(const std::string& prompt, int max_tokens) {
+  auto request = make_request(prompt, max_tokens, /*ignore_eos=*/true);
+  request->sampling.logprobs = true;
+  request->sampling.top_logprobs = 2;
+  return request;
+}
+
+// A request whose prompt, given as ids, is scored (echo with logprobs).
+std::shared_ptr<Request> scoring_request(std::vector<int32_t> prompt_ids) {
+  auto request = request_with_logprobs("", 1);
+  request->prompt_ids = std::move(prompt_ids);
+  request->prompt_logprobs = true;
+  return request;
+}
+
+// Each prompt token's score is what the model gave it after the tokens before it: the scores of
+// a generated answer's tokens, scored again as part of a prompt, are their logprobs when they
+// were generated. The prompt is prefilled in chunks of 4 and its blocks are in the prefix cache
+// (the answer's request computed them), which scoring must not use.
+TEST(Engine, AScoredPromptGivesEachTokenTheLogprobItWasGeneratedWith) {
+  constexpr int kAnswerTokens = 12;
+  Engine engine(make_config("{window_ms: 0, max_prefill_tokens: 4}"));
+  auto answer = request_with_logprobs(long_prompt(), kAnswerTokens);
+  ASSERT_EQ(engine.submit(answer), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(answer).wait());
+  const std::vector<TokenOutput> generated = sink_of(answer).tokens();
+  ASSERT_EQ(generated.size(), size_t(kAnswerTokens));
+
+  std::vector<int32_t> ids = Tokenizer(model_dir() / "tokenizer.model").encode(long_prompt(), true);
+  const size_t prompt_tokens = ids.size();
+  for (const TokenOutput& token : generated) ids.push_back(token.token);
+  const auto hits_before = engine.metrics().prefix_cache_hit_tokens.value();
+  auto scored = scoring_request(ids);
+  ASSERT_EQ(engine.submit(scored), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(scored).wait());
+  ASSERT_TRUE(sink_of(scored).completion().has_value());
+  EXPECT_EQ(engine.metrics().prefix_cache_hit_tokens.value(), hits_before);
+
+  const std::vector<TokenOutput> prompt = sink_of(scored).prompt();
+  ASSERT_EQ(prompt.size(), ids.size());
+  EXPECT_FALSE(prompt[0].logprob.has_value());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    SCOPED_TRACE("prompt token " + std::to_string(i));
+    EXPECT_EQ(prompt[i].token, ids[i]);
+    if (i == 0) continue;
+    ASSERT_TRUE(prompt[i].logprob.has_value());
+    ASSERT_EQ(prompt[i].top.size(), 2u);
+    EXPECT_LE(*prompt[i].logprob, prompt[i].top[0].logprob);
+    if (i < prompt_tokens) continue;
+    const TokenOutput& reference = generated[i - prompt_tokens];
+    EXPECT_NEAR(*prompt[i].logprob, *reference.logprob, 1e-4);
+    EXPECT_EQ(prompt[i].top[0].token, reference.top[0].token);
+    EXPECT_EQ(prompt[i].top[1].token, reference.top[1].token);
+  }
+  // Scores came with the first delta, and only there.
+  EXPECT_FALSE(sink_of(scored).out_of_order());
+}
+
+// Scored prompts that are preempted (a 12-block pool) and prefilled in 3-token chunks score as
+// one prompt alone does.
+TEST(Engine, ScoredPromptsUnderPreemptionScoreAsAlone) {
+  std::vector<std::vector<TokenOutput>> alone;
+  std::vector<std::shared_ptr<Request>> requests;
+  const Tokenizer tokenizer(model_dir() / "tokenizer.model");
+  {
+    Engine engine(make_config("{window_ms: 0}"));
+    for (int i = 0; i < 4; ++i) {
+      auto request = scoring_request(tokenizer.encode(kPrompts[i], true));
+      request->max_tokens = 120;
+      ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+      ASSERT_TRUE(sink_of(request).wait());
+      alone.push_back(sink_of(request).prompt());
+    }
+  }
+  Engine engine(
+      make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12, max_prefill_tokens: 3}"));
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(scoring_request(tokenizer.encode(kPrompts[i], true)));
+    requests.back()->max_tokens = 120;
+    ASSERT_EQ(engine.submit(requests.back()), SubmitStatus::Accepted);
+  }
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(sink_of(requests[i]).wait());
+    const auto prompt = sink_of(requests[i]).prompt();
+    ASSERT_EQ(prompt.size(), alone[i].size());
+    for (size_t t = 1; t < prompt.size(); ++t)
+      EXPECT_NEAR(*prompt[t].logprob, *alone[i][t].logprob, 1e-4) << kPrompts[i] << " token " << t;
+  }
+  EXPECT_GT(engine.metrics().preemptions.value(), 0u);
+}
+
 TEST(Engine, ACancelledRequestFreesItsBlocks) {
   Engine engine(make_config("{window_ms: 0}"));
   auto request = make_request(kPrompts[4], 0, /*ignore_eos=*/true);  // to the end of the context

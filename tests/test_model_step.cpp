@@ -1,8 +1,10 @@
-// The model stages' shared body when the forward pass throws: the prompts of the pass fail with
+// The model stages' shared body. When the forward pass throws, the prompts of the pass fail with
 // a 500 naming the cause, and the decoding sequences that rode along a prefill pass are handed
-// back untouched, to decode again in the next pass, instead of failing with the prompt.
+// back untouched, to decode again in the next pass, instead of failing with the prompt. A prompt
+// to score gets each token's score from the row before it, once.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "graph/engine_context.h"
@@ -33,10 +35,39 @@ class FailingRunner final : public ModelRunner {
   KvCacheShape kv_shape_;
 };
 
+// A runner whose logits depend only on the position: the row of position p puts 10 on token
+// p + 1 and 0 elsewhere, so a row's scores tell which row they came from.
+class PositionRunner final : public ModelRunner {
+ public:
+  PositionRunner() {
+    config_.vocab_size = 512;
+    kv_shape_.block_size = 16;
+    kv_shape_.num_blocks = 64;
+  }
+  const LlamaConfig& config() const override { return config_; }
+  const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  std::string device_name() const override { return "positions"; }
+  void forward(const Batch& batch, Logits& logits) override {
+    logits.vocab = config_.vocab_size;
+    logits.data.assign(size_t(batch.logit_rows()) * size_t(logits.vocab), 0.0f);
+    int row = 0;
+    for (const SequenceChunk& chunk : batch.seqs) {
+      const int end = chunk.start_pos + int(chunk.tokens.size());
+      for (int p = chunk.all_logits ? chunk.start_pos : end - 1; p < end; ++p)
+        logits.row(row++)[size_t(p + 1)] = 10.0f;
+    }
+  }
+
+ private:
+  LlamaConfig config_;
+  KvCacheShape kv_shape_;
+};
+
+template <typename Runner>
 struct StepFixture {
   ServeConfig config;
   Tokenizer tokenizer{testing::shared_path("models/stories260K/tokenizer.model")};
-  FailingRunner runner;
+  Runner runner;
   Metrics metrics;
   Scheduler scheduler{config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                       metrics};
@@ -64,7 +95,7 @@ CollectingSink& sink_of(const SequencePtr& seq) {
 }
 
 TEST(ModelStep, AFailedPrefillPassFailsItsPromptsAndHandsBackTheSequencesDecodingAlongside) {
-  StepFixture f;
+  StepFixture<FailingRunner> f;
   std::vector<SequencePtr> seqs;
   Batch batch;
   const auto prompt = f.add({1, 10, 11, 12}, 0, seqs, batch);
@@ -86,7 +117,7 @@ TEST(ModelStep, AFailedPrefillPassFailsItsPromptsAndHandsBackTheSequencesDecodin
 }
 
 TEST(ModelStep, AFailedDecodePassFailsEverySequence) {
-  StepFixture f;
+  StepFixture<FailingRunner> f;
   std::vector<SequencePtr> seqs;
   Batch batch;
   f.add({1, 10, 11}, 2, seqs, batch);
@@ -96,6 +127,43 @@ TEST(ModelStep, AFailedDecodePassFailsEverySequence) {
   EXPECT_EQ(result.failed, seqs);
   EXPECT_TRUE(result.retry.empty());
   for (const auto& seq : seqs) EXPECT_TRUE(sink_of(seq).error().has_value());
+}
+
+// A prompt preempted during its prefill after two of its tokens were scored computes its prompt
+// again from the start: the rows it scored then are not scored twice, the others are, each
+// token from the row before it, and the first token sampled comes from the chunk's last row.
+TEST(ModelStep, AScoredPromptScoresEachTokenOnceFromTheRowBeforeIt) {
+  StepFixture<PositionRunner> f;
+  std::vector<SequencePtr> seqs;
+  Batch batch;
+  const std::vector<int32_t> prompt = {1, 1, 2, 3, 99, 5};  // token 4 is not what row 3 expects
+  const auto seq = f.add(prompt, 0, seqs, batch);
+  batch.seqs[0].all_logits = true;
+  seq->request->prompt_logprobs = true;
+  seq->request->sampling.temperature = 0.0f;
+  seq->request->sampling.top_logprobs = 1;
+  seq->prompt_len = int(prompt.size());
+  seq->max_tokens = 4;
+  seq->sampler = std::make_unique<Sampler>(seq->request->sampling, 1);
+  seq->prompt_scores = {SampledToken{1, -42.0f, {}}, SampledToken{2, -42.0f, {}}};
+  Logits logits;
+  const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/true, logits);
+  ASSERT_EQ(result.outputs.size(), 1u);
+  const SampledOutput& out = result.outputs[0];
+  EXPECT_EQ(out.sampled.token, 6);  // the last row's
+  ASSERT_EQ(out.prompt_scores.size(), prompt.size() - 1);
+  EXPECT_EQ(out.prompt_scores[0].logprob, -42.0f);
+  EXPECT_EQ(out.prompt_scores[1].logprob, -42.0f);
+  const float likely = float(10.0 - std::log(std::exp(10.0) + 511.0));
+  const float unlikely = float(0.0 - std::log(std::exp(10.0) + 511.0));
+  for (size_t i = 2; i < out.prompt_scores.size(); ++i) {
+    SCOPED_TRACE("score of prompt token " + std::to_string(i + 1));
+    EXPECT_EQ(out.prompt_scores[i].token, prompt[i + 1]);
+    EXPECT_NEAR(out.prompt_scores[i].logprob, prompt[i + 1] == 99 ? unlikely : likely, 1e-5);
+    ASSERT_EQ(out.prompt_scores[i].top.size(), 1u);
+    EXPECT_EQ(out.prompt_scores[i].top[0].token, int32_t(i + 1));
+  }
+  EXPECT_TRUE(seq->prompt_scores.empty()) << "the scores went out with the first token";
 }
 
 }  // namespace

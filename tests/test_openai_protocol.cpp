@@ -332,7 +332,11 @@ std::vector<BadInput> bad_inputs() {
        "a prompt of token ids is empty"},
       {completion, with(completion_body(), "prompt", {{1, 2}, 7}), "prompt", "list of token ids"},
       {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
-      {completion, with(completion_body(), "echo", true), "echo", "not supported"},
+      {chat, with(chat_body(), "echo", true), "echo", "a /v1/completions parameter"},
+      {completion, with(completion_body(), "echo", "yes"), "echo", "boolean"},
+      {completion, with(completion_body(), "max_tokens", 0), "max_tokens", "between 1"},
+      {completion, with(with(completion_body(), "echo", true), "max_tokens", -1), "max_tokens",
+       "between 0"},
       {completion, with(completion_body(), "best_of", 3), "best_of",
        "best_of > n is not supported"},
       {completion, with(with(completion_body(), "n", 2), "best_of", 1), "best_of",
@@ -561,7 +565,7 @@ std::vector<Completion> one(Completion completion) {
 }
 
 Delta delta(std::string text, std::vector<TokenOutput> tokens = {}) {
-  return Delta{std::move(text), std::move(tokens)};
+  return Delta{std::move(text), std::move(tokens), {}};
 }
 
 TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {
@@ -756,6 +760,93 @@ TEST(Responses, EachPromptOfAListCountsOnceAndOffsetsItsOwnText) {
   EXPECT_EQ(builder.whole_response(ends)["usage"],
             json({{"prompt_tokens", 8}, {"completion_tokens", 10}, {"total_tokens", 18}}));
   EXPECT_EQ(builder.whole_response(ends)["choices"].size(), 4u);
+}
+
+// "Once upon a time" as the pipeline scores it: BOS (nothing predicts it), then each word.
+std::vector<TokenOutput> scored_prompt() {
+  return {TokenOutput{1, "", std::nullopt, {}}, TokenOutput{10, " Once", -1.0f, {{10, -1.0f}}},
+          TokenOutput{11, " upon", -2.0f, {{12, -0.5f}}},
+          TokenOutput{13, " a", -0.25f, {{13, -0.25f}}},
+          TokenOutput{14, " time", -0.75f, {{14, -0.75f}}}};
+}
+
+Delta echo_delta(std::string text, std::vector<TokenOutput> tokens) {
+  Delta d = delta(std::move(text), std::move(tokens));
+  d.prompt = scored_prompt();
+  return d;
+}
+
+TEST(ParseRequest, EchoScoresThePromptOnlyWithLogprobsAndAllowsNoNewTokens) {
+  const ParsedRequest plain = parse_completion(with(completion_body(), "echo", true));
+  EXPECT_TRUE(plain.options.echo);
+  EXPECT_FALSE(plain.request->prompt_logprobs);
+  EXPECT_FALSE(plain.options.prompt_only);
+  const ParsedRequest scored =
+      parse_completion(with(with(completion_body(), "echo", true), "logprobs", 1));
+  EXPECT_TRUE(scored.request->prompt_logprobs);
+  const ParsedRequest prompt_only =
+      parse_completion(with(with(completion_body(), "echo", true), "max_tokens", 0));
+  EXPECT_TRUE(prompt_only.options.prompt_only);
+  EXPECT_EQ(prompt_only.request->max_tokens, 1);  // one token is generated, and not shown
+  EXPECT_FALSE(parse_completion(completion_body()).options.echo);
+}
+
+TEST(Responses, EchoPutsThePromptAndItsScoresFirst) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions, with(with(completion_body(), "echo", true), "logprobs", 1));
+  const size_t prompt_length = std::string("Once upon a time").size();
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  const std::vector<TokenOutput> answer = {TokenOutput{15, " there", -0.5f, {{15, -0.5f}}}};
+  ASSERT_TRUE(builder.shows(echo_delta(" there", answer)));
+  const json choice = builder.delta_chunk(echo_delta(" there", answer))["choices"][0];
+  EXPECT_EQ(choice["text"], "Once upon a time there");
+  const json& logprobs = choice["logprobs"];
+  EXPECT_EQ(logprobs["tokens"], json({"", " Once", " upon", " a", " time", " there"}));
+  EXPECT_EQ(logprobs["token_logprobs"], json({nullptr, -1.0, -2.0, -0.25, -0.75, -0.5}));
+  EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+  EXPECT_EQ(logprobs["top_logprobs"][2], json({{"<12>", -0.5}}));
+  // The first word's SentencePiece space is not in the prompt; the answer starts after it.
+  EXPECT_EQ(logprobs["text_offset"], json({0, 0, 4, 9, 11, prompt_length}));
+  // Later deltas are the answer's alone.
+  const json next = builder.delta_chunk(delta(" was", {TokenOutput{16, " was", -0.1f, {}}}));
+  EXPECT_EQ(next["choices"][0]["text"], " was");
+  EXPECT_EQ(next["choices"][0]["logprobs"]["text_offset"], json({prompt_length + 6}));
+
+  ResponseBuilder whole(parsed, "stories260K", token_text);
+  whole.append(echo_delta(" there", answer));
+  whole.append(delta(" was", {TokenOutput{16, " was", -0.1f, {}}}));
+  const json response = whole.whole_response(one({FinishReason::Length, 5, 2}))["choices"][0];
+  EXPECT_EQ(response["text"], "Once upon a time there was");
+  EXPECT_EQ(response["logprobs"]["tokens"].size(), 7u);
+  EXPECT_EQ(response["logprobs"]["text_offset"].back(), prompt_length + 6);
+}
+
+TEST(Responses, AnEchoNoDeltaCarriedComesWithTheEnd) {
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::Completions, with(completion_body(), "echo", true));
+  ResponseBuilder stream(parsed, "stories260K", token_text);
+  EXPECT_EQ(stream.finish_chunk(FinishReason::Stop)["choices"][0]["text"], "Once upon a time");
+  ResponseBuilder whole(parsed, "stories260K", token_text);
+  EXPECT_EQ(whole.whole_response(one({FinishReason::Stop, 5, 1}))["choices"][0]["text"],
+            "Once upon a time");
+}
+
+TEST(Responses, EchoWithNoNewTokensShowsThePromptAlone) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions,
+      with(with(with(completion_body(), "echo", true), "logprobs", 0), "max_tokens", 0));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  const std::vector<TokenOutput> dropped = {TokenOutput{2, "", -0.5f, {}}};
+  const json choice = builder.delta_chunk(echo_delta(" there", dropped))["choices"][0];
+  EXPECT_EQ(choice["text"], "Once upon a time");
+  EXPECT_EQ(choice["logprobs"]["tokens"].size(), 5u);
+  EXPECT_FALSE(builder.shows(delta(" more", dropped)));
+  // Whatever ended the dropped token, the answer ends at its length of 0.
+  EXPECT_EQ(builder.finish_chunk(FinishReason::Stop)["choices"][0]["finish_reason"], "length");
+  const json response = builder.whole_response(one({FinishReason::Stop, 5, 1}));
+  EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(response["usage"],
+            json({{"prompt_tokens", 5}, {"completion_tokens", 0}, {"total_tokens", 5}}));
 }
 
 TEST(Responses, InvalidUtf8BecomesReplacementCharacters) {

@@ -383,6 +383,35 @@ TEST(Sampling, LogprobAndAlternativesComeFromTheRawLogits) {
   EXPECT_EQ(Sampler(greedy, 0).sample(logits, {}).top.size(), logits.size());
 }
 
+// A prompt token's score is what sample() reports for a drawn token: its raw logprob and the
+// likeliest alternatives, ties to the lower id, NaNs never among them.
+TEST(Sampling, ScoreTokenReportsAGivenTokenAsSampleReportsADrawnOne) {
+  const std::vector<float> logits{1.0f, 2.0f, 3.0f, 0.5f, 3.0f, NAN};
+  const std::vector<float> finite(logits.begin(), logits.end() - 1);
+  const std::vector<double> p = softmax(finite);
+  const SampledToken scored = score_token(logits, 3, 4);
+  EXPECT_EQ(scored.token, 3);
+  EXPECT_NEAR(scored.logprob, std::log(p[3]), 1e-6);
+  ASSERT_EQ(scored.top.size(), 4u);
+  const int32_t expected_ids[] = {2, 4, 1, 0};
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(scored.top[rank].token, expected_ids[rank]);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = true;
+  greedy.top_logprobs = 3;
+  const SampledToken drawn = Sampler(greedy, 0).sample(finite, {});
+  const SampledToken same = score_token(finite, drawn.token, 3);
+  EXPECT_EQ(same.logprob, drawn.logprob);
+  ASSERT_EQ(same.top.size(), drawn.top.size());
+  for (size_t i = 0; i < same.top.size(); ++i) {
+    EXPECT_EQ(same.top[i].token, drawn.top[i].token);
+    EXPECT_EQ(same.top[i].logprob, drawn.top[i].logprob);
+  }
+  EXPECT_TRUE(score_token(logits, 0, 0).top.empty());
+  EXPECT_THROW(score_token(logits, 6, 1), std::invalid_argument);
+  EXPECT_THROW(score_token(std::vector<float>{NAN, -INFINITY}, 0, 1), std::invalid_argument);
+}
+
 TEST(Sampling, SampleAllocatesNothingAfterTheFirstCall) {
   std::vector<float> logits(1000);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = float((i * 7919) % 1000) / 100.0f;

@@ -372,6 +372,69 @@ TEST_F(ServerE2E, APromptOfTokenIdsIsAnsweredAsItsText) {
   EXPECT_EQ(both.body["choices"][1]["text"], second.body["choices"][0]["text"]);
 }
 
+// lm-eval's loglikelihood requests: prompts of token ids, echo, logprobs 1, one new token. Each
+// choice's logprobs list its prompt's tokens (the first with null: nothing predicts it) and the
+// new token, which is the one a plain request generates, with the same logprob.
+TEST_F(ServerE2E, EchoScoresThePromptAsLoglikelihoodEvaluationsAskIt) {
+  const pipeline::Tokenizer tokenizer(
+      pipeline::testing::shared_path("models/stories260K/tokenizer.model"));
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog"};
+  json body = with(with(completion_body(prompts[0], 1), "echo", true), "logprobs", 1);
+  body["prompt"] = {tokenizer.encode(prompts[0], true), tokenizer.encode(prompts[1], true)};
+  const Reply scored = post(port(), "/v1/completions", body);
+  ASSERT_EQ(scored.status, 200) << scored.raw;
+  ASSERT_EQ(scored.body["choices"].size(), 2u);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(prompts[i]);
+    const Reply plain =
+        post(port(), "/v1/completions", with(completion_body(prompts[i], 1), "logprobs", 1));
+    ASSERT_EQ(plain.status, 200) << plain.raw;
+    const json& choice = scored.body["choices"][i];
+    EXPECT_EQ(choice["text"], prompts[i] + plain.body["choices"][0]["text"].get<std::string>());
+    const json& logprobs = choice["logprobs"];
+    const size_t prompt_tokens = tokenizer.encode(prompts[i], true).size();
+    ASSERT_EQ(logprobs["tokens"].size(), prompt_tokens + 1);
+    EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+    EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+    for (size_t t = 1; t < prompt_tokens; ++t) {
+      const double logprob = logprobs["token_logprobs"][t];
+      EXPECT_LT(logprob, 0.0);
+      ASSERT_EQ(logprobs["top_logprobs"][t].size(), 1u);
+      EXPECT_GE(logprobs["top_logprobs"][t].begin().value().get<double>(), logprob);
+      EXPECT_LE(logprobs["text_offset"][t - 1], logprobs["text_offset"][t]);
+    }
+    const json& answer = plain.body["choices"][0]["logprobs"];
+    EXPECT_EQ(logprobs["tokens"].back(), answer["tokens"][0]);
+    EXPECT_NEAR(logprobs["token_logprobs"].back().get<double>(),
+                answer["token_logprobs"][0].get<double>(), 1e-4);
+    EXPECT_EQ(logprobs["text_offset"].back(), prompts[i].size());
+  }
+  EXPECT_EQ(scored.body["usage"]["prompt_tokens"],
+            tokenizer.encode(prompts[0], true).size() + tokenizer.encode(prompts[1], true).size());
+}
+
+TEST_F(ServerE2E, EchoWithNoNewTokensAnswersThePromptAloneWholeOrStreamed) {
+  const json body = with(with(completion_body("Once upon a time", 0), "echo", true), "logprobs", 0);
+  const Reply whole = post(port(), "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const json& choice = whole.body["choices"][0];
+  EXPECT_EQ(choice["text"], "Once upon a time");
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_EQ(choice["logprobs"]["tokens"].size(), whole.body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(whole.body["usage"]["completion_tokens"], 0);
+
+  const Stream stream = post_stream(port(), "/v1/completions", body);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  EXPECT_EQ(stream.text, "Once upon a time");
+  EXPECT_EQ(stream.finish_reason, "length");
+
+  // Echo with new tokens, streamed: the prompt, then the answer a plain request gets.
+  const Reply plain = post(port(), "/v1/completions", completion_body("Once upon a time", 8));
+  const Stream echoed = post_stream(port(), "/v1/completions",
+                                    with(completion_body("Once upon a time", 8), "echo", true));
+  EXPECT_EQ(echoed.text, "Once upon a time" + plain.body["choices"][0]["text"].get<std::string>());
+}
+
 TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
   const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
                                .body["choices"][0]["text"];
@@ -583,8 +646,7 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
        "temperature"},
       {"POST", "/v1/chat/completions", with(good, "messages", "hi").dump(), 400, "messages", "",
        "array"},
-      {"POST", "/v1/completions", with(completion_body("x", 4), "echo", true).dump(), 400, "echo",
-       "", "echo"},
+      {"POST", "/v1/chat/completions", with(good, "echo", true).dump(), 400, "echo", "", "echo"},
       {"POST", "/v1/completions", completion_body(too_long, 4).dump(), 400, "prompt", "", "512"},
       {"POST", "/v1/completions", with(completion_body(too_long, 4), "stream", true).dump(), 400,
        "prompt", "", "512"},

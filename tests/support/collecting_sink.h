@@ -1,5 +1,6 @@
 // A RequestSink that keeps everything it receives, for in-process engine tests: the text, the
-// ending, and when the first delta and the ending came. wait() blocks until the ending.
+// ending, the tokens with their logprobs, and when the first delta and the ending came. wait()
+// blocks until the ending.
 #pragma once
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "graph/request.h"
 
@@ -21,6 +23,11 @@ class CollectingSink : public RequestSink {
     if (ended_) out_of_order_ = true;
     if (!first_delta_at_) first_delta_at_ = Clock::now();
     text_ += delta.text;
+    tokens_.insert(tokens_.end(), delta.tokens.begin(), delta.tokens.end());
+    if (!delta.prompt.empty()) {
+      if (!prompt_.empty()) out_of_order_ = true;  // a prompt is scored once
+      prompt_ = std::move(delta.prompt);
+    }
     ++deltas_;
     changed_.notify_all();
   }
@@ -50,6 +57,15 @@ class CollectingSink : public RequestSink {
   std::string text() const {
     std::lock_guard l(mutex_);
     return text_;
+  }
+  // With logprobs: the generated tokens, and the scored prompt (Request::prompt_logprobs).
+  std::vector<TokenOutput> tokens() const {
+    std::lock_guard l(mutex_);
+    return tokens_;
+  }
+  std::vector<TokenOutput> prompt() const {
+    std::lock_guard l(mutex_);
+    return prompt_;
   }
   std::optional<Completion> completion() const {
     std::lock_guard l(mutex_);
@@ -83,6 +99,8 @@ class CollectingSink : public RequestSink {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::string text_;
+  std::vector<TokenOutput> tokens_;
+  std::vector<TokenOutput> prompt_;
   int deltas_ = 0;
   bool ended_ = false;
   bool out_of_order_ = false;
