@@ -35,6 +35,8 @@ constexpr const char* kUsage =
     "  --requests N        requests in all (default 16)\n"
     "  --concurrency C     most requests in flight at once (default N: all together)\n"
     "  --max-tokens T      tokens every request generates; ignore_eos makes it exact (1024)\n"
+    "  --n N               choices per request, each generating --max-tokens (default 1); a\n"
+    "                      request's TTFT is its first choice's first token\n"
     "  --prompt TEXT       the prompt of every request (after the first, a server's prefix\n"
     "                      cache holds it), or\n"
     "  --prompt-tokens P   a prompt of P words 'a' or 'the', P tokens to a LLaMA tokenizer\n"
@@ -52,6 +54,7 @@ struct BenchSettings {
   int requests = 16;
   int concurrency = 16;
   int max_tokens = 1024;
+  int choices = 1;           // n
   std::string prompt;        // every request's, or
   int64_t prompt_words = 0;  // words of a prompt of its own per request (prompt_for)
   bool chat = false;
@@ -86,6 +89,7 @@ BenchSettings settings_from(Options& options) {
   s.concurrency =
       int(std::min<int64_t>(positive(options, "--concurrency", s.requests), s.requests));
   s.max_tokens = int(positive(options, "--max-tokens", s.max_tokens));
+  s.choices = int(positive(options, "--n", s.choices));
   const auto prompt = options.find("--prompt");
   const auto prompt_tokens = options.find("--prompt-tokens");
   if (prompt && prompt_tokens) throw UsageError("give --prompt or --prompt-tokens, not both");
@@ -138,6 +142,7 @@ std::string prompt_for(const BenchSettings& s, int number) {
 json request_body(const BenchSettings& s, int number) {
   json body = {{"model", s.model},
                {"max_tokens", s.max_tokens},
+               {"n", s.choices},
                {"temperature", s.temperature},
                {"ignore_eos", true},
                {"stream", true},
@@ -292,6 +297,7 @@ json report_json(const BenchSettings& s, const std::vector<RequestResult>& resul
           {"requests", results.size()},
           {"concurrency", s.concurrency},
           {"max_tokens", s.max_tokens},
+          {"n", s.choices},
           {"prompt_tokens", sum.prompt_tokens},
           {"completion_tokens", sum.completion_tokens},
           {"duration_s", sum.duration},
@@ -321,7 +327,8 @@ void print_table(const json& report) {
               report["model"].get<std::string>().c_str());
   row("requests / concurrency", std::to_string(report["requests"].get<int>()) + " / " +
                                     std::to_string(report["concurrency"].get<int>()));
-  row("max tokens per request", std::to_string(report["max_tokens"].get<int>()));
+  row("max tokens per choice / n", std::to_string(report["max_tokens"].get<int>()) + " / " +
+                                       std::to_string(report["n"].get<int>()));
   row("prompt tokens (all)", std::to_string(report["prompt_tokens"].get<int64_t>()));
   row("completion tokens (all)", std::to_string(report["completion_tokens"].get<int64_t>()));
   row("duration", fixed(report["duration_s"], 3) + " s");
@@ -356,12 +363,12 @@ void fail_on_errors(const std::vector<RequestResult>& results) {
 // that ignores ignore_eos, or a context too short): the figures still hold, but say so.
 void warn_on_short_answers(const BenchSettings& s, const std::vector<RequestResult>& results) {
   size_t off = 0;
-  for (const RequestResult& r : results) off += r.completion_tokens != s.max_tokens;
+  for (const RequestResult& r : results) off += r.completion_tokens != s.max_tokens * s.choices;
   if (off > 0)
     std::fprintf(stderr,
                  "pipeline bench-serve: warning: %zu of %zu requests generated other than %d "
                  "tokens\n",
-                 off, results.size(), s.max_tokens);
+                 off, results.size(), s.max_tokens * s.choices);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "graph/scheduler.h"
 
 #include <algorithm>
+#include <span>
 
 #include "graph/log.h"
 #include "graph/nvtx.h"
@@ -121,12 +122,9 @@ void Scheduler::schedule_next(Clock::time_point now) {
     waiting.push_back({s->number, int(s->tokens.size()), s->queued_at, s->window_closed});
     s->cached_prefix.clear();
   }
-  // Only the first max_batch can be admitted in one pass, and none while the window is open or
-  // the running set is full: the rest need no lookup yet.
-  const bool may_admit =
-      window_over(waiting, limits_, now) && int(running_.size()) < limits_.max_num_seqs;
-  const size_t lookups = may_admit ? std::min(waiting.size(), size_t(limits_.max_batch)) : 0;
-  for (size_t i = 0; i < lookups; ++i) look_up_prefix(*waiting_[i], waiting[i]);
+  // None can be admitted while the window is open or the running set is full: no lookups yet.
+  if (window_over(waiting, limits_, now) && int(running_.size()) < limits_.max_num_seqs)
+    look_up_candidates(waiting);
   std::vector<RunningSequence> running;
   for (const auto& [id, s] : running_) {
     // A preemption frees only the blocks nobody else holds (a cached prefix may be shared).
@@ -160,6 +158,41 @@ void Scheduler::look_up_prefix(Sequence& seq, WaitingSequence& w) {
   seq.cached_prefix = blocks_.match(seq.tokens, limits_.block_size, max_blocks);
   w.cached = int(seq.cached_prefix.size()) * limits_.block_size;
   for (int32_t block : seq.cached_prefix) w.cached_in_use += blocks_.ref_count(block) > 0;
+}
+
+// Looks up the waiting sequences' cached prefixes, in order, until max_batch of them (all that
+// one pass may admit) would compute their own start. The others follow one of those: their next
+// block is one it computes in this pass, so they wait for the cache rather than compute it too
+// (the n choices of a call compute their prompt once).
+void Scheduler::look_up_candidates(std::vector<WaitingSequence>& waiting) {
+  int candidates = 0;
+  std::vector<NextBlock> computed;  // by the candidates
+  for (size_t i = 0; i < waiting.size() && candidates < limits_.max_batch; ++i) {
+    Sequence& seq = *waiting_[i];
+    look_up_prefix(seq, waiting[i]);
+    const std::optional<NextBlock> next = next_block(seq);
+    waiting[i].follows =
+        next && !seq.scores_prompt() && std::ranges::find(computed, *next) != computed.end();
+    if (waiting[i].follows) continue;
+    ++candidates;
+    if (next) computed.push_back(*next);
+  }
+}
+
+// The first block a waiting sequence's prefill computes that the cache could then hold (a full
+// block before its last token): right after its cached prefix. None when it has no such block.
+std::optional<Scheduler::NextBlock> Scheduler::next_block(const Sequence& seq) const {
+  if (!prefix_caching_) return std::nullopt;
+  const int index = int(seq.cached_prefix.size());
+  if (index >= (int(seq.tokens.size()) - 1) / limits_.block_size) return std::nullopt;
+  return NextBlock{
+      index, seq.cached_prefix.empty() ? BlockManager::kNoParent : seq.cached_prefix.back(),
+      std::span(seq.tokens)
+          .subspan(size_t(index) * size_t(limits_.block_size), size_t(limits_.block_size))};
+}
+
+bool Scheduler::NextBlock::operator==(const NextBlock& other) const {
+  return index == other.index && parent == other.parent && std::ranges::equal(tokens, other.tokens);
 }
 
 // Registers the sequence's full blocks whose keys and values are computed, so that others (or

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -46,7 +47,17 @@ class Scheduler {
   void apply_step(StepResult& result);
   void drop_ended();
   void schedule_next(Clock::time_point now);
+  // A block a prefill computes: its place in the sequence, the block before it (none for the
+  // first) and its tokens. Two equal ones hold the same keys and values.
+  struct NextBlock {
+    int index = -1;
+    int32_t parent = -1;
+    std::span<const int32_t> tokens;
+    bool operator==(const NextBlock& other) const;
+  };
+  void look_up_candidates(std::vector<WaitingSequence>& waiting);
   void look_up_prefix(Sequence& seq, WaitingSequence& w);
+  std::optional<NextBlock> next_block(const Sequence& seq) const;
   void register_computed(Sequence& seq);
   void preempt(const std::vector<uint64_t>& ids);
   void admit(const std::vector<PromptChunk>& chunks);

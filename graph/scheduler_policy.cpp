@@ -96,6 +96,7 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
   int prompt_after = 0;  // prompt tokens the newcomers leave for later passes
   int reserved = 0;      // blocks kept for the decoders' growth meanwhile
   for (const auto& w : waiting) {
+    if (w.follows) continue;
     if (budget == 0) break;
     if (int(decision.admitted.size()) >= limits.max_batch) break;
     if (int(running.size() + decision.admitted.size()) >= limits.max_num_seqs) break;

@@ -71,6 +71,17 @@ TEST(BenchServe, FourStreamsOfSixteenTokensAddUp) {
     EXPECT_LE(request["total_ms"].get<double>(), report["duration_s"].get<double>() * 1e3);
   }
 
+  // n choices a request: each generates --max-tokens; the prompt counts once.
+  const CommandResult choices = bench_serve(
+      {"--url", server.base_url(), "--requests", "2", "--max-tokens", "8", "--n", "3", "--json"});
+  ASSERT_EQ(choices.exit_code, 0) << choices.err;
+  EXPECT_EQ(choices.err.find("warning"), std::string::npos) << choices.err;
+  const json by_choices = json::parse(choices.out);
+  EXPECT_EQ(by_choices["n"], 3);
+  EXPECT_EQ(by_choices["completion_tokens"], 2 * 3 * 8);
+  EXPECT_EQ(by_choices["prompt_tokens"], 2 * 33);
+  for (const json& request : by_choices["per_request"]) EXPECT_EQ(request["completion_tokens"], 24);
+
   // Chat, one request at a time, a prompt of our own, the table.
   const CommandResult chat =
       bench_serve({"--url", server.base_url(), "--chat", "--requests", "2", "--concurrency", "1",

@@ -35,14 +35,15 @@ class SchedulerTest : public ::testing::Test {
 
   void TearDown() override { scheduler_.reset(); }  // its thread ends before the queue below
 
-  // A sequence with a prompt of `prompt` tokens, posted as tokenize posts it.
-  SequencePtr submit(int prompt) {
+  // A sequence with a prompt of `prompt` tokens (first_token, first_token + 1, ...), posted as
+  // tokenize posts it.
+  SequencePtr submit(int prompt, int32_t first_token = 10) {
     auto request = std::make_shared<Request>();
     request->id = "cmpl-sched-" + std::to_string(next_number_);
     request->sink = std::make_shared<testing::CollectingSink>();
     auto seq = std::make_shared<Sequence>(request, next_number_++,
                                           [](Sequence&, const ResponseStream::Payload&) {});
-    for (int i = 0; i < prompt; ++i) seq->tokens.push_back(int32_t(10 + i));
+    for (int i = 0; i < prompt; ++i) seq->tokens.push_back(first_token + i);
     seq->prompt_len = prompt;
     seq->max_tokens = 100;
     scheduler_->post(Tokenized{seq}, emit_);
@@ -205,20 +206,60 @@ TEST_F(SchedulerTest, WithoutPrefixCachingEveryPromptIsComputedWhole) {
   EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 0u);
 }
 
-TEST_F(SchedulerTest, ASecondCopyOfTheSameStartGivesWayToTheCachedOne) {
-  // Two equal prompts fill a batch of two and are computed in the same pass, each in its own
-  // blocks; once computed, the second takes the first's registered blocks and frees its own, so
-  // that the blocks it computes after them chain to the cache too.
-  start(2048, true, /*max_batch=*/2, /*window_ms=*/60000);
+TEST_F(SchedulerTest, EqualPromptsAdmittedTogetherComputeTheirStartOnce) {
+  // Three equal prompts and another fill a batch of four. The first of the equal ones computes
+  // the shared start; the two that follow it wait one pass and take its blocks from the cache,
+  // while the other prompt, behind them, is not held back.
+  start(2048, true, /*max_batch=*/4, /*window_ms=*/60000);
   const SequencePtr a = submit(40);
   const SequencePtr b = submit(40);
-  auto both = std::get<PrefillBatch>(next_batch());
-  ASSERT_EQ(both.seqs.size(), 2u);
-  const auto a_blocks = both.batch.seqs[0].block_table;
-  EXPECT_NE(both.batch.seqs[1].block_table[0], a_blocks[0]);
-  post(sampled(true, {a, b}));
+  const SequencePtr c = submit(40);
+  const SequencePtr other = submit(40, /*first_token=*/100);
+  auto first = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(first.seqs, (std::vector<SequencePtr>{a, other}));
+  const auto a_blocks = first.batch.seqs[0].block_table;
+  post(sampled(true, {a, other}));
+  auto second = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(second.seqs, (std::vector<SequencePtr>{b, c, a, other}));
+  for (int i = 0; i < 2; ++i) {
+    const SequenceChunk& chunk = second.batch.seqs[size_t(i)];
+    EXPECT_EQ(chunk.start_pos, 32);
+    EXPECT_EQ(chunk.block_table[0], a_blocks[0]);
+    EXPECT_EQ(chunk.block_table[1], a_blocks[1]);
+  }
+  EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 64u);
+}
+
+TEST_F(SchedulerTest, WithoutPrefixCachingEqualPromptsAreAdmittedTogether) {
+  start(2048, /*prefix_caching=*/false, /*max_batch=*/2, /*window_ms=*/60000);
+  submit(40);
+  submit(40);
+  EXPECT_EQ(std::get<PrefillBatch>(next_batch()).seqs.size(), 2u);
+}
+
+TEST_F(SchedulerTest, ABlockComputedAgainBesideItsFirstCopyGivesWayToIt) {
+  // A copy admitted while the first is still being prefilled in chunks (24 tokens a pass)
+  // computes the block the first finishes in the same pass: once computed, it takes the first's
+  // registered block and frees its own, so that the blocks it computes after it chain to the
+  // cache too.
+  start(/*max_prefill_tokens=*/24);
+  const SequencePtr a = submit(40);
+  auto pass1 = std::get<PrefillBatch>(next_batch());
+  const SequencePtr b = submit(40);
+  StepResult chunk_only;  // a's first chunk: nothing sampled
+  chunk_only.prefill = true;
+  post(std::move(chunk_only));
+  auto pass2 = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(pass2.seqs, (std::vector<SequencePtr>{a, b}));
+  const auto a_blocks = pass2.batch.seqs[0].block_table;
+  EXPECT_EQ(pass2.batch.seqs[1].start_pos, 16) << "its first block comes from the cache";
+  EXPECT_NE(pass2.batch.seqs[1].block_table[1], a_blocks[1]);
+  post(sampled(true, {a}));
+  auto pass3 = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(pass3.seqs, (std::vector<SequencePtr>{b, a}));
+  post(sampled(true, {b, a}));
   auto step = std::get<DecodeBatch>(next_batch());
-  ASSERT_EQ(step.seqs.size(), 2u);
+  ASSERT_EQ(step.seqs, (std::vector<SequencePtr>{a, b}));
   const auto& b_table = step.batch.seqs[1].block_table;
   EXPECT_EQ(b_table[0], a_blocks[0]);
   EXPECT_EQ(b_table[1], a_blocks[1]);

@@ -219,6 +219,15 @@ TEST(SchedulerPolicy, CachedTokensAreNotComputedAndCachedBlocksInUseCostNothing)
   EXPECT_TRUE(schedule({w}, {}, 2, limits(0), kT0).admitted.empty());
 }
 
+TEST(SchedulerPolicy, AFollowerIsPassedOverAndThoseBehindItAreNot) {
+  // 6 follows 5 (it would compute the block 5 computes): it waits for the cache, takes no
+  // budget or blocks, and 7 behind it is admitted.
+  WaitingSequence follower{6, 40, kT0};
+  follower.follows = true;
+  const std::vector<WaitingSequence> waiting = {{5, 40, kT0}, follower, {7, 40, kT0}};
+  EXPECT_EQ(schedule(waiting, {}, 6, limits(0), kT0).admitted, (Chunks{{5, 40}, {7, 40}}));
+}
+
 TEST(SchedulerPolicy, PreemptionCountsOnlyTheBlocksItFrees) {
   // Four decoders share a 5-block cached prefix and each holds one full block of its own, so each
   // needs a new block and none is free. Preempting one frees its own block, not its 6.
