@@ -65,6 +65,9 @@ struct Request {
   std::vector<int32_t> prompt_ids;    // a completions prompt given as token ids: used as they are
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
+  // The client named max_tokens: a prompt that leaves it too little room is refused (400), as
+  // OpenAI and vLLM refuse it, rather than answered short. A default is capped to the room left.
+  bool max_tokens_given = false;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with

@@ -435,6 +435,9 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   parsed.options = read_response_options(body);
   request.max_tokens =
       read_max_tokens(endpoint, body, model.defaults.max_tokens, read_bool(body, "echo", false));
+  request.max_tokens_given =
+      find_field(body, "max_tokens") ||
+      (endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens"));
   request.sampling = read_sampling(body, model.defaults.params);
   read_logprobs(endpoint, body, request);
   check_sampling_ranges(endpoint, request.sampling);

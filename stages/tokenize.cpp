@@ -33,6 +33,24 @@ std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req) const {
   return req.prompt_ids;
 }
 
+// A max_tokens the client gave must fit beside the prompt, in the context and in the KV pool.
+void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t pool,
+                               const std::string& prompt_param) {
+  const int64_t asked = int64_t(prompt) + max_tokens;
+  const std::string request = "you requested " + std::to_string(asked) + " tokens (" +
+                              std::to_string(prompt) + " in the " + prompt_param + ", " +
+                              std::to_string(max_tokens) + " in the completion)";
+  if (asked > context)
+    throw Refusal{"This model's maximum context length is " + std::to_string(context) +
+                      " tokens. However, " + request + ". Please reduce the length of the " +
+                      prompt_param + " or completion.",
+                  "max_tokens"};
+  if (asked > pool)
+    throw Refusal{"The KV cache holds only " + std::to_string(pool) + " tokens, but " + request +
+                      ". Please reduce the length of the " + prompt_param + " or completion.",
+                  "max_tokens"};
+}
+
 void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
@@ -67,6 +85,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
                       std::to_string(pool) + " tokens",
                   prompt_param};
   }
+  if (req.max_tokens_given) check_room(n, req.max_tokens, context, pool, prompt_param);
   seq.prompt_len = n;
   seq.max_tokens = int(
       std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n}));

@@ -3,8 +3,9 @@
 // with a 400 error through emit.
 //
 // Length policy: a prompt that leaves no room for one generated token (in the model's context
-// or in the whole KV pool) is refused, naming both lengths; otherwise max_tokens is capped to
-// what the context and the pool hold (0 in the request: up to that cap).
+// or in the whole KV pool) is refused, naming both lengths, and so is one that leaves too little
+// room for a max_tokens the client gave; a default max_tokens is capped to what the context and
+// the pool hold (0: up to that cap).
 #pragma once
 
 #include <string>
@@ -27,6 +28,8 @@ class TokenizeStage : public Stage {
     std::string param;  // the request field at fault; empty: none in particular
   };
   std::vector<int32_t> prompt_tokens(const Request& req) const;
+  static void check_room(int prompt, int max_tokens, int context, int64_t pool,
+                         const std::string& prompt_param);
   // Fills the sequence's prompt, limits, sampler and text state; throws Refusal.
   void prepare(Sequence& seq) const;
 

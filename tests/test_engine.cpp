@@ -487,6 +487,49 @@ TEST(Engine, RefusesAPromptLongerThanTheContext) {
       << sink_of(request).error()->message;
 }
 
+// A max_tokens the client gave must fit beside the prompt in the context (512 tokens).
+TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
+  Engine engine(make_config("{window_ms: 0}"));
+  const int prompt =
+      int(Tokenizer(model_dir() / "tokenizer.model").encode(kPrompts[0], true).size());
+  auto refusal = [&](int max_tokens) -> std::optional<RequestError> {
+    auto request = make_request(kPrompts[0], max_tokens, /*ignore_eos=*/true);
+    request->max_tokens_given = true;
+    EXPECT_EQ(engine.submit(request), SubmitStatus::Accepted);
+    EXPECT_TRUE(sink_of(request).wait());
+    return sink_of(request).error();
+  };
+  const auto too_long = refusal(512 - prompt + 1);
+  ASSERT_TRUE(too_long.has_value());
+  EXPECT_EQ(too_long->http_status, 400);
+  EXPECT_EQ(too_long->param, "max_tokens");
+  EXPECT_NE(too_long->message.find("maximum context length is 512 tokens. However, you requested " +
+                                   std::to_string(513) + " tokens (" + std::to_string(prompt) +
+                                   " in the prompt"),
+            std::string::npos)
+      << too_long->message;
+  EXPECT_FALSE(refusal(512 - prompt).has_value()) << "it fits exactly";
+}
+
+// And in the KV pool (12 blocks of 16 here); a default max_tokens is capped to the room left.
+TEST(Engine, RefusesAGivenMaxTokensBeyondTheKvPool) {
+  Engine engine(make_config("{window_ms: 0, kv_cache_blocks: 12}"));
+  auto request = make_request(kPrompts[0], 12 * 16, /*ignore_eos=*/true);
+  request->max_tokens_given = true;
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait());
+  ASSERT_TRUE(sink_of(request).error().has_value());
+  EXPECT_NE(sink_of(request).error()->message.find("KV cache holds only 192 tokens"),
+            std::string::npos)
+      << sink_of(request).error()->message;
+  // The same max_tokens as a default: capped to what the pool holds, and answered.
+  auto capped = make_request(kPrompts[0], 12 * 16, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(capped), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(capped).wait());
+  ASSERT_TRUE(sink_of(capped).completion().has_value());
+  EXPECT_EQ(sink_of(capped).completion()->reason, FinishReason::Length);
+}
+
 TEST(Engine, StopStringsEndTheTextBeforeThem) {
   Engine engine(make_config("{window_ms: 0}"));
   const std::string full = solo().text(kPrompts[0], 64);

@@ -647,6 +647,8 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
       {"POST", "/v1/chat/completions", with(good, "messages", "hi").dump(), 400, "messages", "",
        "array"},
       {"POST", "/v1/chat/completions", with(good, "echo", true).dump(), 400, "echo", "", "echo"},
+      {"POST", "/v1/completions", completion_body("x", 600).dump(), 400, "max_tokens", "",
+       "maximum context length is 512 tokens"},
       {"POST", "/v1/completions", completion_body(too_long, 4).dump(), 400, "prompt", "", "512"},
       {"POST", "/v1/completions", with(completion_body(too_long, 4), "stream", true).dump(), 400,
        "prompt", "", "512"},
