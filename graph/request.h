@@ -36,6 +36,7 @@ struct Completion {
   FinishReason reason = FinishReason::Stop;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // of the prompt's, those the prefix cache held when it was admitted
 };
 
 // An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.

@@ -258,6 +258,7 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
       continue;
     }
     metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
+    if (!seq->cached_prompt_tokens) seq->cached_prompt_tokens = seq->computed;
     seq->prefill_end = int(seq->tokens.size());
     seq->window_closed = false;
     running_.emplace(seq->number, std::move(seq));

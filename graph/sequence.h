@@ -107,6 +107,9 @@ struct Sequence {
   // waits, the cached blocks this round's lookup found.
   int registered_blocks = 0;
   std::vector<int32_t> cached_prefix;
+  // Prompt tokens the cache held at its first admission (a resumed sequence's own blocks are
+  // not the client's cache hits); set once, before its first pass, and read at its end.
+  std::optional<int> cached_prompt_tokens;
   // Waiting: a batch window closed over it and left it for lack of room, or it was preempted;
   // either way it goes as soon as there is room.
   bool window_closed = false;

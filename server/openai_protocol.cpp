@@ -483,7 +483,10 @@ std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parse
 Completion total_usage(std::span<const Completion> choices, int per_prompt) {
   Completion total;
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (i % size_t(per_prompt) == 0) total.prompt_tokens += choices[i].prompt_tokens;
+    if (i % size_t(per_prompt) == 0) {
+      total.prompt_tokens += choices[i].prompt_tokens;
+      total.cached_tokens += choices[i].cached_tokens;
+    }
     total.completion_tokens += choices[i].completion_tokens;
   }
   return total;
@@ -623,7 +626,8 @@ json ResponseBuilder::usage(std::span<const Completion> choices) const {
   if (prompt_only_) total.completion_tokens = 0;
   return {{"prompt_tokens", total.prompt_tokens},
           {"completion_tokens", total.completion_tokens},
-          {"total_tokens", total.prompt_tokens + total.completion_tokens}};
+          {"total_tokens", total.prompt_tokens + total.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", total.cached_tokens}}}};
 }
 
 // A prompt_only answer ends at its length limit of 0, whatever ended the token it dropped.

@@ -560,6 +560,14 @@ ParsedRequest parsed_from(Endpoint endpoint, const json& body) {
 }
 
 // The endings of a call with one choice.
+// A usage object: prompt and completion tokens, their total, and the prompt's cached ones.
+json usage_json(int prompt, int completion, int cached = 0) {
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
 std::vector<Completion> one(Completion completion) {
   return {completion};
 }
@@ -607,8 +615,7 @@ TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
   const json usage = builder.usage_chunk(one({FinishReason::Stop, 10, 4}));
   EXPECT_EQ(usage["object"], "chat.completion.chunk");
   EXPECT_EQ(usage["choices"], json::array());
-  EXPECT_EQ(usage["usage"],
-            json({{"prompt_tokens", 10}, {"completion_tokens", 4}, {"total_tokens", 14}}));
+  EXPECT_EQ(usage["usage"], usage_json(10, 4));
 }
 
 TEST(Responses, CompletionChunksAreTextCompletions) {
@@ -641,8 +648,7 @@ TEST(Responses, WholeChatCompletion) {
   EXPECT_EQ(choice["message"]["content"], "Once upon");
   EXPECT_TRUE(choice["logprobs"].is_null());
   EXPECT_EQ(choice["finish_reason"], "stop");
-  EXPECT_EQ(response["usage"],
-            json({{"prompt_tokens", 7}, {"completion_tokens", 2}, {"total_tokens", 9}}));
+  EXPECT_EQ(response["usage"], usage_json(7, 2));
 }
 
 TEST(Responses, WholeTextCompletion) {
@@ -713,8 +719,7 @@ TEST(Responses, ChoicesAreNumberedAndTheirUsageAddsUp) {
   EXPECT_EQ(builder.delta_chunk(delta("b"), 1)["choices"][0]["index"], 1);
   EXPECT_EQ(builder.finish_chunk(FinishReason::Stop, 1)["choices"][0]["index"], 1);
   const std::vector<Completion> ends = {{FinishReason::Length, 6, 3}, {FinishReason::Stop, 6, 2}};
-  EXPECT_EQ(builder.usage_chunk(ends)["usage"],
-            json({{"prompt_tokens", 6}, {"completion_tokens", 5}, {"total_tokens", 11}}));
+  EXPECT_EQ(builder.usage_chunk(ends)["usage"], usage_json(6, 5));
 
   ResponseBuilder whole(parsed, "stories260K", token_text);
   whole.append(delta("Once"), 0);
@@ -753,12 +758,12 @@ TEST(Responses, EachPromptOfAListCountsOnceAndOffsetsItsOwnText) {
             json({2}));
   EXPECT_EQ(builder.delta_chunk(delta(" sat", token), 3)["choices"][0]["logprobs"]["text_offset"],
             json({4}));
-  const std::vector<Completion> ends = {{FinishReason::Stop, 3, 1},
-                                        {FinishReason::Stop, 3, 2},
-                                        {FinishReason::Stop, 5, 3},
-                                        {FinishReason::Stop, 5, 4}};
-  EXPECT_EQ(builder.whole_response(ends)["usage"],
-            json({{"prompt_tokens", 8}, {"completion_tokens", 10}, {"total_tokens", 18}}));
+  // Each prompt's cached tokens as its first choice found them.
+  const std::vector<Completion> ends = {{FinishReason::Stop, 3, 1, 2},
+                                        {FinishReason::Stop, 3, 2, 3},
+                                        {FinishReason::Stop, 5, 3, 4},
+                                        {FinishReason::Stop, 5, 4, 0}};
+  EXPECT_EQ(builder.whole_response(ends)["usage"], usage_json(8, 10, 6));
   EXPECT_EQ(builder.whole_response(ends)["choices"].size(), 4u);
 }
 
@@ -856,8 +861,7 @@ TEST(Responses, EchoWithNoNewTokensShowsThePromptAlone) {
   EXPECT_EQ(builder.finish_chunk(FinishReason::Stop)["choices"][0]["finish_reason"], "length");
   const json response = builder.whole_response(one({FinishReason::Stop, 5, 1}));
   EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(response["usage"],
-            json({{"prompt_tokens", 5}, {"completion_tokens", 0}, {"total_tokens", 5}}));
+  EXPECT_EQ(response["usage"], usage_json(5, 0));
 }
 
 TEST(Responses, InvalidUtf8BecomesReplacementCharacters) {
