@@ -243,7 +243,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
       Sequence& seq = *work[i];
       if (chunk.start_pos + chunk.tokens.size() != seq.tokens.size()) continue;
       seq.tokens.push_back(seq.tokens.back());
-      result.outputs.push_back({work[i], seq.generated() - 1, {}, std::nullopt});
+      result.outputs.push_back({work[i], seq.generated() - 1, {}, std::nullopt, {}});
     }
     return result;
   };
@@ -333,7 +333,7 @@ void BM_Stage_detokenize(benchmark::State& state) {
     for (int i = 0; i < seqs; ++i) {
       SampledToken sampled;
       sampled.token = text[size_t(index + i) % text.size()];
-      result.outputs.push_back({work[size_t(i)], index, std::move(sampled), std::nullopt});
+      result.outputs.push_back({work[size_t(i)], index, std::move(sampled), std::nullopt, {}});
     }
     ++index;
     (*stage)(std::move(result), [](Message m) { benchmark::DoNotOptimize(m); });
@@ -355,7 +355,7 @@ void BM_Stage_emit(benchmark::State& state) {
   uint64_t index = 0;
   for (auto _ : state) {
     StreamEvents events;
-    for (const auto& seq : work) events.events.push_back({seq, index, Delta{" word", {}}});
+    for (const auto& seq : work) events.events.push_back({seq, index, Delta{" word", {}, {}}});
     ++index;
     (*stage)(std::move(events), [](Message) {});
   }
