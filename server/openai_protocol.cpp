@@ -688,6 +688,22 @@ void add_completion_logprob(json& result, const TokenOutput& token, size_t text_
   result["text_offset"].push_back(text_offset);
 }
 
+// Where a prompt token that starts at `offset` of the prompt's text ends. A token's text is
+// normally the prompt's next bytes; SentencePiece's word-start space, though, may stand for no
+// space (the prompt's first word) or for a run of them (it collapses whitespace), so a token
+// that starts with one is matched past whatever whitespace the prompt has there.
+size_t after_token(const std::string& prompt, size_t offset, const std::string& text) {
+  if (offset > prompt.size()) return offset + text.size();
+  if (prompt.compare(offset, text.size(), text) == 0) return offset + text.size();
+  if (text.empty() || text[0] != ' ') return offset + text.size();
+  size_t at = offset;
+  while (at < prompt.size() && std::isspace(static_cast<unsigned char>(prompt[at]))) ++at;
+  const std::string_view word =
+      std::string_view(text).substr(std::min(text.find_first_not_of(' '), text.size()));
+  if (prompt.compare(at, word.size(), word) == 0) return at + word.size();
+  return offset + text.size();  // the tokenizer changed more than whitespace: count its bytes
+}
+
 }  // namespace
 
 // {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}:
@@ -698,16 +714,9 @@ json ResponseBuilder::completion_logprobs(const Delta& delta, ChoiceText& choice
                  {"top_logprobs", json::array()},
                  {"text_offset", json::array()}};
   size_t offset = 0;
-  bool first_word = true;
   for (const TokenOutput& token : delta.prompt) {
     add_completion_logprob(result, token, std::min(offset, choice.prompt.size()), token_text_);
-    size_t length = token.text.size();
-    // SentencePiece's mark of the first word's start is a space the prompt does not have.
-    if (first_word && length > 0) {
-      first_word = false;
-      if (token.text[0] == ' ' && (choice.prompt.empty() || choice.prompt[0] != ' ')) --length;
-    }
-    offset += length;
+    offset = after_token(choice.prompt, offset, token.text);
   }
   if (prompt_only_) return result;
   for (const TokenOutput& token : delta.tokens) {

@@ -837,6 +837,21 @@ TEST(Responses, EchoPutsThePromptAndItsScoresFirst) {
   EXPECT_EQ(response["logprobs"]["text_offset"].back(), prompt_length + 6);
 }
 
+// SentencePiece collapses a run of spaces into its word-start mark: offsets still point at each
+// token's bytes in the prompt as given (the mark's at the run's start).
+TEST(Responses, EchoedOffsetsFollowThePromptThroughCollapsedWhitespace) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions,
+      with(with(with(completion_body(), "prompt", "two  spaces"), "echo", true), "logprobs", 0));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  Delta d;
+  for (const char* piece : {"", " t", "w", "o", " s", "p", "a", "ce", "s"})
+    d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
+  d.tokens = {TokenOutput{5, " x", -1.0f, {}}};
+  const json offsets = builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
+  EXPECT_EQ(offsets, json({0, 0, 1, 2, 3, 6, 7, 8, 10, 11}));
+}
+
 TEST(Responses, AnEchoNoDeltaCarriedComesWithTheEnd) {
   const ParsedRequest parsed =
       parsed_from(Endpoint::Completions, with(completion_body(), "echo", true));
