@@ -198,6 +198,10 @@ const Tokenizer& Engine::tokenizer() const {
   return impl_->tokenizer;
 }
 
+ChatTemplate Engine::chat_template() const {
+  return impl_->context->chat_template;
+}
+
 const LlamaConfig& Engine::model_config() const {
   return impl_->runner->config();
 }

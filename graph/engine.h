@@ -11,6 +11,7 @@
 #include "graph/metrics.h"
 #include "graph/request.h"
 #include "graph/serve_config.h"
+#include "io/chat_template.h"
 #include "io/model_config.h"
 #include "io/tokenizer.h"
 
@@ -49,6 +50,8 @@ class Engine {
 
   const LlamaConfig& model_config() const;
   const Tokenizer& tokenizer() const;
+  // How chat messages become the prompt's tokens (the tokenize stage's template).
+  ChatTemplate chat_template() const;
   const std::string& model_name() const;
   const ServeConfig& config() const;
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "server/openai_protocol.h"
 #include "server/peer_connection.h"
 #include "server/response_queue.h"
+#include "server/token_endpoints.h"
 
 namespace pipeline {
 
@@ -42,6 +44,8 @@ const std::map<std::string, std::string>& route_methods() {
   static const std::map<std::string, std::string> routes = {
       {"/v1/chat/completions", "POST"},
       {"/v1/completions", "POST"},
+      {"/tokenize", "POST"},
+      {"/detokenize", "POST"},
       {"/v1/models", "GET"},
       {"/health", "GET"},
       {"/metrics", "GET"},
@@ -73,6 +77,16 @@ void reply_json(httplib::Response& res, int status, const json& body) {
 
 void reply_error(httplib::Response& res, const RequestError& error) {
   reply_json(res, error.http_status, error_body(error));
+}
+
+// Answers a call the server answers itself, without the engine: `answer`'s JSON, or the error
+// it refused the request with.
+void reply_answer(httplib::Response& res, const std::function<json()>& answer) {
+  try {
+    reply_json(res, 200, answer());
+  } catch (const ApiError& e) {
+    reply_error(res, e.error());
+  }
 }
 
 RequestError make_error(int status, std::string message, std::string type, std::string code) {
@@ -269,6 +283,8 @@ struct HttpServer::Impl {
   explicit Impl(Engine& engine_ref)
       : engine(engine_ref),
         served(served_model(engine_ref.model_name(), engine_ref.config(), engine_ref.tokenizer())),
+        tokenize_settings{engine_ref.chat_template(),
+                          engine_ref.model_config().max_position_embeddings},
         created(std::time(nullptr)) {
     // A completion request holds its connection thread until it ends, so every request the
     // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when
@@ -301,6 +317,14 @@ struct HttpServer::Impl {
                 });
     server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       handle_completion(Endpoint::Completions, req, res);
+    });
+    server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      reply_answer(res, [&] {
+        return tokenize_response(parse_json_body(req.body), served, tokenize_settings);
+      });
+    });
+    server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      reply_answer(res, [&] { return detokenize_response(parse_json_body(req.body), served); });
     });
     server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
@@ -490,6 +514,7 @@ struct HttpServer::Impl {
 
   Engine& engine;
   ServedModel served;
+  TokenizeSettings tokenize_settings;
   int64_t created;
   httplib::Server server;
   int listen_socket = -1;

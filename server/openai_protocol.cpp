@@ -18,6 +18,39 @@ using nlohmann::json;
 
 namespace {
 
+std::string type_name(const json& value) {
+  if (value.is_number_integer()) return "an integer";
+  if (value.is_number()) return "a number";
+  if (value.is_string()) return "a string";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_array()) return "an array";
+  return "an object";
+}
+
+// A message's content: a string, or OpenAI's list of parts when every part is text.
+std::string read_content(const json& message, const std::string& param) {
+  auto it = message.find("content");
+  if (it == message.end() || it->is_null()) throw invalid(param, param + " is missing");
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) throw wrong_type(param, "a string or an array of text parts", *it);
+  std::string content;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& part = (*it)[i];
+    const std::string part_param = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      throw invalid(part_param, part_param +
+                                    " must be {\"type\": \"text\", \"text\": string}; "
+                                    "only text content is supported");
+    content += part["text"].get<std::string>();
+  }
+  return content;
+}
+
+}  // namespace
+
+// ---- The field readers the header shares with the token endpoints.
+
 ApiError invalid(std::string param, std::string message) {
   RequestError error;
   error.http_status = 400;
@@ -33,15 +66,6 @@ const json* find_field(const json& body, const char* name) {
   return &*it;
 }
 
-std::string type_name(const json& value) {
-  if (value.is_number_integer()) return "an integer";
-  if (value.is_number()) return "a number";
-  if (value.is_string()) return "a string";
-  if (value.is_boolean()) return "a boolean";
-  if (value.is_array()) return "an array";
-  return "an object";
-}
-
 ApiError wrong_type(const std::string& param, const char* expected, const json& value) {
   return invalid(param, "Invalid type for '" + param + "': expected " + expected + ", but got " +
                             type_name(value) + " instead.");
@@ -53,6 +77,59 @@ bool read_bool(const json& body, const char* name, bool fallback) {
   if (!value->is_boolean()) throw wrong_type(name, "a boolean", *value);
   return value->get<bool>();
 }
+
+void check_model(const json& body, const ServedModel& model) {
+  const json* value = find_field(body, "model");
+  if (!value) throw invalid("model", "you must provide a model parameter");
+  if (!value->is_string()) throw wrong_type("model", "a string", *value);
+  const auto& name = value->get_ref<const std::string&>();
+  if (name == model.name) return;
+  RequestError error;
+  error.http_status = 404;
+  error.message =
+      "The model '" + name + "' does not exist; this server serves '" + model.name + "'.";
+  error.param = "model";
+  error.code = "model_not_found";
+  throw ApiError(std::move(error));
+}
+
+std::vector<ChatMessage> read_messages(const json& body) {
+  const json* value = find_field(body, "messages");
+  if (!value) throw invalid("messages", "you must provide a messages parameter");
+  if (!value->is_array()) throw wrong_type("messages", "an array", *value);
+  if (value->empty()) throw invalid("messages", "messages must hold at least one message");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < value->size(); ++i) {
+    const json& item = (*value)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!item.is_object()) throw wrong_type(param, "an object", item);
+    auto role = item.find("role");
+    if (role == item.end() || !role->is_string())
+      throw invalid(param + ".role", param + ".role must be a string");
+    const auto& role_name = role->get_ref<const std::string&>();
+    if (role_name != "system" && role_name != "user" && role_name != "assistant")
+      throw invalid(param + ".role", "unsupported role '" + role_name + "' in " + param +
+                                         " (system, user and assistant are supported)");
+    messages.push_back({role_name, read_content(item, param + ".content")});
+  }
+  return messages;
+}
+
+std::vector<int32_t> read_token_ids(const json& ids, const Tokenizer& tokenizer,
+                                    const std::string& param, const char* expected) {
+  std::vector<int32_t> tokens;
+  for (const json& id : ids) {
+    const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
+    if (!token) throw wrong_type(param, expected, id);
+    if (*token < 0 || *token >= tokenizer.vocab_size())
+      throw invalid(param, "token id " + std::to_string(*token) + " is outside the vocabulary of " +
+                               std::to_string(tokenizer.vocab_size()) + " tokens");
+    tokens.push_back(int32_t(*token));
+  }
+  return tokens;
+}
+
+namespace {
 
 // A JSON number as float; beyond float's range it becomes an infinity (a plain conversion would
 // be undefined), which the range checks then refuse.
@@ -138,63 +215,6 @@ std::string random_id(std::string_view prefix) {
   return id;
 }
 
-void check_model(const json& body, const ServedModel& model) {
-  const json* value = find_field(body, "model");
-  if (!value) throw invalid("model", "you must provide a model parameter");
-  if (!value->is_string()) throw wrong_type("model", "a string", *value);
-  const auto& name = value->get_ref<const std::string&>();
-  if (name == model.name) return;
-  RequestError error;
-  error.http_status = 404;
-  error.message =
-      "The model '" + name + "' does not exist; this server serves '" + model.name + "'.";
-  error.param = "model";
-  error.code = "model_not_found";
-  throw ApiError(std::move(error));
-}
-
-// A message's content: a string, or OpenAI's list of parts when every part is text.
-std::string read_content(const json& message, const std::string& param) {
-  auto it = message.find("content");
-  if (it == message.end() || it->is_null()) throw invalid(param, param + " is missing");
-  if (it->is_string()) return it->get<std::string>();
-  if (!it->is_array()) throw wrong_type(param, "a string or an array of text parts", *it);
-  std::string content;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& part = (*it)[i];
-    const std::string part_param = param + "[" + std::to_string(i) + "]";
-    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-        !part["text"].is_string())
-      throw invalid(part_param, part_param +
-                                    " must be {\"type\": \"text\", \"text\": string}; "
-                                    "only text content is supported");
-    content += part["text"].get<std::string>();
-  }
-  return content;
-}
-
-std::vector<ChatMessage> read_messages(const json& body) {
-  const json* value = find_field(body, "messages");
-  if (!value) throw invalid("messages", "you must provide a messages parameter");
-  if (!value->is_array()) throw wrong_type("messages", "an array", *value);
-  if (value->empty()) throw invalid("messages", "messages must hold at least one message");
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < value->size(); ++i) {
-    const json& item = (*value)[i];
-    const std::string param = "messages[" + std::to_string(i) + "]";
-    if (!item.is_object()) throw wrong_type(param, "an object", item);
-    auto role = item.find("role");
-    if (role == item.end() || !role->is_string())
-      throw invalid(param + ".role", param + ".role must be a string");
-    const auto& role_name = role->get_ref<const std::string&>();
-    if (role_name != "system" && role_name != "user" && role_name != "assistant")
-      throw invalid(param + ".role", "unsupported role '" + role_name + "' in " + param +
-                                         " (system, user and assistant are supported)");
-    messages.push_back({role_name, read_content(item, param + ".content")});
-  }
-  return messages;
-}
-
 constexpr const char* kPromptForms =
     "a string, a list of strings, a list of token ids or a list of lists of token ids";
 
@@ -202,16 +222,7 @@ constexpr const char* kPromptForms =
 void read_prompt_ids(const json& ids, const ServedModel& model, ParsedRequest& parsed) {
   if (!model.tokenizer) throw invalid("prompt", "prompts of token ids are not taken here");
   if (ids.empty()) throw invalid("prompt", "a prompt of token ids is empty");
-  std::vector<int32_t> tokens;
-  for (const json& id : ids) {
-    const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
-    if (!token) throw wrong_type("prompt", kPromptForms, id);
-    if (*token < 0 || *token >= model.tokenizer->vocab_size())
-      throw invalid("prompt", "token id " + std::to_string(*token) +
-                                  " is outside the vocabulary of " +
-                                  std::to_string(model.tokenizer->vocab_size()) + " tokens");
-    tokens.push_back(int32_t(*token));
-  }
+  std::vector<int32_t> tokens = read_token_ids(ids, *model.tokenizer, "prompt", kPromptForms);
   parsed.prompts.push_back(model.tokenizer->decode(tokens));
   parsed.prompt_ids.push_back(std::move(tokens));
 }

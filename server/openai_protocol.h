@@ -106,6 +106,26 @@ nlohmann::json parse_json_body(std::string_view body);
 ParsedRequest parse_openai_request(Endpoint endpoint, const nlohmann::json& body,
                                    const ServedModel& model);
 
+// ---- Field readers, shared with the token endpoints (server/token_endpoints.h) so that their
+// errors read exactly as the completion endpoints' do. A field that is null is not given.
+
+// A 400 invalid_request_error naming `param` (empty: the body as a whole).
+ApiError invalid(std::string param, std::string message);
+// A 400 "Invalid type for 'param': expected <expected>, but got <value's type> instead."
+ApiError wrong_type(const std::string& param, const char* expected, const nlohmann::json& value);
+// The field, or nullptr when it is absent or null.
+const nlohmann::json* find_field(const nlohmann::json& body, const char* name);
+// A boolean field; `fallback` when it is not given.
+bool read_bool(const nlohmann::json& body, const char* name, bool fallback);
+// `model` must be given and name the served model: 404 model_not_found for any other name.
+void check_model(const nlohmann::json& body, const ServedModel& model);
+// `messages`: at least one, each a system, user or assistant message with text content.
+std::vector<ChatMessage> read_messages(const nlohmann::json& body);
+// The integers of the array `ids`, each a token of the tokenizer's vocabulary; the errors name
+// `param`, and `expected` says which forms it takes.
+std::vector<int32_t> read_token_ids(const nlohmann::json& ids, const Tokenizer& tokenizer,
+                                    const std::string& param, const char* expected);
+
 // {"error": {"message", "type", "param", "code"}}, empty strings as null.
 nlohmann::json error_body(const RequestError& error);
 

@@ -20,6 +20,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "tests/support/command.h"
 #include "tests/support/server_process.h"
@@ -379,6 +380,47 @@ TEST_F(ServerE2E, APromptOfTokenIdsIsAnsweredAsItsText) {
   EXPECT_EQ(both.body["choices"][1]["text"], second.body["choices"][0]["text"]);
 }
 
+// /tokenize gives the tokens the completion endpoints feed the model (their usage counts them),
+// and /detokenize spells them back.
+TEST_F(ServerE2E, TokenizeGivesThePromptTokensOfTheCompletionEndpoints) {
+  const pipeline::Tokenizer tokenizer(
+      pipeline::testing::shared_path("models/stories260K/tokenizer.model"));
+  const std::string prompt = "Once upon a time";
+  const Reply tokenized = post(
+      port(), "/tokenize", {{"model", kModel}, {"prompt", prompt}, {"return_token_strs", true}});
+  ASSERT_EQ(tokenized.status, 200) << tokenized.raw;
+  EXPECT_EQ(tokenized.body["tokens"], json(tokenizer.encode(prompt, /*add_bos=*/true)));
+  EXPECT_EQ(tokenized.body["max_model_len"], 512);  // stories260K's context
+  EXPECT_EQ(tokenized.body["token_strs"].size(), tokenized.body["tokens"].size());
+  const Reply completion = post(port(), "/v1/completions", completion_body(prompt, 2));
+  ASSERT_EQ(completion.status, 200) << completion.raw;
+  EXPECT_EQ(tokenized.body["count"], completion.body["usage"]["prompt_tokens"]);
+
+  const json chat = chat_body("Tell me a story about a cat.", 2);
+  const Reply chat_tokens =
+      post(port(), "/tokenize", {{"model", kModel}, {"messages", chat["messages"]}});
+  ASSERT_EQ(chat_tokens.status, 200) << chat_tokens.raw;
+  EXPECT_EQ(chat_tokens.body["tokens"],
+            json(apply_chat_template(tokenizer, ChatTemplate::Llama2,
+                                     {{"user", "Tell me a story about a cat."}})));
+  const Reply chat_answer = post(port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_answer.status, 200) << chat_answer.raw;
+  EXPECT_EQ(chat_tokens.body["count"], chat_answer.body["usage"]["prompt_tokens"]);
+
+  const Reply detokenized =
+      post(port(), "/detokenize", {{"model", kModel}, {"tokens", tokenized.body["tokens"]}});
+  ASSERT_EQ(detokenized.status, 200) << detokenized.raw;
+  EXPECT_EQ(detokenized.body, json({{"prompt", prompt}}));
+
+  // Counted in /metrics under their own routes, like every other answer.
+  const std::string metrics = send(port(), "GET", "/metrics", "").raw;
+  for (const char* route : {"/tokenize", "/detokenize"})
+    EXPECT_NE(metrics.find("pipeline_http_requests_total{route=\"" + std::string(route) +
+                           "\",status=\"200\"}"),
+              std::string::npos)
+        << metrics;
+}
+
 // lm-eval's loglikelihood requests: prompts of token ids, echo, logprobs 1, one new token. Each
 // choice's logprobs list its prompt's tokens (the first with null: nothing predicts it) and the
 // new token, which is the one a plain request generates, with the same logprob.
@@ -669,6 +711,23 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
       {"GET", "/v1/models/", "", 404, "", "unknown_url", "/v1/models/"},
       {"POST", "/v1/chat/completions", with(good, "logit_bias", {{"600", 5}}).dump(), 400,
        "logit_bias", "", "vocabulary has 512 tokens"},
+      {"POST", "/tokenize", "[1, 2]", 400, "", "", "JSON object"},
+      {"POST", "/tokenize", json{{"model", "gpt-4"}, {"prompt", "Hi"}}.dump(), 404, "model",
+       "model_not_found", "gpt-4"},
+      {"POST", "/tokenize",
+       json{{"model", kModel}, {"prompt", "Hi"}, {"messages", good["messages"]}}.dump(), 400,
+       "prompt", "", "not both"},
+      {"POST", "/tokenize",
+       json{{"model", kModel}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}}.dump(), 400,
+       "messages[0].role", "", "tool"},
+      {"POST", "/detokenize", json{{"model", kModel}, {"tokens", {1, 512}}}.dump(), 400, "tokens",
+       "", "outside the vocabulary of 512"},
+      {"POST", "/detokenize", json{{"model", kModel}, {"tokens", {1, -3}}}.dump(), 400, "tokens",
+       "", "token id -3"},
+      {"POST", "/detokenize", json{{"model", kModel}, {"tokens", {1, 2.5}}}.dump(), 400, "tokens",
+       "", "array of token ids"},
+      {"GET", "/tokenize", "", 405, "", "method_not_allowed", "POST"},
+      {"GET", "/detokenize", "", 405, "", "method_not_allowed", "POST"},
   };
   for (const BadCall& call : calls) {
     SCOPED_TRACE(call.method + " " + call.path + " " + call.body.substr(0, 200));
@@ -801,8 +860,12 @@ TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
   const httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
   const std::string body = chat_body("Hi", 4).dump();
   for (const auto& headers : {httplib::Headers{}, wrong}) {
-    for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
-             {"POST", "/v1/chat/completions"}, {"GET", "/v1/models"}, {"GET", "/metrics"}}) {
+    for (const auto& [method, path] :
+         std::vector<std::pair<std::string, std::string>>{{"POST", "/v1/chat/completions"},
+                                                          {"GET", "/v1/models"},
+                                                          {"GET", "/metrics"},
+                                                          {"POST", "/tokenize"},
+                                                          {"POST", "/detokenize"}}) {
       const Reply reply = send(server.port(), method, path, body, headers);
       EXPECT_EQ(reply.status, 401) << method << " " << path;
       EXPECT_EQ(reply.body["error"]["code"], "invalid_api_key");
@@ -811,6 +874,8 @@ TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
   EXPECT_EQ(send(server.port(), "GET", "/health", "").status, 200);
   EXPECT_EQ(send(server.port(), "POST", "/v1/chat/completions", body, right).status, 200);
   EXPECT_EQ(send(server.port(), "GET", "/v1/models", "", right).status, 200);
+  const std::string tokens = json{{"model", kModel}, {"tokens", {1, 2}}}.dump();
+  EXPECT_EQ(send(server.port(), "POST", "/detokenize", tokens, right).status, 200);
 }
 
 // More requests at once than any fixed pool of connection threads would serve: every one the

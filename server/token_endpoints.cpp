@@ -1,0 +1,95 @@
+#include "server/token_endpoints.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kTokenList = "an array of token ids";
+
+void check_object(const json& body) {
+  if (!body.is_object()) throw invalid("", "The request body must be a JSON object.");
+}
+
+// A prompt's tokens as /v1/completions encodes a text prompt: BOS first, unless the client asks
+// for the text's own tokens alone.
+std::vector<int32_t> prompt_tokens(const json& body, const Tokenizer& tokenizer) {
+  const json& prompt = *find_field(body, "prompt");
+  if (!prompt.is_string()) throw wrong_type("prompt", "a string", prompt);
+  const bool add_bos = read_bool(body, "add_special_tokens", true);
+  return tokenizer.encode(prompt.get_ref<const std::string&>(), add_bos);
+}
+
+// A chat's tokens as /v1/chat/completions builds them (the tokenize stage calls the same
+// template).
+std::vector<int32_t> chat_tokens(const json& body, const Tokenizer& tokenizer,
+                                 ChatTemplate chat_template) {
+  if (read_bool(body, "add_special_tokens", false))
+    throw invalid("add_special_tokens",
+                  "add_special_tokens must be false with messages: the chat template places BOS "
+                  "itself");
+  // vLLM's add_generation_prompt asks for the template's opening of the assistant's turn after
+  // the last message. Neither of our templates has one: a LLaMA-2 prompt ends with "[/INST]",
+  // where the answer begins, either way (and the raw template adds nothing). So it changes
+  // nothing; it is read only so that a value that is not a boolean is refused.
+  read_bool(body, "add_generation_prompt", true);
+  if (read_bool(body, "continue_final_message", false))
+    throw invalid("continue_final_message",
+                  "continue_final_message is not supported: a chat prompt here always ends after "
+                  "a user message");
+  const std::vector<ChatMessage> messages = read_messages(body);
+  try {
+    return apply_chat_template(tokenizer, chat_template, messages);
+  } catch (const std::invalid_argument& e) {  // a dialog the template cannot express
+    throw invalid("messages", e.what());
+  }
+}
+
+// The tokens of the one input a /tokenize body gives.
+std::vector<int32_t> input_tokens(const json& body, const Tokenizer& tokenizer,
+                                  ChatTemplate chat_template) {
+  const bool has_prompt = find_field(body, "prompt") != nullptr;
+  const bool has_messages = find_field(body, "messages") != nullptr;
+  if (has_prompt && has_messages)
+    throw invalid("prompt", "give either a prompt or messages, not both");
+  if (has_prompt) return prompt_tokens(body, tokenizer);
+  if (has_messages) return chat_tokens(body, tokenizer, chat_template);
+  throw invalid("prompt", "you must provide a prompt or a messages parameter");
+}
+
+json token_texts(const std::vector<int32_t>& tokens, const Tokenizer& tokenizer) {
+  json texts = json::array();
+  for (const int32_t token : tokens) texts.push_back(tokenizer.token_text(token));
+  return texts;
+}
+
+}  // namespace
+
+json tokenize_response(const json& body, const ServedModel& model,
+                       const TokenizeSettings& settings) {
+  check_object(body);
+  check_model(body, model);
+  const bool with_texts = read_bool(body, "return_token_strs", false);
+  const std::vector<int32_t> tokens = input_tokens(body, *model.tokenizer, settings.chat_template);
+  json response = {
+      {"count", tokens.size()}, {"max_model_len", settings.max_model_len}, {"tokens", tokens}};
+  if (with_texts) response["token_strs"] = token_texts(tokens, *model.tokenizer);
+  return response;
+}
+
+json detokenize_response(const json& body, const ServedModel& model) {
+  check_object(body);
+  check_model(body, model);
+  const json* ids = find_field(body, "tokens");
+  if (!ids) throw invalid("tokens", "you must provide a tokens parameter");
+  if (!ids->is_array()) throw wrong_type("tokens", kTokenList, *ids);
+  const std::vector<int32_t> tokens = read_token_ids(*ids, *model.tokenizer, "tokens", kTokenList);
+  return {{"prompt", model.tokenizer->decode(tokens)}};
+}
+
+}  // namespace pipeline
