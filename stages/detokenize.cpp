@@ -62,10 +62,9 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     out.events.push_back({seq, state.next_event++, std::move(delta)});
   if (finish) {
     state.done = true;
-    out.events.push_back(
-        {seq, state.next_event++,
-         Completion{*finish, seq->prompt_len, state.completion_tokens,
-                    seq->cached_prompt_tokens.value_or(0)}});
+    out.events.push_back({seq, state.next_event++,
+                          Completion{*finish, seq->prompt_len, state.completion_tokens,
+                                     seq->cached_prompt_tokens.value_or(0)}});
   }
 }
 
