@@ -24,6 +24,7 @@ std::string type_name(const json& value) {
   if (value.is_string()) return "a string";
   if (value.is_boolean()) return "a boolean";
   if (value.is_array()) return "an array";
+  if (value.is_null()) return "null";  // inside an array: a null field is not given at all
   return "an object";
 }
 
@@ -496,7 +497,12 @@ Completion total_usage(std::span<const Completion> choices, int per_prompt) {
   for (size_t i = 0; i < choices.size(); ++i) {
     if (i % size_t(per_prompt) == 0) {
       total.prompt_tokens += choices[i].prompt_tokens;
-      total.cached_tokens += choices[i].cached_tokens;
+      // What the cache held before the call: the least any of the prompt's choices found (the
+      // others may have found what the first to run had just computed).
+      int cached = choices[i].cached_tokens;
+      for (size_t j = i; j < std::min(choices.size(), i + size_t(per_prompt)); ++j)
+        cached = std::min(cached, choices[j].cached_tokens);
+      total.cached_tokens += cached;
     }
     total.completion_tokens += choices[i].completion_tokens;
   }

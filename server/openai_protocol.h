@@ -90,8 +90,8 @@ struct ParsedRequest {
 // request is seeded, its prompt's choice j with seed + j.
 std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed);
 
-// What the usage of a call's choices adds up to: each prompt once (its cached tokens as its first
-// choice found them), every choice's tokens.
+// What the usage of a call's choices adds up to: each prompt once (its cached tokens the least
+// any of its choices found: what the cache held before the call), every choice's tokens.
 Completion total_usage(std::span<const Completion> choices, int per_prompt);
 
 // The largest request body the server reads. A call's n choices together hold at most this much

@@ -332,6 +332,7 @@ std::vector<BadInput> bad_inputs() {
        "a prompt of token ids is empty"},
       {completion, with(completion_body(), "prompt", {{1, 2}, 7}), "prompt", "list of token ids"},
       {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
+      {completion, with(completion_body(), "prompt", {nullptr}), "prompt", "but got null instead"},
       {chat, with(chat_body(), "echo", true), "echo", "a /v1/completions parameter"},
       {completion, with(completion_body(), "echo", "yes"), "echo", "boolean"},
       {completion, with(completion_body(), "max_tokens", 0), "max_tokens", "between 1"},
@@ -758,12 +759,13 @@ TEST(Responses, EachPromptOfAListCountsOnceAndOffsetsItsOwnText) {
             json({2}));
   EXPECT_EQ(builder.delta_chunk(delta(" sat", token), 3)["choices"][0]["logprobs"]["text_offset"],
             json({4}));
-  // Each prompt's cached tokens as its first choice found them.
+  // Each prompt's cached tokens the least any of its choices found: the first prompt's choice 0
+  // found the blocks its choice 1 had just computed.
   const std::vector<Completion> ends = {{FinishReason::Stop, 3, 1, 2},
-                                        {FinishReason::Stop, 3, 2, 3},
+                                        {FinishReason::Stop, 3, 2, 0},
                                         {FinishReason::Stop, 5, 3, 4},
-                                        {FinishReason::Stop, 5, 4, 0}};
-  EXPECT_EQ(builder.whole_response(ends)["usage"], usage_json(8, 10, 6));
+                                        {FinishReason::Stop, 5, 4, 4}};
+  EXPECT_EQ(builder.whole_response(ends)["usage"], usage_json(8, 10, 4));
   EXPECT_EQ(builder.whole_response(ends)["choices"].size(), 4u);
 }
 
