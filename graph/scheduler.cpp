@@ -161,12 +161,12 @@ void Scheduler::look_up_prefix(Sequence& seq, WaitingSequence& w) {
 }
 
 // Looks up the waiting sequences' cached prefixes, in order, until max_batch of them (all that
-// one pass may admit) would compute their own start. The others follow one of those: their next
-// block is one it computes in this pass, so they wait for the cache rather than compute it too
-// (the n choices of a call compute their prompt once).
+// one pass may admit) would compute their own start. The others follow one of those, or a
+// running prompt still being prefilled: their next block is one it computes, so they wait for
+// the cache rather than compute it too (the n choices of a call compute their prompt once).
 void Scheduler::look_up_candidates(std::vector<WaitingSequence>& waiting) {
+  std::vector<NextBlock> computed = blocks_being_prefilled();  // and the candidates' next ones
   int candidates = 0;
-  std::vector<NextBlock> computed;  // by the candidates
   for (size_t i = 0; i < waiting.size() && candidates < limits_.max_batch; ++i) {
     Sequence& seq = *waiting_[i];
     look_up_prefix(seq, waiting[i]);
@@ -179,16 +179,34 @@ void Scheduler::look_up_candidates(std::vector<WaitingSequence>& waiting) {
   }
 }
 
+// The full prompt blocks the running sequences' unfinished prefills have yet to compute (those
+// before are registered).
+std::vector<Scheduler::NextBlock> Scheduler::blocks_being_prefilled() const {
+  std::vector<NextBlock> blocks;
+  if (!prefix_caching_) return blocks;
+  for (const auto& [id, seq] : running_) {
+    if (seq->prompt_left() == 0) continue;
+    for (int i = seq->registered_blocks; i < seq->prefill_end / limits_.block_size; ++i)
+      blocks.push_back(
+          block_at(*seq, i, i == 0 ? BlockManager::kNoParent : seq->block_table[size_t(i) - 1]));
+  }
+  return blocks;
+}
+
+// Block `index` of the sequence's tokens, after block `parent`.
+Scheduler::NextBlock Scheduler::block_at(const Sequence& seq, int index, int32_t parent) const {
+  const size_t size = size_t(limits_.block_size);
+  return NextBlock{index, parent, std::span(seq.tokens).subspan(size_t(index) * size, size)};
+}
+
 // The first block a waiting sequence's prefill computes that the cache could then hold (a full
 // block before its last token): right after its cached prefix. None when it has no such block.
 std::optional<Scheduler::NextBlock> Scheduler::next_block(const Sequence& seq) const {
   if (!prefix_caching_) return std::nullopt;
   const int index = int(seq.cached_prefix.size());
   if (index >= (int(seq.tokens.size()) - 1) / limits_.block_size) return std::nullopt;
-  return NextBlock{
-      index, seq.cached_prefix.empty() ? BlockManager::kNoParent : seq.cached_prefix.back(),
-      std::span(seq.tokens)
-          .subspan(size_t(index) * size_t(limits_.block_size), size_t(limits_.block_size))};
+  return block_at(seq, index,
+                  seq.cached_prefix.empty() ? BlockManager::kNoParent : seq.cached_prefix.back());
 }
 
 bool Scheduler::NextBlock::operator==(const NextBlock& other) const {

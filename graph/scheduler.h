@@ -57,6 +57,8 @@ class Scheduler {
   };
   void look_up_candidates(std::vector<WaitingSequence>& waiting);
   void look_up_prefix(Sequence& seq, WaitingSequence& w);
+  std::vector<NextBlock> blocks_being_prefilled() const;
+  NextBlock block_at(const Sequence& seq, int index, int32_t parent) const;
   std::optional<NextBlock> next_block(const Sequence& seq) const;
   void register_computed(Sequence& seq);
   void preempt(const std::vector<uint64_t>& ids);

@@ -13,9 +13,10 @@
 //    for their next step, and, while prompts are being
 //    prefilled in chunks, for the decoding sequences' growth until the last chunk.
 //  - Prefix cache: a newcomer's cached first tokens are not computed again; its prefill, and
-//    the budget it takes, starts after them. A newcomer that follows an earlier one (the next
-//    block it would compute is the earlier one's, as for the n choices of a call) is passed over
-//    until that block is cached, and the ones after it are not held back.
+//    the budget it takes, starts after them. A newcomer that follows another sequence (the next
+//    block it would compute is one an earlier newcomer or a running prefill computes, as for the
+//    n choices of a call) is passed over until that block is cached, and the ones after it are
+//    not held back.
 //  - Chunked prefill: a pass computes at most max_prefill_tokens prompt tokens, unfinished
 //    prompts first (oldest first), then the newcomers'; the last prompt to get tokens may get
 //    only its first part and continues in the next pass. The decoding sequences' tokens ride
@@ -52,7 +53,8 @@ struct WaitingSequence {
   bool window_closed = false;  // a window already closed over it (it was left for lack of room)
   int cached = 0;              // of its tokens, the first ones the prefix cache holds
   int cached_in_use = 0;       // blocks of those held by running sequences (not free)
-  // Its next block is one an earlier newcomer computes: it waits a pass for the cache instead.
+  // Its next block is one an earlier newcomer or a running prefill computes: it waits for the
+  // cache instead.
   bool follows = false;
 };
 

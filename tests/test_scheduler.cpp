@@ -36,9 +36,10 @@ class SchedulerTest : public ::testing::Test {
   void TearDown() override { scheduler_.reset(); }  // its thread ends before the queue below
 
   // A sequence with a prompt of `prompt` tokens (first_token, first_token + 1, ...), posted as
-  // tokenize posts it.
-  SequencePtr submit(int prompt, int32_t first_token = 10) {
+  // tokenize posts it; `score_prompt`: one whose prompt is scored (echo with logprobs).
+  SequencePtr submit(int prompt, int32_t first_token = 10, bool score_prompt = false) {
     auto request = std::make_shared<Request>();
+    request->prompt_logprobs = score_prompt;
     request->id = "cmpl-sched-" + std::to_string(next_number_);
     request->sink = std::make_shared<testing::CollectingSink>();
     auto seq = std::make_shared<Sequence>(request, next_number_++,
@@ -237,11 +238,9 @@ TEST_F(SchedulerTest, WithoutPrefixCachingEqualPromptsAreAdmittedTogether) {
   EXPECT_EQ(std::get<PrefillBatch>(next_batch()).seqs.size(), 2u);
 }
 
-TEST_F(SchedulerTest, ABlockComputedAgainBesideItsFirstCopyGivesWayToIt) {
-  // A copy admitted while the first is still being prefilled in chunks (24 tokens a pass)
-  // computes the block the first finishes in the same pass: once computed, it takes the first's
-  // registered block and frees its own, so that the blocks it computes after it chain to the
-  // cache too.
+TEST_F(SchedulerTest, APromptEqualToOneBeingPrefilledInChunksWaitsForItsBlocks) {
+  // The first copy is prefilled 24 tokens a pass; the second, arriving meanwhile, would compute
+  // the block the first finishes next: it waits, and starts from both of the first's blocks.
   start(/*max_prefill_tokens=*/24);
   const SequencePtr a = submit(40);
   auto pass1 = std::get<PrefillBatch>(next_batch());
@@ -250,20 +249,37 @@ TEST_F(SchedulerTest, ABlockComputedAgainBesideItsFirstCopyGivesWayToIt) {
   chunk_only.prefill = true;
   post(std::move(chunk_only));
   auto pass2 = std::get<PrefillBatch>(next_batch());
-  ASSERT_EQ(pass2.seqs, (std::vector<SequencePtr>{a, b}));
+  ASSERT_EQ(pass2.seqs, (std::vector<SequencePtr>{a}));
   const auto a_blocks = pass2.batch.seqs[0].block_table;
-  EXPECT_EQ(pass2.batch.seqs[1].start_pos, 16) << "its first block comes from the cache";
-  EXPECT_NE(pass2.batch.seqs[1].block_table[1], a_blocks[1]);
   post(sampled(true, {a}));
   auto pass3 = std::get<PrefillBatch>(next_batch());
   ASSERT_EQ(pass3.seqs, (std::vector<SequencePtr>{b, a}));
-  post(sampled(true, {b, a}));
+  EXPECT_EQ(pass3.batch.seqs[0].start_pos, 32);
+  EXPECT_EQ(pass3.batch.seqs[0].block_table[0], a_blocks[0]);
+  EXPECT_EQ(pass3.batch.seqs[0].block_table[1], a_blocks[1]);
+}
+
+TEST_F(SchedulerTest, AScoredPromptsCopiesOfCachedBlocksGiveWayToThem) {
+  // A prompt to score computes every block (the cache has no logits), even those an equal prompt
+  // computes in the same pass; once computed, it takes the registered blocks and frees its own,
+  // so that the blocks it computes after them chain to the cache too.
+  start(2048, true, /*max_batch=*/2, /*window_ms=*/60000);
+  const SequencePtr a = submit(40);
+  const SequencePtr b = submit(40, 10, /*score_prompt=*/true);
+  auto both = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(both.seqs, (std::vector<SequencePtr>{a, b}));
+  const auto a_blocks = both.batch.seqs[0].block_table;
+  EXPECT_EQ(both.batch.seqs[1].start_pos, 0);
+  EXPECT_TRUE(both.batch.seqs[1].all_logits);
+  EXPECT_NE(both.batch.seqs[1].block_table[0], a_blocks[0]);
+  post(sampled(true, {a, b}));
   auto step = std::get<DecodeBatch>(next_batch());
   ASSERT_EQ(step.seqs, (std::vector<SequencePtr>{a, b}));
   const auto& b_table = step.batch.seqs[1].block_table;
   EXPECT_EQ(b_table[0], a_blocks[0]);
   EXPECT_EQ(b_table[1], a_blocks[1]);
   EXPECT_NE(b_table[2], a_blocks[2]) << "the partial block stays its own";
+  EXPECT_FALSE(step.batch.seqs[1].all_logits) << "its prompt is scored";
 }
 
 }  // namespace
