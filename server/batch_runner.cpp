@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <utility>
+#include <variant>
 
 #include "graph/log.h"
 
@@ -28,28 +29,37 @@ struct BatchRunner::Finished {
   bool cut_short = false;  // failed by the engine's shutdown: not written, a rerun does it
 };
 
-// Outcomes from the pipeline's threads to the one that writes them.
+// The other choices of a line one of whose choices failed: the line is that error, so they
+// need not run on. The writer's thread cancels them: a sink callback that did would take their
+// streams' locks under its own.
+struct BatchRunner::Cancel {
+  std::vector<std::weak_ptr<Request>> choices;
+};
+
+// Outcomes and cancellations from the pipeline's threads to the one that writes them.
 class BatchRunner::Results {
  public:
+  using Event = std::variant<Finished, Cancel>;
+
   // Notifies under the lock: the last pop may be followed at once by the end of run() and of
   // this object, which must not come while a pusher is still inside notify_one.
-  void push(Finished finished) {
+  void push(Event event) {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(finished));
+    queue_.push_back(std::move(event));
     ready_.notify_one();
   }
-  std::optional<Finished> pop(Clock::time_point deadline) {
+  std::optional<Event> pop(Clock::time_point deadline) {
     std::unique_lock lock(mutex_);
     if (!ready_.wait_until(lock, deadline, [&] { return !queue_.empty(); })) return std::nullopt;
-    Finished finished = std::move(queue_.front());
+    Event event = std::move(queue_.front());
     queue_.pop_front();
-    return finished;
+    return event;
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<Finished> queue_;
+  std::deque<Event> queue_;
 };
 
 // One input line's answer, built from every choice's events; once the last choice has ended,
@@ -76,9 +86,17 @@ class BatchRunner::Answer {
     completions_.at(size_t(choice)) = completion;
     end();
   }
+  // The line's requests, one per choice (weakly: each one's sink holds this answer).
+  void set_choices(const std::vector<std::shared_ptr<Request>>& requests) {
+    std::lock_guard lock(mutex_);
+    choices_.assign(requests.begin(), requests.end());
+  }
   void fail(const RequestError& error) {
     std::lock_guard lock(mutex_);
-    if (!error_) error_ = error;
+    if (!error_) {
+      error_ = error;
+      if (left_ > 1) results_.push(Cancel{choices_});
+    }
     end();
   }
 
@@ -87,12 +105,12 @@ class BatchRunner::Answer {
     if (--left_ > 0) return;
     if (error_) {
       // 503 comes only from the engine's shutdown, which cuts requests short.
-      results_.push({&input_, request_id_, error_->http_status, error_body(*error_), 0,
-                     error_->http_status == 503});
+      results_.push(Finished{&input_, request_id_, error_->http_status, error_body(*error_), 0,
+                             error_->http_status == 503});
       return;
     }
-    results_.push({&input_, request_id_, 200, builder_.whole_response(completions_),
-                   total_usage(completions_, per_prompt_).completion_tokens, false});
+    results_.push(Finished{&input_, request_id_, 200, builder_.whole_response(completions_),
+                           total_usage(completions_, per_prompt_).completion_tokens, false});
   }
 
   const BatchInput& input_;
@@ -103,6 +121,7 @@ class BatchRunner::Answer {
   std::vector<Completion> completions_;
   int left_;                           // choices not ended yet
   std::optional<RequestError> error_;  // the first choice that failed
+  std::vector<std::weak_ptr<Request>> choices_;
   Results& results_;
 };
 
@@ -149,9 +168,13 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
       ++next;
     }
     if (progress.in_flight == 0) continue;  // all answered at submission (refusals)
-    if (auto finished = results.pop(next_report)) {
-      --progress.in_flight;
-      write(*finished, progress);
+    if (auto event = results.pop(next_report)) {
+      if (auto* cancel = std::get_if<Cancel>(&*event)) {
+        cancel_choices(*cancel);
+      } else {
+        --progress.in_flight;
+        write(std::get<Finished>(*event), progress);
+      }
     }
     if (Clock::now() >= next_report) {
       report(progress);
@@ -163,8 +186,10 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
     progress.interrupted = true;
     engine_.shutdown(std::chrono::seconds(config.server.shutdown_grace_s));
     while (progress.in_flight > 0) {
-      auto finished = results.pop(Clock::now() + std::chrono::seconds(10));
-      if (!finished) break;  // cannot happen: shutdown has ended every request
+      auto event = results.pop(Clock::now() + std::chrono::seconds(10));
+      if (!event) break;  // cannot happen: shutdown has ended every request
+      const auto* finished = std::get_if<Finished>(&*event);
+      if (!finished) continue;  // a cancellation: shutdown ends them all anyway
       --progress.in_flight;
       if (!finished->cut_short) write(*finished, progress);
     }
@@ -192,8 +217,14 @@ bool BatchRunner::submit(const BatchInput& input, Results& results, BatchProgres
     requests[i]->sink = std::make_shared<ChoiceSink>(answer, int(i));
   // All of a line's choices are accepted or none: a full queue leaves the line for later.
   if (engine_.submit(requests) != SubmitStatus::Accepted) return false;
+  answer->set_choices(requests);
   ++progress.in_flight;
   return true;
+}
+
+void BatchRunner::cancel_choices(const Cancel& cancel) {
+  for (const auto& choice : cancel.choices)
+    if (const std::shared_ptr<Request> request = choice.lock()) engine_.cancel(*request);
 }
 
 void BatchRunner::write(const Finished& finished, BatchProgress& progress) {

@@ -44,6 +44,7 @@ class BatchRunner {
 
  private:
   struct Finished;
+  struct Cancel;
   class Results;
   class Answer;
   class ChoiceSink;
@@ -52,6 +53,7 @@ class BatchRunner {
   // its line at once.
   bool submit(const BatchInput& input, Results& results, BatchProgress& progress);
   void write(const Finished& finished, BatchProgress& progress);
+  void cancel_choices(const Cancel& cancel);
 
   Engine& engine_;
   std::string input_name_;

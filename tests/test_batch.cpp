@@ -280,6 +280,27 @@ TEST_F(BatchCommandTest, AnswersEveryRequestAsTheApiWouldAndRefusalsAsErrorLines
   EXPECT_EQ(lines_of(out).size(), 8u);
 }
 
+// A line is answered with the first error of its choices; the others are cancelled rather than
+// run to their end for nothing.
+TEST_F(BatchCommandTest, ALineWhoseChoiceFailsCancelsItsOtherChoices) {
+  std::string too_long;
+  for (int i = 0; i < 600; ++i) too_long += "word ";
+  json body = completion("Once upon a time", 480);
+  body["prompt"] = {"Once upon a time", too_long};
+  body["ignore_eos"] = true;
+  const auto in = write("in.jsonl", request_line("mixed", "/v1/completions", body));
+  const auto out = dir_ / "out.jsonl";
+  const auto result = batch(in, out);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["response"]["status_code"], 400);
+  EXPECT_EQ(lines[0]["response"]["body"]["error"]["param"], "prompt");
+  EXPECT_NE(result.err.find("-0 failed (499)"), std::string::npos)
+      << "the first prompt's choice ran on:\n"
+      << result.err;
+}
+
 TEST_F(BatchCommandTest, ResumesWithOnlyWhatIsMissing) {
   const auto in = write("in.jsonl", mixed_batch());
   const auto full = dir_ / "full.jsonl";
