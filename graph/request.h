@@ -66,9 +66,11 @@ struct Request {
   std::vector<int32_t> prompt_ids;    // a completions prompt given as token ids: used as they are
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
-  // The client named max_tokens: a prompt that leaves it too little room is refused (400), as
-  // OpenAI and vLLM refuse it, rather than answered short. A default is capped to the room left.
-  bool max_tokens_given = false;
+  // The field the client limited max_tokens with ("max_tokens", "max_completion_tokens"), or
+  // empty for the server's default. A prompt that leaves a limit the client gave too little
+  // room is refused (400 naming the field), as OpenAI and vLLM refuse it, rather than answered
+  // short; a default is capped to the room left.
+  std::string max_tokens_param;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with

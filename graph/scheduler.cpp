@@ -312,15 +312,28 @@ void Scheduler::fail_kv_exhausted(Sequence& seq) {
 
 void Scheduler::start_prefill(const SchedulerDecision& decision) {
   PrefillBatch work;
+  int scored_rows_left = kMaxScoredRows;
   for (const auto* chunks : {&decision.prefill, &decision.admitted})
-    for (const PromptChunk& chunk : *chunks)
-      add_chunk(chunk.id, chunk.tokens, work.seqs, work.batch);
+    for (const PromptChunk& chunk : *chunks) {
+      const int tokens = within_scored_rows(chunk, scored_rows_left);
+      if (tokens > 0) add_chunk(chunk.id, tokens, work.seqs, work.batch);
+    }
   const size_t prompts = work.seqs.size();
   for (uint64_t id : decision.decode) add_chunk(id, 1, work.seqs, work.batch);
   work.decoding = int(work.seqs.size() - prompts);
   if (work.seqs.empty()) return schedule_again();
   busy_ = true;
   emit_(std::move(work));
+}
+
+// A prompt to score returns a logits row per token: its chunk takes at most what is left of the
+// pass's kMaxScoredRows (the rest of its prompt waits for the next pass).
+int Scheduler::within_scored_rows(const PromptChunk& chunk, int& rows_left) const {
+  const auto it = running_.find(chunk.id);
+  if (it == running_.end() || !it->second->scores_prompt()) return chunk.tokens;
+  const int tokens = std::min(chunk.tokens, rows_left);
+  rows_left -= tokens;
+  return tokens;
 }
 
 void Scheduler::start_decode(const std::vector<uint64_t>& ids) {

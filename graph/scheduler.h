@@ -25,6 +25,11 @@ namespace pipeline {
 
 class Scheduler {
  public:
+  // Logits rows of prompts to score (Request::prompt_logprobs) in one pass. Each row is a
+  // vocabulary of floats, on the host and on the device, so a long prompt to score goes in
+  // chunks of at most this many tokens, whatever max_prefill_tokens allows.
+  static constexpr int kMaxScoredRows = 512;
+
   // `num_blocks` and `block_size`: the runner's KV pool.
   Scheduler(const SchedulerSection& config, int num_blocks, int block_size, Metrics& metrics);
   ~Scheduler();
@@ -68,6 +73,7 @@ class Scheduler {
   void add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seqs, Batch& batch);
   void fail_kv_exhausted(Sequence& seq);
   void start_prefill(const SchedulerDecision& decision);
+  int within_scored_rows(const PromptChunk& chunk, int& rows_left) const;
   void start_decode(const std::vector<uint64_t>& ids);
   void schedule_again();
   // Frees the sequence's blocks; its computed full blocks stay in the prefix cache.

@@ -42,6 +42,9 @@ struct TextState {
 
   InOrder<GeneratedToken> tokens;  // its lock guards the fields below
   IncrementalDecoder decoder;
+  // Request::prompt_logprobs: the prompt's first token, which the scores (of the tokens after
+  // it) do not name. Sequence::tokens is the model stages' and may move while detokenize runs.
+  int32_t first_prompt_token = 0;
   StopStringMatcher stops;
   bool done = false;
   int completion_tokens = 0;
@@ -108,7 +111,8 @@ struct Sequence {
   int registered_blocks = 0;
   std::vector<int32_t> cached_prefix;
   // Prompt tokens the cache held at its first admission (a resumed sequence's own blocks are
-  // not the client's cache hits); set once, before its first pass, and read at its end.
+  // not the client's cache hits). Set once, before its first pass; the one field here another
+  // stage reads: detokenize, at its end.
   std::optional<int> cached_prompt_tokens;
   // Waiting: a batch window closed over it and left it for lack of room, or it was preempted;
   // either way it goes as soon as there is room.

@@ -83,28 +83,27 @@ double log_normaliser(std::span<const float> logits, float max_logit) {
 }
 
 // The `count` most likely tokens of the raw logits, most likely first, ties broken by the lower
-// id so that the report is the same everywhere (NaNs skipped). One pass keeps them in a short
-// sorted list: a token enters only when it beats the list's last, which after the first few
-// thousand ids is rare.
+// id so that the report is the same everywhere (NaNs skipped). One pass keeps them in `top`,
+// sorted, their logits in place of logprobs until the end: a token enters only when it beats
+// the list's last, which after the first few thousand ids is rare.
 void report_alternatives(std::span<const float> logits, double log_z, size_t count,
                          std::vector<TokenLogprob>& top) {
   count = std::min(count, logits.size());
   top.clear();
   if (count == 0) return;
-  std::vector<int32_t> best;
-  best.reserve(count + 1);
+  top.reserve(count + 1);
   for (size_t id = 0; id < logits.size(); ++id) {
     const float logit = logits[id];
     if (std::isnan(logit)) continue;
     // Ids come in increasing order, so an equal logit never beats one already listed.
-    if (best.size() == count && !(logit > logits[size_t(best.back())])) continue;
-    auto at = std::upper_bound(best.begin(), best.end(), logit, [&](float value, int32_t other) {
-      return value > logits[size_t(other)];
-    });
-    best.insert(at, int32_t(id));
-    if (best.size() > count) best.pop_back();
+    if (top.size() == count && !(logit > top.back().logprob)) continue;
+    auto at =
+        std::upper_bound(top.begin(), top.end(), logit,
+                         [](float value, const TokenLogprob& t) { return value > t.logprob; });
+    top.insert(at, {int32_t(id), logit});
+    if (top.size() > count) top.pop_back();
   }
-  for (int32_t id : best) top.push_back({id, float(double(logits[size_t(id)]) - log_z)});
+  for (TokenLogprob& t : top) t.logprob = float(double(t.logprob) - log_z);
 }
 
 }  // namespace

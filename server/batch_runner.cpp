@@ -215,9 +215,10 @@ bool BatchRunner::submit(const BatchInput& input, Results& results, BatchProgres
   auto requests = choice_requests(parsed);
   for (size_t i = 0; i < requests.size(); ++i)
     requests[i]->sink = std::make_shared<ChoiceSink>(answer, int(i));
+  // Before they run: a choice may fail before submit() returns.
+  answer->set_choices(requests);
   // All of a line's choices are accepted or none: a full queue leaves the line for later.
   if (engine_.submit(requests) != SubmitStatus::Accepted) return false;
-  answer->set_choices(requests);
   ++progress.in_flight;
   return true;
 }

@@ -1,6 +1,7 @@
 #include "server/openai_protocol.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <climits>
@@ -353,26 +354,33 @@ SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
 }
 
 // 0 only with echo: the prompt alone.
-int read_max_tokens(Endpoint endpoint, const json& body, int fallback, bool echo) {
+// max_tokens, or `fallback` (the server's default) when the client names none; 0 only with echo.
+void read_max_tokens(Endpoint endpoint, const json& body, int fallback, bool echo,
+                     Request& request) {
   // Chat's newer name wins over the deprecated one when both are given.
-  if (endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens"))
-    return read_int(body, "max_completion_tokens", fallback, 1, INT_MAX);
-  return read_int(body, "max_tokens", fallback, echo ? 0 : 1, INT_MAX);
+  const bool chat_name =
+      endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens");
+  const char* name = chat_name ? "max_completion_tokens" : "max_tokens";
+  request.max_tokens = read_int(body, name, fallback, echo ? 0 : 1, INT_MAX);
+  if (find_field(body, name)) request.max_tokens_param = name;
 }
 
-// Completions' echo: the answer starts with the prompt, and with logprobs, the prompt's tokens
-// are scored too. With max_tokens 0 the prompt is the whole answer; one token is still generated
-// (the engine always samples after a prompt) and dropped, as vLLM does.
-void read_echo(Endpoint endpoint, const json& body, ParsedRequest& parsed) {
+// Completions' echo (chat has none: a 400 rather than an answer without it).
+bool read_echo(Endpoint endpoint, const json& body) {
   const bool echo = read_bool(body, "echo", false);
-  if (endpoint == Endpoint::ChatCompletions) {
-    if (echo) throw invalid("echo", "echo is a /v1/completions parameter");
-    return;
-  }
+  if (echo && endpoint == Endpoint::ChatCompletions)
+    throw invalid("echo", "echo is a /v1/completions parameter");
+  return echo;
+}
+
+// The answer starts with the prompt, and with logprobs, the prompt's tokens are scored too.
+// With max_tokens 0 the prompt is the whole answer; one token is still generated (the engine
+// always samples after a prompt) and dropped, as vLLM does.
+void apply_echo(ParsedRequest& parsed) {
   Request& request = *parsed.request;
-  parsed.options.echo = echo;
-  request.prompt_logprobs = echo && request.sampling.logprobs;
-  if (echo && request.max_tokens == 0) {
+  parsed.options.echo = true;
+  request.prompt_logprobs = request.sampling.logprobs;
+  if (request.max_tokens == 0) {
     parsed.options.prompt_only = true;
     request.max_tokens = 1;
   }
@@ -445,15 +453,12 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   check_choices(parsed, model);
   refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
-  request.max_tokens =
-      read_max_tokens(endpoint, body, model.defaults.max_tokens, read_bool(body, "echo", false));
-  request.max_tokens_given =
-      find_field(body, "max_tokens") ||
-      (endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens"));
+  const bool echo = read_echo(endpoint, body);
+  read_max_tokens(endpoint, body, model.defaults.max_tokens, echo, request);
   request.sampling = read_sampling(body, model.defaults.params);
   read_logprobs(endpoint, body, request);
   check_sampling_ranges(endpoint, request.sampling);
-  read_echo(endpoint, body, parsed);
+  if (echo) apply_echo(parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   return parsed;
@@ -537,9 +542,10 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
   for (int i = 0; i < parsed.choices(); ++i) {
     ChoiceText choice;
     if (!chat_) {
-      choice.prompt = prompt_of(parsed, i);
+      choice.text_offset = prompt_of(parsed, i).size();
+      // Only an echo needs the text (n choices of a long prompt would otherwise copy it n times).
+      if (parsed.options.echo) choice.prompt = prompt_of(parsed, i);
       choice.echo_due = parsed.options.echo;
-      choice.text_offset = choice.prompt.size();
     }
     choices_.push_back(std::move(choice));
   }

@@ -167,7 +167,7 @@ class ResponseBuilder {
   struct ChoiceText {
     std::string text;
     nlohmann::json logprobs;
-    std::string prompt;      // its prompt's text
+    std::string prompt;      // echo: its prompt's text
     bool echo_due = false;   // echo: the prompt is not sent yet
     size_t text_offset = 0;  // byte offset of the next token in prompt+text
   };

@@ -39,8 +39,17 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   std::optional<FinishReason> finish = token.finish;
 
   Delta delta;
-  if (state.completion_tokens == 1 && seq->request->prompt_logprobs)
-    delta.prompt = scored_prompt(*seq, token);
+  if (state.completion_tokens == 1 && seq->request->prompt_logprobs) {
+    // Every prompt token but the first is scored: anything else is a bug, not a null logprob.
+    if (int(token.prompt_scores.size()) != seq->prompt_len - 1) {
+      state.done = true;
+      out.events.push_back({seq, state.next_event++,
+                            RequestError{500, "internal error: the prompt's scores are incomplete",
+                                         "server_error", "", ""}});
+      return;
+    }
+    delta.prompt = scored_prompt(state, token);
+  }
   if (seq->request->sampling.logprobs)
     delta.tokens.push_back(
         {id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
@@ -68,19 +77,16 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   }
 }
 
-std::vector<TokenOutput> DetokenizeStage::scored_prompt(const Sequence& seq,
+std::vector<TokenOutput> DetokenizeStage::scored_prompt(const TextState& state,
                                                         const GeneratedToken& token) const {
-  std::vector<TokenOutput> prompt;
-  for (int i = 0; i < seq.prompt_len; ++i) {
-    const int32_t id = seq.tokens[size_t(i)];
-    TokenOutput out{id, ctx_.tokenizer.token_text(id), std::nullopt, {}};
-    // Score i - 1 is token i's; the model step scored every token but the first.
-    if (i > 0 && size_t(i - 1) < token.prompt_scores.size()) {
-      const SampledToken& score = token.prompt_scores[size_t(i - 1)];
-      out.logprob = score.logprob;
-      out.top = score.top;
-    }
-    prompt.push_back(std::move(out));
+  const auto output = [&](int32_t id) {
+    return TokenOutput{id, ctx_.tokenizer.token_text(id), std::nullopt, {}};
+  };
+  std::vector<TokenOutput> prompt = {output(state.first_prompt_token)};
+  for (const SampledToken& score : token.prompt_scores) {
+    prompt.push_back(output(score.token));
+    prompt.back().logprob = score.logprob;
+    prompt.back().top = score.top;
   }
   return prompt;
 }

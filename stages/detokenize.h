@@ -20,7 +20,7 @@ class DetokenizeStage : public Stage {
   // One token of `seq`, in order; appends the events it makes to `out`.
   void add_token(const SequencePtr& seq, const GeneratedToken& token, StreamEvents& out) const;
   // Request::prompt_logprobs: the prompt's tokens with their scores, for the first delta.
-  std::vector<TokenOutput> scored_prompt(const Sequence& seq, const GeneratedToken& token) const;
+  std::vector<TokenOutput> scored_prompt(const TextState& state, const GeneratedToken& token) const;
 
   EngineContext& ctx_;
 };

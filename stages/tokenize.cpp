@@ -35,7 +35,8 @@ std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req) const {
 
 // A max_tokens the client gave must fit beside the prompt, in the context and in the KV pool.
 void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t pool,
-                               const std::string& prompt_param) {
+                               const std::string& prompt_param,
+                               const std::string& max_tokens_param) {
   const int64_t asked = int64_t(prompt) + max_tokens;
   const std::string request = "you requested " + std::to_string(asked) + " tokens (" +
                               std::to_string(prompt) + " in the " + prompt_param + ", " +
@@ -44,7 +45,7 @@ void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t 
     throw Refusal{"This model's maximum context length is " + std::to_string(context) +
                       " tokens. However, " + request + ". Please reduce the length of the " +
                       prompt_param + " or completion.",
-                  "max_tokens"};
+                  max_tokens_param};
   if (asked > pool)
     throw Refusal{"The KV cache holds only " + std::to_string(pool) + " tokens, but " + request +
                       ". Please reduce the length of the " + prompt_param + " or completion.",
@@ -68,6 +69,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
   }
   try {
     seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop);
+    if (!seq.tokens.empty()) seq.text->first_prompt_token = seq.tokens.front();
   } catch (const std::invalid_argument& e) {
     throw Refusal{e.what(), "stop"};
   }
@@ -85,7 +87,8 @@ void TokenizeStage::prepare(Sequence& seq) const {
                       std::to_string(pool) + " tokens",
                   prompt_param};
   }
-  if (req.max_tokens_given) check_room(n, req.max_tokens, context, pool, prompt_param);
+  if (!req.max_tokens_param.empty())
+    check_room(n, req.max_tokens, context, pool, prompt_param, req.max_tokens_param);
   seq.prompt_len = n;
   seq.max_tokens = int(
       std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n}));

@@ -29,7 +29,7 @@ class TokenizeStage : public Stage {
   };
   std::vector<int32_t> prompt_tokens(const Request& req) const;
   static void check_room(int prompt, int max_tokens, int context, int64_t pool,
-                         const std::string& prompt_param);
+                         const std::string& prompt_param, const std::string& max_tokens_param);
   // Fills the sequence's prompt, limits, sampler and text state; throws Refusal.
   void prepare(Sequence& seq) const;
 

@@ -494,7 +494,7 @@ TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
       int(Tokenizer(model_dir() / "tokenizer.model").encode(kPrompts[0], true).size());
   auto refusal = [&](int max_tokens) -> std::optional<RequestError> {
     auto request = make_request(kPrompts[0], max_tokens, /*ignore_eos=*/true);
-    request->max_tokens_given = true;
+    request->max_tokens_param = "max_tokens";
     EXPECT_EQ(engine.submit(request), SubmitStatus::Accepted);
     EXPECT_TRUE(sink_of(request).wait());
     return sink_of(request).error();
@@ -515,7 +515,7 @@ TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
 TEST(Engine, RefusesAGivenMaxTokensBeyondTheKvPool) {
   Engine engine(make_config("{window_ms: 0, kv_cache_blocks: 12}"));
   auto request = make_request(kPrompts[0], 12 * 16, /*ignore_eos=*/true);
-  request->max_tokens_given = true;
+  request->max_tokens_param = "max_tokens";
   ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
   ASSERT_TRUE(sink_of(request).wait());
   ASSERT_TRUE(sink_of(request).error().has_value());

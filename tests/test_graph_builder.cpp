@@ -166,8 +166,7 @@ TEST_F(GraphBuilderTest, AGraphWithoutAnOutputSaysSo) {
   const auto error = error_of(
       "graph:\n  nodes:\n    - { name: tokenize, stage: tokenize }\n"
       "    - { name: batch, stage: batch_window }\n  edges: [tokenize->batch]\n");
-  EXPECT_NE(error.find("field 'graph.nodes': the graph has no output"), std::string::npos)
-      << error;
+  EXPECT_NE(error.find("field 'graph.nodes': the graph has no output"), std::string::npos) << error;
 }
 
 // Two nodes of a stage that owns the runner, the scheduler's state or a request's text and event

@@ -5,8 +5,8 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/support/server_process.h"
 #include "tests/support/command.h"
+#include "tests/support/server_process.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
@@ -24,8 +24,7 @@ TEST(OpenAINodeClient, ChatAndCompletionsStreamedAndWholeWithAnApiKey) {
   const CommandResult install = run_shell("cd '" + node_dir +
                                           "' && timeout 300 npm install --no-audit --no-fund "
                                           "--loglevel=error");
-  ASSERT_EQ(install.exit_code, 0) << "npm install in " << node_dir << " failed:\n"
-                                  << install.out;
+  ASSERT_EQ(install.exit_code, 0) << "npm install in " << node_dir << " failed:\n" << install.out;
 
   pipeline::testing::ServerProcess server(
       pipeline::testing::stories_config("  api_key: node-test-key\n"));

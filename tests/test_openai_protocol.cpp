@@ -786,12 +786,15 @@ Delta echo_delta(std::string text, std::vector<TokenOutput> tokens) {
 // A max_tokens the client names is held to (tokenize refuses a prompt that leaves it no room);
 // the server's default is capped to the room left.
 TEST(ParseRequest, MaxTokensIsGivenOnlyWhenTheClientNamesIt) {
-  EXPECT_FALSE(parse_completion(completion_body()).request->max_tokens_given);
-  EXPECT_FALSE(
-      parse_completion(with(completion_body(), "max_tokens", nullptr)).request->max_tokens_given);
-  EXPECT_TRUE(parse_completion(with(completion_body(), "max_tokens", 8)).request->max_tokens_given);
-  EXPECT_TRUE(parse_chat(with(chat_body(), "max_completion_tokens", 8)).request->max_tokens_given);
-  EXPECT_FALSE(parse_chat(chat_body()).request->max_tokens_given);
+  EXPECT_EQ(parse_completion(completion_body()).request->max_tokens_param, "");
+  EXPECT_EQ(
+      parse_completion(with(completion_body(), "max_tokens", nullptr)).request->max_tokens_param,
+      "");
+  EXPECT_EQ(parse_completion(with(completion_body(), "max_tokens", 8)).request->max_tokens_param,
+            "max_tokens");
+  EXPECT_EQ(parse_chat(with(chat_body(), "max_completion_tokens", 8)).request->max_tokens_param,
+            "max_completion_tokens");
+  EXPECT_EQ(parse_chat(chat_body()).request->max_tokens_param, "");
 }
 
 TEST(ParseRequest, EchoScoresThePromptOnlyWithLogprobsAndAllowsNoNewTokens) {

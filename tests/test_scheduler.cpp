@@ -19,7 +19,7 @@ using namespace std::chrono_literals;
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  static constexpr int kBlocks = 32;
+  static constexpr int kBlocks = 64;
   static constexpr int kBlockSize = 16;
 
   // A scheduler with no batch window and a pool of kBlocks blocks.
@@ -257,6 +257,25 @@ TEST_F(SchedulerTest, APromptEqualToOneBeingPrefilledInChunksWaitsForItsBlocks) 
   EXPECT_EQ(pass3.batch.seqs[0].start_pos, 32);
   EXPECT_EQ(pass3.batch.seqs[0].block_table[0], a_blocks[0]);
   EXPECT_EQ(pass3.batch.seqs[0].block_table[1], a_blocks[1]);
+}
+
+TEST_F(SchedulerTest, PromptsToScoreReturnAtMostTheRowsAPassAllows) {
+  // Two prompts of 300 tokens to score: 600 logits rows, more than one pass returns, though the
+  // prompt-token budget (2048) would take both whole. The second gets what is left and finishes
+  // in the next pass, scored.
+  start();
+  const SequencePtr a = submit(300, 10, /*score_prompt=*/true);
+  const SequencePtr b = submit(300, 400, /*score_prompt=*/true);
+  auto first = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(first.seqs, (std::vector<SequencePtr>{a, b}));
+  EXPECT_EQ(first.batch.seqs[0].tokens.size(), 300u);
+  EXPECT_EQ(first.batch.seqs[1].tokens.size(), size_t(Scheduler::kMaxScoredRows - 300));
+  EXPECT_EQ(first.batch.logit_rows(), Scheduler::kMaxScoredRows);
+  post(sampled(true, {a}));
+  auto second = std::get<PrefillBatch>(next_batch());
+  ASSERT_EQ(second.seqs, (std::vector<SequencePtr>{b, a}));
+  EXPECT_EQ(second.batch.seqs[0].start_pos, Scheduler::kMaxScoredRows - 300);
+  EXPECT_TRUE(second.batch.seqs[0].all_logits);
 }
 
 TEST_F(SchedulerTest, AScoredPromptsCopiesOfCachedBlocksGiveWayToThem) {

@@ -276,12 +276,12 @@ TEST_F(ServerE2E, ChatStreamingAndWholeAnswersAreIdentical) {
   EXPECT_EQ(usage_chunk["choices"], json::array());
   for (const char* key : {"prompt_tokens", "completion_tokens", "total_tokens"})
     EXPECT_EQ(usage_chunk["usage"][key], whole.body["usage"][key]) << key;
-  // The whole answer's request left the prompt in the prefix cache: every full block before its
-  // last token came from there.
+  // The whole answer's request left the prompt in the prefix cache (if an earlier test had not):
+  // every full block before its last token came from there.
   const int prompt_tokens = whole.body["usage"]["prompt_tokens"];
-  EXPECT_EQ(whole.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  EXPECT_EQ(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"],
-            (prompt_tokens - 1) / 16 * 16);
+  const int cached = usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_EQ(cached, (prompt_tokens - 1) / 16 * 16);
+  EXPECT_LE(whole.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), cached);
   for (const json& event : stream.events) {
     EXPECT_EQ(event["object"], "chat.completion.chunk");
     EXPECT_EQ(event["id"], stream.events.front()["id"]);
