@@ -7,22 +7,20 @@
 #include <map>
 #include <random>
 
+#include "tests/support/random_bodies.h"
 #include "tests/support/shared_data.h"
+#include "tests/support/stories_tokenizer.h"
 
 namespace pipeline {
 namespace {
 
 using nlohmann::json;
 
-// stories260K's tokenizer (a vocabulary of 512), for prompts of token ids.
-const Tokenizer& tokenizer() {
-  static const Tokenizer tokenizer(testing::shared_path("models/stories260K/tokenizer.model"));
-  return tokenizer;
-}
+using testing::stories_tokenizer;
 
 ServedModel served_model() {
   ServedModel model;
-  model.tokenizer = &tokenizer();
+  model.tokenizer = &stories_tokenizer();
   model.name = "stories260K";
   model.defaults.max_tokens = 77;
   model.defaults.params.temperature = 0.7f;
@@ -235,7 +233,7 @@ TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
   }
 
   // Prompts of token ids, alone or in a list with text: used as they are, their text decoded.
-  const std::vector<int32_t> ids = tokenizer().encode("Once upon a time", true);
+  const std::vector<int32_t> ids = stories_tokenizer().encode("Once upon a time", true);
   const ParsedRequest by_ids = parse_completion(with(completion_body(), "prompt", ids));
   EXPECT_EQ(by_ids.request->prompt_ids, ids);
   EXPECT_EQ(by_ids.request->prompt, "Once upon a time");
@@ -448,38 +446,11 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
 }
 
-// A JSON value of a random kind, nested up to `depth`.
+// A JSON value of a random kind, nested up to `depth`, with the keys of request fields.
 json random_value(std::mt19937& rng, int depth) {
-  const int kinds = depth > 0 ? 10 : 8;
-  switch (std::uniform_int_distribution<int>(0, kinds - 1)(rng)) {
-    case 0:
-      return nullptr;
-    case 1:
-      return rng() % 2 == 0;
-    case 2:
-      return int(rng() % 7) - 3;
-    case 3:
-      return std::numeric_limits<int64_t>::min();
-    case 4:
-      return ~uint64_t{0};
-    case 5:
-      return std::uniform_real_distribution<double>(-1e12, 1e12)(rng);
-    case 6:
-      return std::string(rng() % 3, "ab\n\xff"[rng() % 4]);
-    case 7:
-      return json::array();
-    case 8: {
-      json array = json::array();
-      for (int i = int(rng() % 3); i > 0; --i) array.push_back(random_value(rng, depth - 1));
-      return array;
-    }
-    default: {
-      json object = json::object();
-      for (const char* key : {"role", "content", "type", "text", "include_usage"})
-        if (rng() % 2 == 0) object[key] = random_value(rng, depth - 1);
-      return object;
-    }
-  }
+  static const testing::RandomJsonShape shape{
+      .keys = {"role", "content", "type", "text", "include_usage"}};
+  return testing::random_json(rng, depth, shape);
 }
 
 // Whatever the fields hold, a body is accepted or refused with an ApiError: never another
@@ -525,14 +496,10 @@ TEST(ParseRequest, RandomFieldValuesAreAcceptedOrRefusedWithAnApiError) {
       body[field] = random_value(rng, 2);
     }
     if (chat && rng() % 4 == 0) body["messages"] = json::array({random_value(rng, 2)});
-    try {
+    testing::expect_answer_or_api_error(body, [&] {
       parse_openai_request(chat ? Endpoint::ChatCompletions : Endpoint::Completions, body,
                            served_model());
-    } catch (const ApiError&) {
-    } catch (const std::exception& e) {
-      FAIL() << "not an ApiError: " << e.what()
-             << "\nbody: " << body.dump(-1, ' ', false, json::error_handler_t::replace);
-    }
+    });
   }
 }
 

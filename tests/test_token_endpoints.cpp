@@ -6,23 +6,21 @@
 #include <limits>
 #include <random>
 
+#include "tests/support/random_bodies.h"
 #include "tests/support/shared_data.h"
+#include "tests/support/stories_tokenizer.h"
 
 namespace pipeline {
 namespace {
 
 using nlohmann::json;
 
-// stories260K's tokenizer: a vocabulary of 512.
-const Tokenizer& tokenizer() {
-  static const Tokenizer tokenizer(testing::shared_path("models/stories260K/tokenizer.model"));
-  return tokenizer;
-}
+using testing::stories_tokenizer;
 
 ServedModel served_model() {
   ServedModel model;
   model.name = "stories260K";
-  model.tokenizer = &tokenizer();
+  model.tokenizer = &stories_tokenizer();
   return model;
 }
 
@@ -69,8 +67,8 @@ json ids_body(json tokens) {
 TEST(Tokenize, APromptIsEncodedAsCompletionsEncodeItWithBosFirst) {
   const std::string text = "Once upon a time, a little dog";
   const json answer = tokenize(prompt_body(text));
-  const std::vector<int32_t> expected = tokenizer().encode(text, /*add_bos=*/true);
-  ASSERT_EQ(expected.front(), tokenizer().bos_id());
+  const std::vector<int32_t> expected = stories_tokenizer().encode(text, /*add_bos=*/true);
+  ASSERT_EQ(expected.front(), stories_tokenizer().bos_id());
   EXPECT_EQ(answer["tokens"], json(expected));
   EXPECT_EQ(answer["count"], expected.size());
   EXPECT_EQ(answer["max_model_len"], kContext);
@@ -80,7 +78,7 @@ TEST(Tokenize, APromptIsEncodedAsCompletionsEncodeItWithBosFirst) {
 TEST(Tokenize, AddSpecialTokensFalseLeavesBosOut) {
   const std::string text = "Once upon a time";
   const json answer = tokenize(with(prompt_body(text), "add_special_tokens", false));
-  EXPECT_EQ(answer["tokens"], json(tokenizer().encode(text, /*add_bos=*/false)));
+  EXPECT_EQ(answer["tokens"], json(stories_tokenizer().encode(text, /*add_bos=*/false)));
   EXPECT_EQ(answer["count"], answer["tokens"].size());
   EXPECT_EQ(tokenize(with(prompt_body(""), "add_special_tokens", false))["count"], 0);
 }
@@ -88,12 +86,12 @@ TEST(Tokenize, AddSpecialTokensFalseLeavesBosOut) {
 TEST(Tokenize, MessagesGoThroughTheEnginesChatTemplate) {
   const json answer = tokenize(messages_body());
   EXPECT_EQ(answer["tokens"],
-            json(apply_chat_template(tokenizer(), ChatTemplate::Llama2, kDialog)));
+            json(apply_chat_template(stories_tokenizer(), ChatTemplate::Llama2, kDialog)));
   EXPECT_EQ(answer["count"], answer["tokens"].size());
   EXPECT_EQ(answer["max_model_len"], kContext);
   // The template is the one the settings name, not always LLaMA-2's.
   EXPECT_EQ(tokenize(messages_body(), ChatTemplate::Raw)["tokens"],
-            json(apply_chat_template(tokenizer(), ChatTemplate::Raw, kDialog)));
+            json(apply_chat_template(stories_tokenizer(), ChatTemplate::Raw, kDialog)));
 }
 
 TEST(Tokenize, AddGenerationPromptChangesNothingForOurTemplates) {
@@ -111,7 +109,8 @@ TEST(Tokenize, TokenStrsAreEachTokensTextWhenAskedFor) {
     const json answer = tokenize(with(body, "return_token_strs", true));
     ASSERT_EQ(answer["token_strs"].size(), answer["tokens"].size()) << answer.dump();
     for (size_t i = 0; i < answer["tokens"].size(); ++i)
-      EXPECT_EQ(answer["token_strs"][i], tokenizer().token_text(answer["tokens"][i].get<int32_t>()))
+      EXPECT_EQ(answer["token_strs"][i],
+                stories_tokenizer().token_text(answer["tokens"][i].get<int32_t>()))
           << "token " << i;
     EXPECT_FALSE(tokenize(with(body, "return_token_strs", false)).contains("token_strs"));
   }
@@ -119,12 +118,12 @@ TEST(Tokenize, TokenStrsAreEachTokensTextWhenAskedFor) {
 
 TEST(Detokenize, IdsAreDecodedByTheTokenizer) {
   const std::string text = "Once upon a time, a little dog ran.";
-  const std::vector<int32_t> ids = tokenizer().encode(text, /*add_bos=*/true);
+  const std::vector<int32_t> ids = stories_tokenizer().encode(text, /*add_bos=*/true);
   EXPECT_EQ(detokenize(ids_body(ids)), json({{"prompt", text}}));
   EXPECT_EQ(detokenize(ids_body(json::array()))["prompt"], "");
   // Every id of the vocabulary is taken, the last included.
-  const std::vector<int32_t> last = {tokenizer().vocab_size() - 1};
-  EXPECT_EQ(detokenize(ids_body(last))["prompt"], tokenizer().decode(last));
+  const std::vector<int32_t> last = {stories_tokenizer().vocab_size() - 1};
+  EXPECT_EQ(detokenize(ids_body(last))["prompt"], stories_tokenizer().decode(last));
 }
 
 // A request each endpoint refuses, with the parameter its 400 names.
@@ -212,36 +211,15 @@ TEST(TokenEndpoints, AnotherModelIsA404ModelNotFound) {
   }
 }
 
+// A JSON value of a random kind, nested up to `depth`: ids within the vocabulary, beyond it and
+// negative among its integers.
 json random_value(std::mt19937& rng, int depth) {
-  switch (std::uniform_int_distribution<int>(0, depth > 0 ? 9 : 7)(rng)) {
-    case 0:
-      return nullptr;
-    case 1:
-      return rng() % 2 == 0;
-    case 2:
-      return int(rng() % 1100) - 50;  // ids within the vocabulary, beyond it, and negative
-    case 3:
-      return std::numeric_limits<int64_t>::min();
-    case 4:
-      return ~uint64_t{0};
-    case 5:
-      return std::uniform_real_distribution<double>(-1e3, 1e3)(rng);
-    case 6:
-      return std::string(rng() % 3, "ab\n\xff"[rng() % 4]);
-    case 7:
-      return json::array();
-    case 8: {
-      json array = json::array();
-      for (int i = int(rng() % 4); i > 0; --i) array.push_back(random_value(rng, depth - 1));
-      return array;
-    }
-    default: {
-      json object = json::object();
-      for (const char* key : {"role", "content", "type", "text"})
-        if (rng() % 2 == 0) object[key] = random_value(rng, depth - 1);
-      return object;
-    }
-  }
+  static const testing::RandomJsonShape shape{.min_int = -50,
+                                              .max_int = 1049,
+                                              .real_span = 1e3,
+                                              .max_array = 3,
+                                              .keys = {"role", "content", "type", "text"}};
+  return testing::random_json(rng, depth, shape);
 }
 
 // Whatever the fields hold, a body is answered or refused with an ApiError: never another
@@ -261,16 +239,12 @@ TEST(TokenEndpoints, RandomFieldValuesAreAnsweredOrRefusedWithAnApiError) {
     json body = tokenizing ? (i % 4 == 0 ? prompt_body("Hi") : messages_body()) : ids_body({1, 2});
     for (int changes = 1 + int(rng() % 3); changes > 0; --changes)
       body[fields[rng() % fields.size()]] = random_value(rng, 2);
-    try {
+    testing::expect_answer_or_api_error(body, [&] {
       if (tokenizing)
         tokenize(body);
       else
         detokenize(body);
-    } catch (const ApiError&) {
-    } catch (const std::exception& e) {
-      FAIL() << "not an ApiError: " << e.what()
-             << "\nbody: " << body.dump(-1, ' ', false, json::error_handler_t::replace);
-    }
+    });
   }
 }
 
