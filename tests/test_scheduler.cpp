@@ -262,8 +262,8 @@ TEST_F(SchedulerTest, APromptEqualToOneBeingPrefilledInChunksWaitsForItsBlocks) 
 TEST_F(SchedulerTest, PromptsToScoreReturnAtMostTheRowsAPassAllows) {
   // Two prompts of 300 tokens to score: 600 logits rows, more than one pass returns, though the
   // prompt-token budget (2048) would take both whole. The second gets what is left and finishes
-  // in the next pass, scored.
-  start();
+  // in the next pass, scored. (A batch of two: both arrive before the window closes.)
+  start(2048, true, /*max_batch=*/2, /*window_ms=*/60000);
   const SequencePtr a = submit(300, 10, /*score_prompt=*/true);
   const SequencePtr b = submit(300, 400, /*score_prompt=*/true);
   auto first = std::get<PrefillBatch>(next_batch());
