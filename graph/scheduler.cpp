@@ -296,10 +296,7 @@ void Scheduler::add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seq
   chunk.tokens.assign(seq->tokens.begin() + seq->computed, seq->tokens.begin() + end);
   chunk.start_pos = seq->computed;
   chunk.block_table = seq->block_table;
-  if (seq->scores_prompt()) {
-    chunk.all_logits = true;
-    seq->scored_rows = std::max(seq->scored_rows, std::min(end, seq->prompt_len - 1));
-  }
+  chunk.all_logits = seq->scores_prompt();
   seq->computed = end;
   batch.seqs.push_back(std::move(chunk));
   seqs.push_back(seq);

@@ -38,13 +38,15 @@ struct GeneratedToken {
 struct TextState {
   TextState(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
             std::vector<std::string> stops)
-      : decoder(tokenizer, prompt), stops(std::move(stops)) {}
+      : decoder(tokenizer, prompt),
+        first_prompt_token(prompt.empty() ? 0 : prompt.front()),
+        stops(std::move(stops)) {}
 
   InOrder<GeneratedToken> tokens;  // its lock guards the fields below
   IncrementalDecoder decoder;
   // Request::prompt_logprobs: the prompt's first token, which the scores (of the tokens after
   // it) do not name. Sequence::tokens is the model stages' and may move while detokenize runs.
-  int32_t first_prompt_token = 0;
+  int32_t first_prompt_token;
   StopStringMatcher stops;
   bool done = false;
   int completion_tokens = 0;
@@ -119,10 +121,6 @@ struct Sequence {
   bool window_closed = false;
   std::chrono::steady_clock::time_point queued_at;  // arrival in the queue (preemption keeps it)
 
-  // Request::prompt_logprobs: positions from 0 whose logits rows a pass was asked for, so
-  // that a preempted sequence does not ask again (scheduler thread).
-  int scored_rows = 0;
-
   // Model stages only.
   std::chrono::steady_clock::time_point last_token_at;
   // Request::prompt_logprobs: prompt tokens 1, 2, ... scored so far (the first token has no
@@ -136,9 +134,12 @@ struct Sequence {
   int generated() const { return int(tokens.size()) - prompt_len; }
   // Prefill tokens still to compute; 0 once it decodes (scheduler thread).
   int prompt_left() const { return std::max(0, prefill_end - computed); }
-  // Whether its prompt still needs logits rows for its scores: rows 0 .. prompt_len - 2 score
-  // tokens 1 .. prompt_len - 1 (scheduler thread).
-  bool scores_prompt() const { return request->prompt_logprobs && scored_rows < prompt_len - 1; }
+  // Whether its prompt still needs logits rows for its scores (rows 0 .. prompt_len - 2 score
+  // tokens 1 .. prompt_len - 1): until its first token, sampled in the pass that ends the prompt
+  // (scheduler thread, between passes).
+  bool scores_prompt() const {
+    return request->prompt_logprobs && prompt_len > 1 && generated() == 0;
+  }
 };
 
 using SequencePtr = std::shared_ptr<Sequence>;

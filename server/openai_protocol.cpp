@@ -353,7 +353,6 @@ SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
   return params;
 }
 
-// 0 only with echo: the prompt alone.
 // max_tokens, or `fallback` (the server's default) when the client names none; 0 only with echo.
 void read_max_tokens(Endpoint endpoint, const json& body, int fallback, bool echo,
                      Request& request) {

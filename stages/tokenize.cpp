@@ -69,7 +69,6 @@ void TokenizeStage::prepare(Sequence& seq) const {
   }
   try {
     seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop);
-    if (!seq.tokens.empty()) seq.text->first_prompt_token = seq.tokens.front();
   } catch (const std::invalid_argument& e) {
     throw Refusal{e.what(), "stop"};
   }
