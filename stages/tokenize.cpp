@@ -49,7 +49,7 @@ void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t 
   if (asked > pool)
     throw Refusal{"The KV cache holds only " + std::to_string(pool) + " tokens, but " + request +
                       ". Please reduce the length of the " + prompt_param + " or completion.",
-                  "max_tokens"};
+                  max_tokens_param};
 }
 
 void TokenizeStage::prepare(Sequence& seq) const {

@@ -515,10 +515,11 @@ TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
 TEST(Engine, RefusesAGivenMaxTokensBeyondTheKvPool) {
   Engine engine(make_config("{window_ms: 0, kv_cache_blocks: 12}"));
   auto request = make_request(kPrompts[0], 12 * 16, /*ignore_eos=*/true);
-  request->max_tokens_param = "max_tokens";
+  request->max_tokens_param = "max_completion_tokens";  // the refusal names the field given
   ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
   ASSERT_TRUE(sink_of(request).wait());
   ASSERT_TRUE(sink_of(request).error().has_value());
+  EXPECT_EQ(sink_of(request).error()->param, "max_completion_tokens");
   EXPECT_NE(sink_of(request).error()->message.find("KV cache holds only 192 tokens"),
             std::string::npos)
       << sink_of(request).error()->message;
