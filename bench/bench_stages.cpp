@@ -111,8 +111,10 @@ struct StageBench {
       : tokenizer(tokenizer_file),
         scheduler(config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                   metrics),
-        context{config, runner.config(), tokenizer, ChatTemplate::Llama2,
-                runner, scheduler,       metrics,   1} {}
+        json_vocabulary(tokenizer, runner.config()),
+        context{
+            config,    runner.config(), tokenizer, json_vocabulary, ChatTemplate::Llama2, runner,
+            scheduler, metrics,         1} {}
 
   // The registry's stage `name`, on `on` (by default the shared context).
   std::unique_ptr<Stage> make(const std::string& name, EngineContext* on = nullptr) {
@@ -122,11 +124,12 @@ struct StageBench {
   }
 
   // A chat request of a system prompt and a `words`-word user message, through tokenize.
-  SequencePtr tokenized(int words, const SamplingParams& sampling) {
+  SequencePtr tokenized(int words, const SamplingParams& sampling, bool json_object = false) {
     auto request = std::make_shared<Request>();
     request->id = "chatcmpl-bench-" + std::to_string(next_number);
     request->messages = {{"system", "You are a helpful assistant."}, {"user", prose(words)}};
     request->sampling = sampling;
+    request->json_object = json_object;
     request->ignore_eos = true;   // random logits pick the EOS id too
     request->stop = {"\nUser:"};  // detokenize matches it across tokens
     request->sink = std::make_shared<CountingSink>();
@@ -137,9 +140,10 @@ struct StageBench {
   }
 
   // `count` requests of a 32-word question, tokenized.
-  std::vector<SequencePtr> tokenized_requests(int count, const SamplingParams& sampling) {
+  std::vector<SequencePtr> tokenized_requests(int count, const SamplingParams& sampling,
+                                              bool json_object = false) {
     std::vector<SequencePtr> seqs;
-    for (int i = 0; i < count; ++i) seqs.push_back(tokenized(32, sampling));
+    for (int i = 0; i < count; ++i) seqs.push_back(tokenized(32, sampling, json_object));
     return seqs;
   }
 
@@ -148,6 +152,7 @@ struct StageBench {
   FixedLogitsRunner runner;
   Metrics metrics;
   Scheduler scheduler;
+  JsonVocabulary json_vocabulary;
   EngineContext context;
   std::unique_ptr<Stage> tokenize = make("tokenize");
   uint64_t next_number = 0;
@@ -221,8 +226,9 @@ void BM_Stage_batch_window(benchmark::State& state) {
   Scheduler scheduler(section, b->runner.kv_shape().num_blocks, b->runner.kv_shape().block_size,
                       b->metrics);
   const EngineContext& shared = b->context;
-  EngineContext own{shared.config, shared.model, shared.tokenizer, shared.chat_template,
-                    shared.runner, scheduler,    shared.metrics,   shared.seed_base};
+  EngineContext own{shared.config,        shared.model,  shared.tokenizer, shared.json_vocabulary,
+                    shared.chat_template, shared.runner, scheduler,        shared.metrics,
+                    shared.seed_base};
   auto stage = b->make("batch_window", &own);
   // What the scheduler's thread emits, handed to this one.
   moodycamel::BlockingConcurrentQueue<Message> emitted;
@@ -276,13 +282,16 @@ BENCHMARK(BM_Stage_batch_window)
 
 // prefill / decode_step: the model stage's body over range(0) sequences with fixed logits:
 // the logits' copy, sampling each sequence (range(1): 0 greedy, 1 temperature 0.8 with top-p
-// 0.95) and the step's bookkeeping.
+// 0.95, 2 the same in JSON mode) and the step's bookkeeping. The random logits rarely pick a
+// token JSON mode allows outside a string, so 2 pays for the vocabulary's mask at most steps:
+// JSON mode's worst case.
 void model_stage(benchmark::State& state, const char* name, bool prefill) {
   StageBench* b = bench(state);
   if (!b) return;
   const int seqs = int(state.range(0));
   const SamplingParams sampling = state.range(1) ? nucleus() : greedy();
-  const std::vector<SequencePtr> work = b->tokenized_requests(seqs, sampling);
+  const bool json_object = state.range(1) == 2;
+  const std::vector<SequencePtr> work = b->tokenized_requests(seqs, sampling, json_object);
   auto stage = b->make(name);
   Message message;
   if (prefill) {
@@ -314,7 +323,7 @@ void BM_Stage_decode_step(benchmark::State& state) {
 }
 BENCHMARK(BM_Stage_prefill)->Args({16, 0})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Stage_decode_step)
-    ->ArgsProduct({{1, 16, 64}, {0, 1}})
+    ->ArgsProduct({{1, 16, 64}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

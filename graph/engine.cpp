@@ -39,6 +39,7 @@ struct Engine::Impl {
   std::unique_ptr<ModelRunner> runner;
   Metrics metrics;
   std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<JsonVocabulary> json_vocabulary;
   std::unique_ptr<EngineContext> context;
   std::unique_ptr<FlowGraph> graph;
 
@@ -69,9 +70,11 @@ Engine::Impl::Impl(const ServeConfig& cfg)
   runner = make_runner(config.device, weights, options);
   const auto& kv = runner->kv_shape();
   scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics);
-  context = std::make_unique<EngineContext>(EngineContext{
-      config, runner->config(), tokenizer, *parse_chat_template(config.model.chat_template),
-      *runner, *scheduler, metrics, std::random_device{}()});
+  json_vocabulary = std::make_unique<JsonVocabulary>(tokenizer, runner->config());
+  context = std::make_unique<EngineContext>(
+      EngineContext{config, runner->config(), tokenizer, *json_vocabulary,
+                    *parse_chat_template(config.model.chat_template), *runner, *scheduler, metrics,
+                    std::random_device{}()});
   graph = std::make_unique<FlowGraph>(plan, *context, metrics);
   for (const auto& line : runner->setup_report())
     log_line("engine: %s: %s", runner->device_name().c_str(), line.c_str());

@@ -73,6 +73,8 @@ struct Request {
   std::string max_tokens_param;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // response_format json_object: the answer is held to a JSON object (JsonMode).
+  bool json_object = false;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with
   // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
   // the prefix cache, since cached positions have no logits.

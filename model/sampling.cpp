@@ -151,8 +151,9 @@ SampledToken score_token(std::span<const float> logits, int32_t token, int top_l
   return out;
 }
 
-Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
-    : params_(params), rng_(params.seed.value_or(fallback_seed)) {
+Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed,
+                 std::optional<JsonMode> json_mode)
+    : params_(params), rng_(params.seed.value_or(fallback_seed)), json_mode_(json_mode) {
   if (std::string error = validate(params); !error.empty()) throw std::invalid_argument(error);
 }
 
@@ -168,16 +169,41 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   const double log_z = report ? log_normaliser(logits, max_logit) : 0.0;
   if (report) report_alternatives(logits, log_z, size_t(params_.top_logprobs), out.top);
 
-  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty()) {
-    out.token = first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
-  } else {
-    scratch_.assign(logits.begin(), logits.end());
-    apply_penalties(history);
-    apply_logit_bias();
-    out.token = params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
+  out.token = choose(logits, history, max_logit);
+  if (json_mode_) {
+    // A token drawn without the mask that JSON mode allows is what the masked distribution
+    // would draw as often (rejection sampling; exact for greedy), and masking costs a pass
+    // over the vocabulary, so the mask is applied only when the first draw is refused, as
+    // llama.cpp applies grammars.
+    if (!json_mode_->allows(out.token)) out.token = choose_json(logits, history);
+    json_mode_->advance(out.token);
   }
   if (report) out.logprob = float(double(logits[out.token]) - log_z);
   return out;
+}
+
+int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> history,
+                        float max_logit) {
+  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty())
+    return first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
+  adjust(logits, history);
+  return params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
+}
+
+int32_t Sampler::choose_json(std::span<const float> logits, std::span<const int32_t> history) {
+  adjust(logits, history);
+  const bool any_allowed = json_mode_->mask(scratch_) > 0;
+  const float max_logit = max_value(scratch_);
+  if (!any_allowed || !std::isfinite(max_logit))
+    throw std::runtime_error(
+        "response_format json_object: no token the model can draw continues the JSON object");
+  return params_.temperature == 0.0f ? first_argmax(scratch_, max_logit) : draw();
+}
+
+void Sampler::adjust(std::span<const float> logits, std::span<const int32_t> history) {
+  scratch_.assign(logits.begin(), logits.end());
+  apply_penalties(history);
+  apply_logit_bias();
 }
 
 bool Sampler::penalises() const {

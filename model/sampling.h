@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/json_mode.h"
+
 namespace pipeline {
 
 // OpenAI's logit_bias: `bias` is added to the token's logit before sampling; -100 all but bans
@@ -60,18 +62,27 @@ SampledToken score_token(std::span<const float> logits, int32_t token, int top_l
 // a draw from what is left. Scratch buffers are sized at the first call and reused after.
 class Sampler {
  public:
-  // `fallback_seed` seeds the RNG when params.seed is unset. Throws std::invalid_argument
-  // with validate()'s message on out-of-range parameters.
-  Sampler(const SamplingParams& params, uint64_t fallback_seed);
+  // `fallback_seed` seeds the RNG when params.seed is unset; a `json_mode` limits the draws to
+  // a JSON object. Throws std::invalid_argument with validate()'s message on out-of-range
+  // parameters.
+  Sampler(const SamplingParams& params, uint64_t fallback_seed,
+          std::optional<JsonMode> json_mode = std::nullopt);
 
   // `history` is the sequence so far (prompt and generated tokens) for the penalties.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
-  // history or logit_bias token outside the vocabulary.
+  // history or logit_bias token outside the vocabulary, and std::runtime_error when JSON mode
+  // leaves no token to draw.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
 
  private:
+  // One draw from `logits` as the parameters say, before JSON mode has its say.
+  int32_t choose(std::span<const float> logits, std::span<const int32_t> history, float max_logit);
+  // The draw again with every token JSON mode refuses masked out.
+  int32_t choose_json(std::span<const float> logits, std::span<const int32_t> history);
+  // scratch_ = the logits with the penalties and logit_bias applied.
+  void adjust(std::span<const float> logits, std::span<const int32_t> history);
   bool penalises() const;  // any penalty set, over a window of at least one token
   void apply_penalties(std::span<const int32_t> history);
   void apply_logit_bias();
@@ -84,6 +95,7 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::optional<JsonMode> json_mode_;
   std::vector<float> scratch_;          // per token id: penalised logit, then probability
   std::vector<int32_t> order_;          // candidate token ids
   std::vector<double> bucket_mass_;     // top-p: weight per bucket of weights

@@ -187,14 +187,31 @@ void refuse_unsupported(Endpoint endpoint, const json& body) {
   refuse_unless("functions", empty, " (no function calling)");
   refuse_unless("tool_choice", no_call, " (no function calling)");
   refuse_unless("function_call", no_call, " (no function calling)");
-  refuse_unless(
-      "response_format",
-      [](const json& v) { return v.is_object() && v.value("type", json()) == "text"; },
-      " beyond {\"type\": \"text\"} (no structured output)");
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
     throw invalid("top_logprobs",
                   "top_logprobs is a chat parameter; /v1/completions takes the number of "
                   "alternatives in logprobs");
+}
+
+// response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode). A
+// JSON schema is refused, not ignored: its answer would not be held to the schema.
+bool read_json_mode(const json& body) {
+  const json* value = find_field(body, "response_format");
+  if (!value) return false;
+  if (!value->is_object()) throw wrong_type("response_format", "an object", *value);
+  const json* type = find_field(*value, "type");
+  if (!type || !type->is_string())
+    throw invalid("response_format.type",
+                  "response_format needs a type: \"text\" or \"json_object\"");
+  const auto& name = type->get_ref<const std::string&>();
+  if (name == "text") return false;
+  if (name == "json_object") return true;
+  if (name == "json_schema")
+    throw invalid("response_format.type",
+                  "response_format json_schema is not supported: json_object (any JSON "
+                  "object) is");
+  throw invalid("response_format.type",
+                "unknown response_format type '" + name + "': \"text\" or \"json_object\"");
 }
 
 // best_of: sampling more sequences than are returned, to return the likeliest, is not
@@ -460,6 +477,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   if (echo) apply_echo(parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
+  request.json_object = read_json_mode(body);
   return parsed;
 }
 

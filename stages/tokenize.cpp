@@ -91,7 +91,9 @@ void TokenizeStage::prepare(Sequence& seq) const {
   seq.prompt_len = n;
   seq.max_tokens = int(
       std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n}));
-  seq.sampler = std::make_unique<Sampler>(req.sampling, ctx_.seed_base + seq.number);
+  std::optional<JsonMode> json_mode;
+  if (req.json_object) json_mode.emplace(ctx_.json_vocabulary);
+  seq.sampler = std::make_unique<Sampler>(req.sampling, ctx_.seed_base + seq.number, json_mode);
 }
 
 void TokenizeStage::operator()(Message message, const Emit& emit) {

@@ -71,8 +71,10 @@ struct StepFixture {
   Metrics metrics;
   Scheduler scheduler{config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                       metrics};
-  EngineContext context{config, runner.config(), tokenizer, ChatTemplate::Raw,
-                        runner, scheduler,       metrics,   1};
+  JsonVocabulary json_vocabulary{tokenizer, runner.config()};
+  EngineContext context{config,          runner.config(),   tokenizer,
+                        json_vocabulary, ChatTemplate::Raw, runner,
+                        scheduler,       metrics,           1};
   uint64_t next_number = 0;
 
   // A sequence of `tokens`, with its new tokens from `start` in `batch`.

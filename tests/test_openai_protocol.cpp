@@ -396,8 +396,14 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "tools", {{{"type", "function"}}}), "tools", "function calling"},
       {chat, with(chat_body(), "tool_choice", "required"), "tool_choice", "function calling"},
       {chat, with(chat_body(), "functions", {{{"name", "f"}}}), "functions", "function calling"},
-      {chat, with(chat_body(), "response_format", {{"type", "json_object"}}), "response_format",
-       "structured output"},
+      {chat, with(chat_body(), "response_format", "json_object"), "response_format",
+       "expected an object"},
+      {chat, with(chat_body(), "response_format", json::object()), "response_format.type",
+       "needs a type"},
+      {completion, with(completion_body(), "response_format", {{"type", "json_schema"}}),
+       "response_format.type", "json_schema is not supported"},
+      {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
+       "unknown response_format type 'yaml'"},
       {completion, with(completion_body(), "top_logprobs", 2), "top_logprobs", "logprobs"},
   };
 }
@@ -444,6 +450,18 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
+}
+
+// response_format json_object turns JSON mode on, for both endpoints; text leaves it off.
+TEST(ParseRequest, ResponseFormatJsonObjectAsksForJsonMode) {
+  EXPECT_TRUE(parse_chat(with(chat_body(), "response_format", {{"type", "json_object"}}))
+                  .request->json_object);
+  EXPECT_TRUE(
+      parse_completion(with(completion_body(), "response_format", {{"type", "json_object"}}))
+          .request->json_object);
+  EXPECT_FALSE(
+      parse_chat(with(chat_body(), "response_format", {{"type", "text"}})).request->json_object);
+  EXPECT_FALSE(parse_chat(chat_body()).request->json_object);
 }
 
 // A JSON value of a random kind, nested up to `depth`, with the keys of request fields.

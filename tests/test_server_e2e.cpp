@@ -21,10 +21,12 @@
 #include <nlohmann/json.hpp>
 
 #include "io/chat_template.h"
+#include "io/json_prefix.h"
 #include "io/tokenizer.h"
 #include "tests/support/command.h"
 #include "tests/support/server_process.h"
 #include "tests/support/shared_data.h"
+#include "tests/support/stories_tokenizer.h"
 
 namespace pipeline {
 namespace {
@@ -530,6 +532,40 @@ TEST_F(ServerE2E, LogprobTokensSpellTheAnswer) {
   EXPECT_EQ(logprobs["token_logprobs"].size(), 12u);
   EXPECT_EQ(logprobs["top_logprobs"][0].size(), 2u);
   EXPECT_EQ(logprobs["text_offset"][0], std::string("Once upon a time").size());
+}
+
+// response_format json_object: every choice is the beginning of a JSON object, whole where it
+// ended on its own, streamed or not. The model writes stories, not JSON, so a logit_bias toward
+// quotes and closing braces gives its objects a chance to close.
+TEST_F(ServerE2E, JsonModeAnswersAreObjectsOrTheirBeginnings) {
+  const std::vector<int32_t> ids = testing::stories_tokenizer().encode("a\"}", false);
+  ASSERT_EQ(ids.size(), 3u);
+  json body = with(chat_body("Tell me about a cat as JSON.", 48), "temperature", 1.0);
+  body.update({{"n", 4},
+               {"seed", 5},
+               {"response_format", {{"type", "json_object"}}},
+               {"logit_bias", {{std::to_string(ids[1]), 10}, {std::to_string(ids[2]), 10}}}});
+  const Reply whole = post(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const Stream stream = post_stream(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  int closed = 0;
+  for (const json& choice : whole.body["choices"]) {
+    const std::string text = choice["message"]["content"];
+    SCOPED_TRACE(text);
+    JsonPrefix prefix;
+    EXPECT_TRUE(prefix.feed(text));
+    const std::string finish_reason = choice["finish_reason"];
+    EXPECT_EQ(prefix.complete(), finish_reason == "stop");
+    if (finish_reason == "stop") {
+      EXPECT_TRUE(json::parse(text).is_object());
+      ++closed;
+    }
+    const int index = choice["index"];
+    EXPECT_EQ(stream.choice_texts.at(index), text);
+    EXPECT_EQ(stream.choice_finish_reasons.at(index), finish_reason);
+  }
+  EXPECT_GE(closed, 1);
 }
 
 TEST_F(ServerE2E, SixteenConcurrentStreamsArePrefilledTogetherAndMatchTheirSoloAnswers) {

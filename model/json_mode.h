@@ -1,0 +1,69 @@
+// response_format {"type": "json_object"}: the sampler may draw only tokens that keep the answer
+// the beginning of a JSON object, and an end-of-sequence token only once the object has closed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/json_prefix.h"
+#include "io/model_config.h"
+#include "io/tokenizer.h"
+
+namespace pipeline {
+
+// The vocabulary as JSON mode reads it: each token's bytes (Tokenizer::token_text), and the
+// tokens that write something sorted by their bytes, so that tokens sharing a beginning lie side
+// by side and a state that refuses a beginning refuses them all at one test. Built once per
+// model; read-only after, so shared by every sequence.
+class JsonVocabulary {
+ public:
+  // Sized to the model's vocabulary (its logits' width), which may exceed the tokenizer's.
+  JsonVocabulary(const Tokenizer& tokenizer, const LlamaConfig& model);
+
+  int size() const { return int(texts_.size()); }
+  // Empty for a token that writes nothing: controls, <unk> (whose text is a stand-in, not what
+  // the model meant), and the model's rows beyond the tokenizer.
+  const std::string& text(int32_t token) const { return texts_[size_t(token)]; }
+  // The tokens that write something, by their bytes; shared_bytes()[i] is how many leading bytes
+  // sorted_tokens()[i] has in common with the token before it (0 for the first).
+  const std::vector<int32_t>& sorted_tokens() const { return sorted_tokens_; }
+  const std::vector<uint32_t>& shared_bytes() const { return shared_bytes_; }
+  size_t longest_text() const { return longest_text_; }
+  // The model's end-of-sequence tokens within its vocabulary.
+  const std::vector<int32_t>& eos_tokens() const { return eos_tokens_; }
+  bool is_eos(int32_t token) const;
+  // The other tokens that write nothing. Each token is in exactly one of sorted_tokens(),
+  // eos_tokens() and these.
+  const std::vector<int32_t>& textless_tokens() const { return textless_tokens_; }
+
+ private:
+  std::vector<std::string> texts_;
+  std::vector<int32_t> sorted_tokens_;
+  std::vector<uint32_t> shared_bytes_;
+  size_t longest_text_ = 0;
+  std::vector<int32_t> eos_tokens_;
+  std::vector<int32_t> textless_tokens_;
+};
+
+// One sequence's JSON mode: what it has written so far, and which tokens may come next.
+class JsonMode {
+ public:
+  explicit JsonMode(const JsonVocabulary& vocabulary) : vocabulary_(&vocabulary) {}
+
+  bool allows(int32_t token) const;
+  // Sets the logit of every token it does not allow to -inf; returns how many it allows.
+  // Throws std::invalid_argument unless there is one logit per token of the vocabulary.
+  size_t mask(std::span<float> logits);
+  // Takes a token it allows into the answer. Throws std::invalid_argument on one it does not.
+  void advance(int32_t token);
+
+ private:
+  const JsonVocabulary* vocabulary_;
+  JsonPrefix written_;
+  // mask()'s walk: after_[k] is the state after the current token's first k bytes.
+  std::vector<JsonPrefix> after_;
+};
+
+}  // namespace pipeline

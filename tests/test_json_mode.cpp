@@ -1,0 +1,375 @@
+// JSON mode: JsonPrefix (bytes), JsonMode (tokens) and the Sampler drawing under it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "io/json_prefix.h"
+#include "io/model_config.h"
+#include "io/tokenizer.h"
+#include "model/json_mode.h"
+#include "model/sampling.h"
+#include "tests/support/shared_data.h"
+#include "tests/support/stories_tokenizer.h"
+
+namespace pipeline {
+namespace {
+
+using nlohmann::json;
+
+// How many leading bytes of `text` JsonPrefix accepts, and whether it is then complete.
+struct Fed {
+  size_t accepted = 0;
+  bool complete = false;
+};
+Fed feed_all(const std::string& text) {
+  JsonPrefix prefix;
+  Fed fed;
+  for (char c : text) {
+    if (!prefix.feed(uint8_t(c))) return fed;
+    ++fed.accepted;
+  }
+  fed.complete = prefix.complete();
+  return fed;
+}
+
+bool strict_parser_reads_an_object(const std::string& text) {
+  const json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return value.is_object();
+}
+
+// Finishes an accepted prefix by appending, again and again, the first byte of a fixed list that
+// JsonPrefix accepts. Every state takes one of them (a quote, a closing bracket, a digit, a
+// literal's letters, the escapes' and UTF-8's continuations), and they lead out of every string
+// and container, so this ends with an object unless some accepted prefix cannot be finished.
+std::string finish(const std::string& prefix_text) {
+  static const std::string kTries = std::string("\"}]:0ruelsaDC\\u") + "\x80\x90\xA0{";
+  JsonPrefix prefix;
+  EXPECT_TRUE(prefix.feed(prefix_text)) << prefix_text;
+  std::string text = prefix_text;
+  for (int steps = 0; !prefix.complete() && steps < 1000; ++steps) {
+    bool moved = false;
+    for (char c : kTries) {
+      JsonPrefix trial = prefix;
+      if (trial.feed(uint8_t(c))) {
+        prefix = trial;
+        text += c;
+        moved = true;
+        break;
+      }
+    }
+    if (!moved) {
+      ADD_FAILURE() << "no byte continues the accepted prefix " << json(text).dump();
+      break;
+    }
+  }
+  return text;
+}
+
+const std::vector<std::string> kObjects = {
+    "{}",
+    "{\"a\":1}",
+    " {\"a\": [1, -2.5e+3, 0.0, 0, -0, 1E9, 3e-2, true, false, null, \"\"], \"b\": {\"c\": {}}}",
+    "{\n  \"name\": \"Lily\",\n  \"age\": 3,\n  \"pets\": [\n    {\"kind\": \"dog\"}\n  ]\n}",
+    "{\"escapes\": \"\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\uD83D\\uDE00 \\ud7ff \\ue000\"}",
+    "{\"utf8\": \"é 中 😀 \x7F\", \"empty\": [], \"nested\": [[[]], {}]}",
+};
+
+TEST(JsonPrefix, AcceptsEveryPrefixOfAnObjectAndIsCompleteOnlyAtItsEnd) {
+  for (const std::string& object : kObjects) {
+    SCOPED_TRACE(object);
+    ASSERT_TRUE(strict_parser_reads_an_object(object));
+    JsonPrefix prefix;
+    for (size_t i = 0; i < object.size(); ++i) {
+      EXPECT_FALSE(prefix.complete()) << "complete after " << i << " bytes";
+      ASSERT_TRUE(prefix.feed(uint8_t(object[i]))) << "refused byte " << i;
+    }
+    EXPECT_TRUE(prefix.complete());
+    EXPECT_FALSE(JsonPrefix(prefix).feed(uint8_t(' '))) << "nothing may follow the object";
+    EXPECT_FALSE(JsonPrefix(prefix).feed(uint8_t('{')));
+  }
+}
+
+// Each prefix is accepted, and the text after it is refused at its first byte.
+TEST(JsonPrefix, RefusesTheFirstByteNoObjectCanContinueWith) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "["},            // an object, not any value
+      {"", "\"a\""},        //
+      {"", "1"},            //
+      {"{", ","},           //
+      {"{", "1"},           // keys are strings
+      {"{\"a\"", "}"},      // a key needs its value
+      {"{\"a\" ", "1"},     //
+      {"{\"a\":", "}"},     //
+      {"{\"a\":1", "\""},   //
+      {"{\"a\":1,", "}"},   // no trailing comma
+      {"{\"a\":[1,", "]"},  //
+      {"{\"a\":[1", "}"},   // brackets close in order
+      {"{\"a\":{\"b\":1", "]"},
+      {"{\"a\":0", "1"},        // no leading zeros
+      {"{\"a\":-", "a"},        //
+      {"{\"a\":1.", "e"},       // digits after the point
+      {"{\"a\":1e", "}"},       //
+      {"{\"a\":1e+", "+"},      //
+      {"{\"a\":", "+1"},        //
+      {"{\"a\":", ".5"},        //
+      {"{\"a\":tr", "i"},       //
+      {"{\"a\":nul", "k"},      //
+      {"{\"a\":\"", "\n"},      // no raw controls in strings
+      {"{\"a\":\"", "\t"},      //
+      {"{\"a\":\"\\", "x"},     // no unknown escapes
+      {"{\"a\":\"\\u12", "g"},  //
+  };
+  for (const auto& [prefix_text, rest] : cases) {
+    SCOPED_TRACE(json(prefix_text + " | " + rest).dump());
+    const std::string whole = prefix_text + rest;
+    EXPECT_EQ(feed_all(whole).accepted, prefix_text.size());
+  }
+}
+
+TEST(JsonPrefix, RefusesIllFormedUtf8AndUnpairedSurrogates) {
+  const std::string open = "{\"a\":\"";
+  const std::vector<std::pair<std::string, size_t>> cases = {
+      {"\x80", 0},              // a continuation byte first
+      {"\xC0\x80", 0},          // overlong lead bytes
+      {"\xC1\xBF", 0},          //
+      {"\xE0\x9F\xBF", 1},      // overlong three-byte form
+      {"\xED\xA0\x80", 1},      // an encoded surrogate
+      {"\xF0\x8F\xBF\xBF", 1},  // overlong four-byte form
+      {"\xF4\x90\x80\x80", 1},  // beyond U+10FFFF
+      {"\xF5\x80", 0},          //
+      {"\xC3"
+       "A",
+       1},                    // a character cut short
+      {"\\uDC00", 3},         // a low surrogate alone
+      {"\\uD800x", 6},        // a high surrogate with no low one
+      {"\\uD800\\u0041", 8},  // ... or something else after it
+      {"\\uDBFF\\uDBFF", 9},  //
+  };
+  for (const auto& [bytes, good] : cases) {
+    SCOPED_TRACE(json::binary(std::vector<uint8_t>(bytes.begin(), bytes.end())).dump());
+    EXPECT_EQ(feed_all(open + bytes).accepted, open.size() + good);
+  }
+  EXPECT_TRUE(feed_all("{\"a\":\"\\uDBFF\\uDFFF\"}").complete);
+}
+
+TEST(JsonPrefix, LimitsNestingAndWhitespaceRuns) {
+  std::string deep = "{\"a\":";
+  for (int depth = 1; depth < JsonPrefix::kMaxDepth; ++depth) deep += "[";
+  EXPECT_EQ(feed_all(deep).accepted, deep.size());
+  EXPECT_EQ(feed_all(deep + "[").accepted, deep.size());
+  EXPECT_EQ(feed_all(deep + "{").accepted, deep.size());
+  EXPECT_EQ(feed_all(deep + "1").accepted, deep.size() + 1);
+
+  const std::string indent = "\n" + std::string(JsonPrefix::kMaxIndent, ' ');
+  EXPECT_TRUE(feed_all(" {" + indent + "\"a\" :" + indent + "1\n}").complete);
+  EXPECT_EQ(feed_all("{" + indent + " ").accepted, indent.size() + 1);
+  EXPECT_TRUE(feed_all("{\n\t\t}").complete);
+  EXPECT_EQ(feed_all("{  ").accepted, 2u);  // one space, or a newline and an indent
+  EXPECT_EQ(feed_all("{ \n").accepted, 2u);
+  EXPECT_EQ(feed_all("{\n\n").accepted, 2u);
+  EXPECT_EQ(feed_all("{\t").accepted, 1u);
+  EXPECT_EQ(feed_all("{\r\n").accepted, 1u);
+}
+
+// Whether each run of whitespace in `text` (strings' included) is one JSON mode may write.
+bool whitespace_runs_fit(const std::string& text) {
+  static const std::regex kRun("[ \t\n\r]+");
+  static const std::regex kAllowed(" |\n[ \t]{0," + std::to_string(JsonPrefix::kMaxIndent) + "}");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kRun); it != std::sregex_iterator();
+       ++it)
+    if (!std::regex_match(it->str(), kAllowed)) return false;
+  return true;
+}
+
+// A byte-level fuzz against a strict parser. Objects are mutated a byte at a time (replaced,
+// inserted or deleted); for each mutant, the longest prefix JsonPrefix accepts must be finishable
+// into an object the parser reads, and (whitespace aside) a mutant JsonPrefix accepts whole and
+// complete must be one the parser reads, and the other way round.
+TEST(JsonPrefix, AgreesWithAStrictParserOnMutatedObjects) {
+  const std::string kBytes = std::string("{}[]\":,.-+eE0129tfnulrsa \n\\/bu dDcC8A") +
+                             "\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80\x80\xED\xA0\x01";
+  std::mt19937 rng(7);
+  int agreed_objects = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string text = kObjects[rng() % kObjects.size()];
+    for (int edits = 1 + int(rng() % 3); edits > 0; --edits) {
+      const size_t at = rng() % (text.size() + 1);
+      const char byte = kBytes[rng() % kBytes.size()];
+      switch (rng() % 3) {
+        case 0:
+          if (at < text.size()) text[at] = byte;
+          break;
+        case 1:
+          text.insert(text.begin() + long(at), byte);
+          break;
+        default:
+          if (at < text.size()) text.erase(at, 1);
+      }
+    }
+    SCOPED_TRACE(json(text).dump(-1, ' ', false, json::error_handler_t::replace));
+    const Fed fed = feed_all(text);
+    const std::string accepted = text.substr(0, fed.accepted);
+    const std::string finished = finish(accepted);
+    ASSERT_TRUE(strict_parser_reads_an_object(finished)) << json(finished).dump();
+    // The parser takes any whitespace, and whitespace after the object, which JSON mode does
+    // not write.
+    const bool trailing_space = !text.empty() && std::isspace(uint8_t(text.back()));
+    if (trailing_space || !whitespace_runs_fit(text)) continue;
+    const bool whole = fed.accepted == text.size() && fed.complete;
+    ASSERT_EQ(whole, strict_parser_reads_an_object(text));
+    agreed_objects += whole;
+  }
+  EXPECT_GT(agreed_objects, 1000);  // the mutants were not all broken
+}
+
+// ---- Tokens
+
+LlamaConfig config_for(const Tokenizer& tokenizer) {
+  LlamaConfig config;
+  config.vocab_size = tokenizer.vocab_size();
+  config.eos_token_ids = {tokenizer.eos_id()};
+  return config;
+}
+
+const Tokenizer& llama2_tokenizer() {
+  static const Tokenizer tokenizer(testing::shared_path("models/llama2-tokenizer/tokenizer.model"));
+  return tokenizer;
+}
+
+// The mask keeps exactly the tokens allows() takes, one by one, in states along an object.
+TEST(JsonMode, TheMaskKeepsExactlyTheTokensAllowed) {
+  const Tokenizer& tokenizer = llama2_tokenizer();
+  const LlamaConfig config = config_for(tokenizer);
+  const JsonVocabulary vocabulary(tokenizer, config);
+  const std::string object = "{\"name\": \"Lily é\", \"age\": 3.5, \"tags\": [true, null]}";
+  const std::vector<int32_t> ids = tokenizer.encode(object, false);
+  JsonMode mode(vocabulary);
+  std::string written;
+  for (size_t step = 0; step <= ids.size(); ++step) {
+    SCOPED_TRACE("after " + json(written).dump());
+    std::vector<float> logits(size_t(config.vocab_size), 0.0f);
+    const size_t allowed = mode.mask(logits);
+    size_t expected = 0;
+    for (int32_t token = 0; token < config.vocab_size; ++token) {
+      const bool allows = mode.allows(token);
+      expected += allows;
+      ASSERT_EQ(std::isinf(logits[size_t(token)]), !allows) << "token " << token;
+    }
+    EXPECT_EQ(allowed, expected);
+    EXPECT_GT(allowed, 0u);
+    EXPECT_EQ(mode.allows(tokenizer.eos_id()), step == ids.size());
+    if (step == ids.size()) break;
+    const int32_t token = ids[step];
+    // The first piece spells " {" after sentencepiece's leading space: whitespace is allowed.
+    ASSERT_TRUE(mode.allows(token)) << "token " << token << " " << tokenizer.token_text(token);
+    mode.advance(token);
+    written += tokenizer.token_text(token);
+  }
+  EXPECT_TRUE(strict_parser_reads_an_object(written));
+  EXPECT_THROW(mode.advance(ids.front()), std::invalid_argument);
+  EXPECT_FALSE(mode.allows(tokenizer.bos_id()));
+  EXPECT_FALSE(mode.allows(tokenizer.unk_id()));
+}
+
+// Logits the size of the model's vocabulary, random: far more likely to pick a token JSON mode
+// refuses than one it allows.
+std::vector<float> random_logits(std::mt19937& rng, int vocab) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (float& x : logits) x = normal(rng);
+  return logits;
+}
+
+// Whatever the logits, a sampler in JSON mode writes an object's prefix, ends only when the
+// object is complete, and reports the model's own logprobs.
+TEST(JsonMode, ASamplerDrawsOnlyTokensThatContinueTheObject) {
+  const Tokenizer& tokenizer = llama2_tokenizer();
+  const LlamaConfig config = config_for(tokenizer);
+  const JsonVocabulary vocabulary(tokenizer, config);
+  std::mt19937 rng(3);
+  int completed = 0;
+  for (int run = 0; run < 12; ++run) {
+    SamplingParams params;
+    params.temperature = run % 3 == 0 ? 0.0f : 1.0f;
+    params.top_p = run % 3 == 2 ? 0.9f : 1.0f;
+    params.logprobs = true;
+    Sampler sampler(params, uint64_t(run), JsonMode(vocabulary));
+    std::string written;
+    std::vector<int32_t> history = {tokenizer.bos_id()};
+    std::vector<float> logits = random_logits(rng, config.vocab_size);
+    for (int step = 0; step < 400; ++step) {
+      // The end-of-sequence token is the likeliest, so an object ends as soon as it may.
+      logits[size_t(tokenizer.eos_id())] = 1e3f;
+      // A few quotes and closing brackets likely too, so objects close now and then.
+      for (const char* piece : {"\"", "}", "]", ":", ","})
+        logits[size_t(tokenizer.encode(piece, false).back())] += 12.0f;
+      const SampledToken sampled = sampler.sample(logits, history);
+      history.push_back(sampled.token);
+      if (sampled.token == tokenizer.eos_id()) {
+        EXPECT_TRUE(strict_parser_reads_an_object(written)) << written;
+        ++completed;
+        break;
+      }
+      written += tokenizer.token_text(sampled.token);
+      const Fed fed = feed_all(written);
+      ASSERT_EQ(fed.accepted, written.size()) << json(written).dump();
+      // The logprob is the model's, not the masked distribution's.
+      ASSERT_NEAR(sampled.logprob, score_token(logits, sampled.token, 0).logprob, 1e-4);
+      logits = random_logits(rng, config.vocab_size);
+    }
+  }
+  EXPECT_GE(completed, 6);
+}
+
+// Greedy in JSON mode takes the likeliest token that JSON mode allows.
+TEST(JsonMode, GreedyTakesTheLikeliestAllowedToken) {
+  const Tokenizer& tokenizer = testing::stories_tokenizer();
+  const LlamaConfig config = config_for(tokenizer);
+  const JsonVocabulary vocabulary(tokenizer, config);
+  std::mt19937 rng(5);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy, 1, JsonMode(vocabulary));
+  JsonMode shadow(vocabulary);
+  std::vector<int32_t> history;
+  for (int step = 0; step < 100; ++step) {
+    const std::vector<float> logits = random_logits(rng, config.vocab_size);
+    int32_t best = -1;
+    for (int32_t token = 0; token < config.vocab_size; ++token)
+      if (shadow.allows(token) && (best < 0 || logits[size_t(token)] > logits[size_t(best)]))
+        best = token;
+    ASSERT_GE(best, 0);
+    const int32_t token = sampler.sample(logits, history).token;
+    ASSERT_EQ(token, best) << "step " << step;
+    if (tokenizer.eos_id() == token) break;
+    shadow.advance(token);
+    history.push_back(token);
+  }
+}
+
+// A model whose vocabulary cannot continue the object fails the draw with a clear error.
+TEST(JsonMode, NoTokenToDrawIsAnError) {
+  const Tokenizer& tokenizer = testing::stories_tokenizer();
+  LlamaConfig config = config_for(tokenizer);
+  const JsonVocabulary vocabulary(tokenizer, config);
+  Sampler sampler(SamplingParams{}, 1, JsonMode(vocabulary));
+  // Every token the JSON mode allows has a logit of -inf: nothing it allows can be drawn.
+  std::vector<float> logits(size_t(config.vocab_size), 0.0f);
+  JsonMode fresh(vocabulary);
+  for (int32_t token = 0; token < config.vocab_size; ++token)
+    if (fresh.allows(token)) logits[size_t(token)] = -INFINITY;
+  try {
+    sampler.sample(logits, {});
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("json_object"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pipeline
