@@ -133,6 +133,9 @@ std::string validate(const SamplingParams& p) {
     if (!(b.bias >= -100.0f && b.bias <= 100.0f))
       return out_of_range("logit_bias", "between -100 and 100", b.bias);
   }
+  if (p.min_tokens < 0) return out_of_range("min_tokens", "0 or more", p.min_tokens);
+  for (int32_t token : p.ending_tokens)
+    if (token < 0) return out_of_range("stop_token_ids", "token ids of 0 or more", token);
   return {};
 }
 
@@ -179,12 +182,13 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
     json_mode_->advance(out.token);
   }
   if (report) out.logprob = float(double(logits[out.token]) - log_z);
+  ++drawn_;
   return out;
 }
 
 int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> history,
                         float max_logit) {
-  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty())
+  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty() && !bans_ending())
     return first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
   adjust(logits, history);
   return params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
@@ -204,6 +208,17 @@ void Sampler::adjust(std::span<const float> logits, std::span<const int32_t> his
   scratch_.assign(logits.begin(), logits.end());
   apply_penalties(history);
   apply_logit_bias();
+  if (bans_ending()) ban_ending();
+}
+
+void Sampler::ban_ending() {
+  for (int32_t token : params_.ending_tokens) {
+    if (size_t(token) >= scratch_.size())
+      throw std::invalid_argument("Sampler::sample: ending token " + std::to_string(token) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(scratch_.size()));
+    scratch_[size_t(token)] = -INFINITY;
+  }
 }
 
 bool Sampler::penalises() const {

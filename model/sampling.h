@@ -33,12 +33,17 @@ struct SamplingParams {
   bool logprobs = false;              // report the chosen token's logprob
   int top_logprobs = 0;               // alternatives to report beside the chosen token
   std::vector<LogitBias> logit_bias;  // after the penalties; logprobs stay the model's own
+  // vLLM's min_tokens: `ending_tokens` (end-of-sequence and stop token ids) are banned from the
+  // first min_tokens draws.
+  int min_tokens = 0;
+  std::vector<int32_t> ending_tokens;
 };
 
 // An error message naming the first parameter outside its (OpenAI) range, or empty when all
 // are valid: temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
 // repetition_penalty > 0, presence/frequency_penalty [-2, 2], top_logprobs [0, 20],
-// repeat_last_n >= -1, logit_bias tokens >= 0 with biases [-100, 100].
+// repeat_last_n >= -1, logit_bias tokens >= 0 with biases [-100, 100], min_tokens >= 0,
+// ending tokens >= 0.
 std::string validate(const SamplingParams& params);
 
 struct TokenLogprob {
@@ -70,8 +75,8 @@ class Sampler {
 
   // `history` is the sequence so far (prompt and generated tokens) for the penalties.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
-  // history or logit_bias token outside the vocabulary, and std::runtime_error when JSON mode
-  // leaves no token to draw.
+  // history, logit_bias or ending token outside the vocabulary, and std::runtime_error when JSON
+  // mode leaves no token to draw.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
@@ -81,8 +86,10 @@ class Sampler {
   int32_t choose(std::span<const float> logits, std::span<const int32_t> history, float max_logit);
   // The draw again with every token JSON mode refuses masked out.
   int32_t choose_json(std::span<const float> logits, std::span<const int32_t> history);
-  // scratch_ = the logits with the penalties and logit_bias applied.
+  // scratch_ = the logits with the penalties, logit_bias and min_tokens' ban applied.
   void adjust(std::span<const float> logits, std::span<const int32_t> history);
+  bool bans_ending() const { return drawn_ < params_.min_tokens && !params_.ending_tokens.empty(); }
+  void ban_ending();
   bool penalises() const;  // any penalty set, over a window of at least one token
   void apply_penalties(std::span<const int32_t> history);
   void apply_logit_bias();
@@ -96,6 +103,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::optional<JsonMode> json_mode_;
+  int drawn_ = 0;                       // tokens drawn so far
   std::vector<float> scratch_;          // per token id: penalised logit, then probability
   std::vector<int32_t> order_;          // candidate token ids
   std::vector<double> bucket_mass_;     // top-p: weight per bucket of weights

@@ -200,9 +200,10 @@ bool read_json_mode(const json& body) {
   if (!value) return false;
   if (!value->is_object()) throw wrong_type("response_format", "an object", *value);
   const json* type = find_field(*value, "type");
-  if (!type || !type->is_string())
+  if (!type)
     throw invalid("response_format.type",
                   "response_format needs a type: \"text\" or \"json_object\"");
+  if (!type->is_string()) throw wrong_type("response_format.type", "a string", *type);
   const auto& name = type->get_ref<const std::string&>();
   if (name == "text") return false;
   if (name == "json_object") return true;
@@ -288,6 +289,41 @@ std::vector<std::string> read_stop(const json& body) {
   for (const auto& s : stop)
     if (s.empty()) throw invalid("stop", "stop sequences must not be empty");
   return stop;
+}
+
+// vLLM's stop_token_ids: an array of token ids (the tokenize stage checks them against the
+// model's vocabulary).
+std::vector<int32_t> read_stop_token_ids(const json& body) {
+  const json* value = find_field(body, "stop_token_ids");
+  if (!value) return {};
+  if (!value->is_array()) throw wrong_type("stop_token_ids", "an array of token ids", *value);
+  if (value->size() > 64) throw invalid("stop_token_ids", "stop_token_ids holds at most 64 ids");
+  std::vector<int32_t> ids;
+  for (const json& id : *value) {
+    const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
+    if (!token) throw wrong_type("stop_token_ids", "an array of token ids", id);
+    if (*token < 0 || *token > INT32_MAX)
+      throw invalid("stop_token_ids", "token id " + std::to_string(*token) + " is not a token id");
+    ids.push_back(int32_t(*token));
+  }
+  return ids;
+}
+
+// vLLM's min_tokens: at most max_tokens, and not in JSON mode, whose answer ends when its object
+// closes.
+int read_min_tokens(const json& body, const Request& request) {
+  const int min_tokens = read_int(body, "min_tokens", 0, 0, INT_MAX);
+  if (min_tokens > request.max_tokens)
+    throw invalid("min_tokens",
+                  "min_tokens (" + std::to_string(min_tokens) + ") must be at most " +
+                      (request.max_tokens_param.empty() ? std::string("the default max_tokens")
+                                                        : request.max_tokens_param) +
+                      " (" + std::to_string(request.max_tokens) + ")");
+  if (min_tokens > 0 && request.json_object)
+    throw invalid("min_tokens",
+                  "min_tokens cannot be combined with response_format json_object: the answer "
+                  "ends when its object closes");
+  return min_tokens;
 }
 
 ResponseOptions read_response_options(const json& body) {
@@ -478,6 +514,8 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.json_object = read_json_mode(body);
+  request.stop_token_ids = read_stop_token_ids(body);
+  request.sampling.min_tokens = read_min_tokens(body, request);
   return parsed;
 }
 

@@ -53,12 +53,19 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   if (seq->request->sampling.logprobs)
     delta.tokens.push_back(
         {id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
-  // The end-of-sequence id that stopped generation is not text.
-  const bool is_final_eos = finish == FinishReason::Stop;
-  auto pushed = state.stops.push(is_final_eos ? std::string() : state.decoder.push(id));
+  // The end-of-sequence id that stopped generation is not text (a stop token id's is).
+  const Request& request = *seq->request;
+  const bool is_final_eos =
+      finish == FinishReason::Stop && !request.ignore_eos && ctx_.model.is_eos(id);
+  // Stop strings are looked for in the text after the first min_tokens tokens only.
+  const bool may_stop = state.completion_tokens > request.sampling.min_tokens;
+  const auto stops_in = [&](std::string text) {
+    return may_stop ? state.stops.push(text) : StopStringMatcher::Result{std::move(text), false};
+  };
+  auto pushed = stops_in(is_final_eos ? std::string() : state.decoder.push(id));
   delta.text = std::move(pushed.text);
   if (!pushed.stopped && finish) {
-    auto tail = state.stops.push(state.decoder.flush());
+    auto tail = stops_in(state.decoder.flush());
     delta.text += tail.text;
     pushed.stopped = tail.stopped;
     if (!tail.stopped) delta.text += state.stops.flush();

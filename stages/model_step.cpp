@@ -2,6 +2,7 @@
 
 #include <oneapi/tbb/parallel_for.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <optional>
@@ -27,6 +28,14 @@ RequestError server_error(const std::string& what) {
 // Whether the pass computed the sequence up to its last token, so that its next is sampled.
 bool reaches_the_end(const SequenceChunk& chunk, const Sequence& seq) {
   return chunk.start_pos + chunk.tokens.size() == seq.tokens.size();
+}
+
+// Whether `token` ends the answer: an end of sequence (unless the request ignores it) or one of
+// its stop token ids.
+bool ends_the_answer(const EngineContext& ctx, const Request& request, int32_t token) {
+  const auto& stop_ids = request.stop_token_ids;
+  return (!request.ignore_eos && ctx.model.is_eos(token)) ||
+         std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
 }
 
 // Each chunk's first row of logits: one row per chunk, or one per token with all_logits.
@@ -144,7 +153,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     seq.tokens.push_back(sampled[i].token);
     const int index = seq.generated() - 1;
     std::optional<FinishReason> finish;
-    if (!seq.request->ignore_eos && ctx.model.is_eos(sampled[i].token))
+    if (ends_the_answer(ctx, *seq.request, sampled[i].token))
       finish = FinishReason::Stop;
     else if (seq.generated() >= seq.max_tokens)
       finish = FinishReason::Length;

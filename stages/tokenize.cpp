@@ -62,6 +62,12 @@ void TokenizeStage::prepare(Sequence& seq) const {
                         " but the vocabulary has " + std::to_string(ctx_.model.vocab_size) +
                         " tokens",
                     "logit_bias"};
+  for (int32_t token : req.stop_token_ids)
+    if (token >= ctx_.model.vocab_size)
+      throw Refusal{"stop_token_ids names token " + std::to_string(token) +
+                        " but the vocabulary has " + std::to_string(ctx_.model.vocab_size) +
+                        " tokens",
+                    "stop_token_ids"};
   try {
     seq.tokens = prompt_tokens(req);
   } catch (const std::invalid_argument& e) {
@@ -91,9 +97,22 @@ void TokenizeStage::prepare(Sequence& seq) const {
   seq.prompt_len = n;
   seq.max_tokens = int(
       std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n}));
+  if (req.sampling.min_tokens > seq.max_tokens)
+    throw Refusal{"min_tokens is " + std::to_string(req.sampling.min_tokens) + " but only " +
+                      std::to_string(seq.max_tokens) + " tokens fit after the " +
+                      std::to_string(n) + "-token " + prompt_param,
+                  "min_tokens"};
+  SamplingParams sampling = req.sampling;
+  if (sampling.min_tokens > 0) {
+    // What would end the answer before its min_tokens: the end of sequence (unless ignored) and
+    // the stop token ids.
+    if (!req.ignore_eos) sampling.ending_tokens = ctx_.model.eos_token_ids;
+    sampling.ending_tokens.insert(sampling.ending_tokens.end(), req.stop_token_ids.begin(),
+                                  req.stop_token_ids.end());
+  }
   std::optional<JsonMode> json_mode;
   if (req.json_object) json_mode.emplace(ctx_.json_vocabulary);
-  seq.sampler = std::make_unique<Sampler>(req.sampling, ctx_.seed_base + seq.number, json_mode);
+  seq.sampler = std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, json_mode);
 }
 
 void TokenizeStage::operator()(Message message, const Emit& emit) {

@@ -371,6 +371,14 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "stop", {"a", 1}), "stop", "string"},
       {chat, with(chat_body(), "stop", {"a", "b", "c", "d", "e"}), "stop", "at most 4"},
       {chat, with(chat_body(), "stop", ""), "stop", "empty"},
+      {chat, with(chat_body(), "stop_token_ids", 2), "stop_token_ids", "an array of token ids"},
+      {chat, with(chat_body(), "stop_token_ids", {2, "x"}), "stop_token_ids", "token ids"},
+      {chat, with(chat_body(), "stop_token_ids", {-1}), "stop_token_ids", "not a token id"},
+      {completion, with(completion_body(), "min_tokens", -1), "min_tokens", "between 0 and"},
+      {completion, with(with(completion_body(), "max_tokens", 4), "min_tokens", 5), "min_tokens",
+       "min_tokens (5) must be at most max_tokens (4)"},
+      {chat, with(with(chat_body(), "response_format", {{"type", "json_object"}}), "min_tokens", 2),
+       "min_tokens", "json_object"},
       {chat, with(chat_body(), "ignore_eos", 1), "ignore_eos", "boolean"},
       {chat, with(chat_body(), "logprobs", 3), "logprobs", "boolean"},
       {chat, with(chat_body(), "top_logprobs", 2), "top_logprobs", "requires logprobs"},
@@ -400,6 +408,8 @@ std::vector<BadInput> bad_inputs() {
        "expected an object"},
       {chat, with(chat_body(), "response_format", json::object()), "response_format.type",
        "needs a type"},
+      {chat, with(chat_body(), "response_format", {{"type", 1}}), "response_format.type",
+       "expected a string"},
       {completion, with(completion_body(), "response_format", {{"type", "json_schema"}}),
        "response_format.type", "json_schema is not supported"},
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
@@ -450,6 +460,17 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
+}
+
+// vLLM's stop_token_ids and min_tokens.
+TEST(ParseRequest, StopTokenIdsAndMinTokensAreRead) {
+  json body = with(with(completion_body(), "stop_token_ids", {13, 2}), "min_tokens", 3);
+  body["max_tokens"] = 3;
+  const auto request = parse_completion(body).request;
+  EXPECT_EQ(request->stop_token_ids, (std::vector<int32_t>{13, 2}));
+  EXPECT_EQ(request->sampling.min_tokens, 3);
+  EXPECT_EQ(parse_chat(chat_body()).request->sampling.min_tokens, 0);
+  EXPECT_TRUE(parse_chat(chat_body()).request->stop_token_ids.empty());
 }
 
 // response_format json_object turns JSON mode on, for both endpoints; text leaves it off.
@@ -504,6 +525,8 @@ TEST(ParseRequest, RandomFieldValuesAreAcceptedOrRefusedWithAnApiError) {
                                            "functions",
                                            "function_call",
                                            "response_format",
+                                           "stop_token_ids",
+                                           "min_tokens",
                                            "user"};
   std::mt19937 rng(2024);
   for (int i = 0; i < 20000; ++i) {

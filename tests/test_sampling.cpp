@@ -345,6 +345,41 @@ TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
   expect_penalised_to(both, 3.0f, {0}, 2.75f);
 }
 
+// min_tokens: the ending tokens cannot be drawn in the first min_tokens draws, greedy or not,
+// and are as likely as ever after; their logprobs stay the model's own.
+TEST(Sampling, MinTokensBansTheEndingTokensFromTheFirstDraws) {
+  const std::vector<float> logits{0.5f, 4.0f, 1.0f, 3.5f};
+  for (const float temperature : {0.0f, 1.0f}) {
+    SamplingParams params = seeded(9);
+    params.temperature = temperature;
+    params.min_tokens = 3;
+    params.ending_tokens = {1, 3};
+    params.logprobs = true;
+    Sampler sampler(params, 0);
+    for (int draw = 0; draw < 3; ++draw) {
+      const SampledToken sampled = sampler.sample(logits, {});
+      EXPECT_TRUE(sampled.token == 0 || sampled.token == 2) << "draw " << draw;
+      EXPECT_NEAR(sampled.logprob, std::log(softmax(logits)[size_t(sampled.token)]), 1e-5);
+    }
+    if (temperature == 0.0f) {
+      EXPECT_EQ(sampler.sample(logits, {}).token, 1);
+    }
+  }
+  SamplingParams after = seeded(4);
+  after.min_tokens = 1;
+  after.ending_tokens = {1};
+  Sampler sampler(after, 0);
+  EXPECT_NE(sampler.sample(logits, {}).token, 1);
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 4000; ++i) ++counts[sampler.sample(logits, {}).token];
+  EXPECT_NEAR(counts[1] / 4000.0, softmax(logits)[1], 0.03);
+
+  SamplingParams outside;
+  outside.min_tokens = 1;
+  outside.ending_tokens = {4};
+  EXPECT_THROW(Sampler(outside, 0).sample(logits, {}), std::invalid_argument);
+}
+
 TEST(Sampling, LogprobAndAlternativesComeFromTheRawLogits) {
   const std::vector<float> logits{1.0f, 2.0f, 3.0f, 0.5f, 3.0f};
   const std::vector<double> p = softmax(logits);
@@ -528,6 +563,12 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
         p.logit_bias = {{-1, 1.0f}};
       },
       "logit_bias must be keyed by token ids of 0 or more");
+  expect_rejected([](SamplingParams& p) { p.min_tokens = -1; }, "min_tokens must be 0 or more");
+  expect_rejected(
+      [](SamplingParams& p) {
+        p.ending_tokens = {2, -3};
+      },
+      "stop_token_ids must be token ids of 0 or more");
 }
 
 }  // namespace

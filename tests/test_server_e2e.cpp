@@ -534,6 +534,60 @@ TEST_F(ServerE2E, LogprobTokensSpellTheAnswer) {
   EXPECT_EQ(logprobs["text_offset"][0], std::string("Once upon a time").size());
 }
 
+// vLLM's stop_token_ids end the answer at the token, its text kept; min_tokens holds back every
+// ending (end of sequence, stop token ids, stop strings) for its first tokens.
+TEST_F(ServerE2E, StopTokenIdsEndTheAnswerAndMinTokensHoldsEveryEndingBack) {
+  const std::string prompt = "Once upon a time";
+  const json reference = generate_reference(prompt, 30);
+  const std::vector<int32_t> ids = reference["generated_ids"];
+  const std::string reference_text = reference["text"];
+  ASSERT_EQ(ids.size(), 30u);
+  const Tokenizer& tokenizer = testing::stories_tokenizer();
+
+  const int32_t stop_id = ids[5];
+  const size_t first = size_t(std::find(ids.begin(), ids.end(), stop_id) - ids.begin());
+  const Reply stopped = post(port(), "/v1/completions",
+                             with(completion_body(prompt, 30), "stop_token_ids", {stop_id}));
+  ASSERT_EQ(stopped.status, 200) << stopped.raw;
+  const std::string stopped_text = stopped.body["choices"][0]["text"];
+  EXPECT_EQ(stopped.body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped.body["usage"]["completion_tokens"], first + 1);
+  EXPECT_EQ(reference_text.rfind(stopped_text, 0), 0u) << stopped_text;
+  const std::string stop_text = tokenizer.token_text(stop_id);
+  ASSERT_GE(stopped_text.size(), stop_text.size());
+  EXPECT_EQ(stopped_text.substr(stopped_text.size() - stop_text.size()), stop_text);
+
+  // The end of sequence all but forced: the answer is empty, unless min_tokens holds it back.
+  json eager =
+      with(completion_body(prompt, 30), "logit_bias", {{std::to_string(tokenizer.eos_id()), 100}});
+  const Reply empty = post(port(), "/v1/completions", eager);
+  ASSERT_EQ(empty.status, 200) << empty.raw;
+  EXPECT_EQ(empty.body["choices"][0]["text"], "");
+  EXPECT_EQ(empty.body["usage"]["completion_tokens"], 1);
+  eager["min_tokens"] = 5;
+  for (const json& stop : {json(), json(" ")}) {
+    // A stop string in the first five tokens' text does not count either.
+    const Reply five = post(port(), "/v1/completions", with(eager, "stop", stop));
+    ASSERT_EQ(five.status, 200) << five.raw;
+    const std::string text = five.body["choices"][0]["text"];
+    EXPECT_EQ(five.body["usage"]["completion_tokens"], 6);  // five, then the end of sequence
+    EXPECT_EQ(five.body["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(reference_text.rfind(text, 0), 0u) << text;
+    EXPECT_NE(text.find(' ', 1), std::string::npos) << text;
+  }
+
+  // A stop token id is held back as well: the greedy first token cannot end the answer.
+  const Reply held =
+      post(port(), "/v1/completions",
+           with(with(completion_body(prompt, 30), "stop_token_ids", {ids[0]}), "min_tokens", 3));
+  ASSERT_EQ(held.status, 200) << held.raw;
+  EXPECT_GE(held.body["usage"]["completion_tokens"].get<int>(), 4);
+  EXPECT_EQ(
+      post(port(), "/v1/completions", with(completion_body(prompt, 30), "stop_token_ids", {100000}))
+          .status,
+      400);
+}
+
 // response_format json_object: every choice is the beginning of a JSON object, whole where it
 // ended on its own, streamed or not. The model writes stories, not JSON, so a logit_bias toward
 // quotes and closing braces gives its objects a chance to close.
