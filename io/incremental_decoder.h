@@ -26,6 +26,8 @@ class IncrementalDecoder {
   std::string push(int32_t token);
   // At the end of the stream: bytes of an unfinished character, as U+FFFD.
   std::string flush();
+  // No text yet (after a prompt of none): the next piece's word-start space will be dropped.
+  bool at_text_start() const { return !text_started_; }
 
  private:
   // The text of a piece that is not a byte piece.

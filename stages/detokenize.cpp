@@ -50,19 +50,21 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     }
     delta.prompt = scored_prompt(state, token);
   }
-  if (seq->request->sampling.logprobs)
-    delta.tokens.push_back(
-        {id, ctx_.tokenizer.token_text(id), token.sampled.logprob, token.sampled.top});
   // The end-of-sequence id that stopped generation is not text (a stop token id's is).
   const Request& request = *seq->request;
   const bool is_final_eos =
       finish == FinishReason::Stop && !request.ignore_eos && ctx_.model.is_eos(id);
+  const bool at_text_start = state.decoder.at_text_start();
+  std::string text = is_final_eos ? std::string() : state.decoder.push(id);
+  if (request.sampling.logprobs)
+    delta.tokens.push_back(
+        {id, logprob_text(id, text, at_text_start), token.sampled.logprob, token.sampled.top});
   // Stop strings are looked for in the text after the first min_tokens tokens only.
   const bool may_stop = state.completion_tokens > request.sampling.min_tokens;
   const auto stops_in = [&](std::string text) {
     return may_stop ? state.stops.push(text) : StopStringMatcher::Result{std::move(text), false};
   };
-  auto pushed = stops_in(is_final_eos ? std::string() : state.decoder.push(id));
+  auto pushed = stops_in(std::move(text));
   delta.text = std::move(pushed.text);
   if (!pushed.stopped && finish) {
     auto tail = stops_in(state.decoder.flush());
@@ -82,6 +84,19 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
                           Completion{*finish, seq->prompt_len, state.completion_tokens,
                                      seq->cached_prompt_tokens.value_or(0)}});
   }
+}
+
+// A generated token's text as logprobs show it. At the start of a text (a prompt of no text, or
+// only a BOS), sentencepiece drops the word-start space of the first piece, and so does the
+// answer's text; the token's text drops it too, so that the tokens still spell the text.
+std::string DetokenizeStage::logprob_text(int32_t id, const std::string& decoded,
+                                          bool at_text_start) const {
+  std::string text = ctx_.tokenizer.token_text(id);
+  if (!at_text_start || decoded.size() >= text.size()) return text;
+  const size_t dropped = text.size() - decoded.size();
+  const bool only_spaces_dropped = text.find_first_not_of(' ') >= dropped;
+  if (only_spaces_dropped && text.compare(dropped, std::string::npos, decoded) == 0) return decoded;
+  return text;
 }
 
 std::vector<TokenOutput> DetokenizeStage::scored_prompt(const TextState& state,

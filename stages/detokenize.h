@@ -19,6 +19,8 @@ class DetokenizeStage : public Stage {
  private:
   // One token of `seq`, in order; appends the events it makes to `out`.
   void add_token(const SequencePtr& seq, const GeneratedToken& token, StreamEvents& out) const;
+  // A generated token's text for logprobs, given what the decoder made of it.
+  std::string logprob_text(int32_t id, const std::string& decoded, bool at_text_start) const;
   // Request::prompt_logprobs: the prompt's tokens with their scores, for the first delta.
   std::vector<TokenOutput> scored_prompt(const TextState& state, const GeneratedToken& token) const;
 

@@ -195,6 +195,15 @@ double metric(int port, const std::string& name) {
   return std::stod(match[2].str());
 }
 
+// The KV blocks in use, once every sequence's are released (or 10 s have passed). A sequence's
+// blocks go back at the scheduler's next step after its ending, which its client may see first.
+double kv_blocks_used_when_settled(int port) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (metric(port, "pipeline_kv_blocks_used") != 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return metric(port, "pipeline_kv_blocks_used");
+}
+
 // A story opening per index, so concurrent requests differ.
 std::string story_prompt(int i) {
   static const char* kStarts[] = {"Once upon a time", "The little dog",  "Lily wanted to",
@@ -532,6 +541,22 @@ TEST_F(ServerE2E, LogprobTokensSpellTheAnswer) {
   EXPECT_EQ(logprobs["token_logprobs"].size(), 12u);
   EXPECT_EQ(logprobs["top_logprobs"][0].size(), 2u);
   EXPECT_EQ(logprobs["text_offset"][0], std::string("Once upon a time").size());
+
+  // A prompt of no text: the answer's first word has no leading space, nor has its token.
+  for (const json& prompt : {json(""), json::array({1})}) {
+    const Reply start = post(port(), "/v1/completions",
+                             with(with(completion_body("", 8), "prompt", prompt), "logprobs", 0));
+    ASSERT_EQ(start.status, 200) << start.raw;
+    const std::string text = start.body["choices"][0]["text"];
+    const json& start_logprobs = start.body["choices"][0]["logprobs"];
+    std::string tokens;
+    for (size_t i = 0; i < start_logprobs["tokens"].size(); ++i) {
+      EXPECT_EQ(start_logprobs["text_offset"][i], tokens.size()) << prompt;
+      tokens += start_logprobs["tokens"][i].get<std::string>();
+    }
+    EXPECT_EQ(tokens, text) << prompt;
+    EXPECT_NE(text.front(), ' ') << prompt;
+  }
 }
 
 // vLLM's stop_token_ids end the answer at the token, its text kept; min_tokens holds back every
@@ -720,10 +745,7 @@ TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
     body["n"] = choices;
     stream_then_hang_up(port(), body);
 
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (metric(port(), "pipeline_kv_blocks_used") != 0 && Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_EQ(metric(port(), "pipeline_kv_blocks_used"), 0);
+    EXPECT_EQ(kv_blocks_used_when_settled(port()), 0);
     // Every choice was cut short (cancelled), not run to its end.
     EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed_before, choices);
     EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480 * choices);
@@ -940,7 +962,7 @@ TEST(ServerE2ESmallKvPool, EveryRequestCompletesAsItWouldAlone) {
                                       "model's context of 512"),
             std::string::npos)
       << server.stderr_text();
-  EXPECT_EQ(metric(server.port(), "pipeline_kv_blocks_used"), 0);
+  EXPECT_EQ(kv_blocks_used_when_settled(server.port()), 0);
   EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
 }
 
