@@ -72,7 +72,8 @@ struct Request {
   // short; a default is capped to the room left.
   std::string max_tokens_param;
   std::vector<std::string> stop;
-  // vLLM's stop_token_ids: generating one of these ends the answer ("stop"), its text kept.
+  // vLLM's stop_token_ids: generating one of these ends the answer ("stop"); like an end of
+  // sequence, it adds no text.
   // (sampling.min_tokens also holds back stop strings: they are looked for only in the text of
   // the tokens after the first min_tokens.)
   std::vector<int32_t> stop_token_ids;

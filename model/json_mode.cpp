@@ -29,9 +29,8 @@ JsonVocabulary::JsonVocabulary(const Tokenizer& tokenizer, const LlamaConfig& mo
   for (size_t i = 1; i < sorted_tokens_.size(); ++i) {
     const std::string& before = texts_[size_t(sorted_tokens_[i - 1])];
     const std::string& text = texts_[size_t(sorted_tokens_[i])];
-    const auto [differs, unused] =
-        std::mismatch(text.begin(), text.end(), before.begin(), before.end());
-    shared_bytes_[i] = uint32_t(differs - text.begin());
+    const auto differs = std::mismatch(text.begin(), text.end(), before.begin(), before.end());
+    shared_bytes_[i] = uint32_t(differs.first - text.begin());
   }
 }
 

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "kernels/cpu/fast_exp.h"
 
@@ -156,8 +157,11 @@ SampledToken score_token(std::span<const float> logits, int32_t token, int top_l
 
 Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed,
                  std::optional<JsonMode> json_mode)
-    : params_(params), rng_(params.seed.value_or(fallback_seed)), json_mode_(json_mode) {
+    : params_(params), rng_(params.seed.value_or(fallback_seed)), json_mode_(std::move(json_mode)) {
   if (std::string error = validate(params); !error.empty()) throw std::invalid_argument(error);
+  // A closed object allows only an end of sequence, which min_tokens may still ban.
+  if (json_mode_ && params.min_tokens > 0 && !params.ending_tokens.empty())
+    throw std::invalid_argument("min_tokens cannot be combined with JSON mode");
 }
 
 SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
@@ -174,10 +178,11 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
 
   out.token = choose(logits, history, max_logit);
   if (json_mode_) {
-    // A token drawn without the mask that JSON mode allows is what the masked distribution
-    // would draw as often (rejection sampling; exact for greedy), and masking costs a pass
-    // over the vocabulary, so the mask is applied only when the first draw is refused, as
-    // llama.cpp applies grammars.
+    // Masking costs a pass over the vocabulary, so it is done only when JSON mode refuses the
+    // first draw, as llama.cpp applies grammars. Greedy gets the masked argmax; a plain draw
+    // (no top-k, top-p or min-p) gets the masked distribution exactly, p(t) + (1 - P) p(t) / P
+    // for an allowed t, P the allowed mass; with those filters the first draw's candidates are
+    // cut from the unmasked distribution, as in llama.cpp.
     if (!json_mode_->allows(out.token)) out.token = choose_json(logits, history);
     json_mode_->advance(out.token);
   }
@@ -196,9 +201,9 @@ int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> 
 
 int32_t Sampler::choose_json(std::span<const float> logits, std::span<const int32_t> history) {
   adjust(logits, history);
-  const bool any_allowed = json_mode_->mask(scratch_) > 0;
+  json_mode_->mask(scratch_);
   const float max_logit = max_value(scratch_);
-  if (!any_allowed || !std::isfinite(max_logit))
+  if (!std::isfinite(max_logit))  // nothing allowed, or nothing allowed that can be drawn
     throw std::runtime_error(
         "response_format json_object: no token the model can draw continues the JSON object");
   return params_.temperature == 0.0f ? first_argmax(scratch_, max_logit) : draw();

@@ -514,6 +514,10 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.json_object = read_json_mode(body);
+  if (request.json_object && request.ignore_eos)
+    throw invalid("ignore_eos",
+                  "ignore_eos cannot be combined with response_format json_object: the answer "
+                  "ends when its object closes");
   request.stop_token_ids = read_stop_token_ids(body);
   request.sampling.min_tokens = read_min_tokens(body, request);
   return parsed;

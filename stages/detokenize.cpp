@@ -50,19 +50,20 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     }
     delta.prompt = scored_prompt(state, token);
   }
-  // The end-of-sequence id that stopped generation is not text (a stop token id's is).
+  // The token that ended the answer (an end of sequence, a stop token id) is not text, as in
+  // vLLM.
   const Request& request = *seq->request;
-  const bool is_final_eos =
-      finish == FinishReason::Stop && !request.ignore_eos && ctx_.model.is_eos(id);
+  const bool ending_token = finish == FinishReason::Stop;
   const bool at_text_start = state.decoder.at_text_start();
-  std::string text = is_final_eos ? std::string() : state.decoder.push(id);
+  std::string text = ending_token ? std::string() : state.decoder.push(id);
   if (request.sampling.logprobs)
     delta.tokens.push_back(
         {id, logprob_text(id, text, at_text_start), token.sampled.logprob, token.sampled.top});
   // Stop strings are looked for in the text after the first min_tokens tokens only.
   const bool may_stop = state.completion_tokens > request.sampling.min_tokens;
-  const auto stops_in = [&](std::string text) {
-    return may_stop ? state.stops.push(text) : StopStringMatcher::Result{std::move(text), false};
+  const auto stops_in = [&](std::string new_text) {
+    return may_stop ? state.stops.push(new_text)
+                    : StopStringMatcher::Result{std::move(new_text), false};
   };
   auto pushed = stops_in(std::move(text));
   delta.text = std::move(pushed.text);

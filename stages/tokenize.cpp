@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
+#include <utility>
 
 #include "graph/log.h"
 
@@ -111,8 +112,16 @@ void TokenizeStage::prepare(Sequence& seq) const {
                                   req.stop_token_ids.end());
   }
   std::optional<JsonMode> json_mode;
-  if (req.json_object) json_mode.emplace(ctx_.json_vocabulary);
-  seq.sampler = std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, json_mode);
+  if (req.json_object) {
+    if (ctx_.json_vocabulary.eos_tokens().empty())
+      throw Refusal{
+          "response_format json_object needs a model with an end-of-sequence token to "
+          "end the object's answer; this model's generation config names none",
+          "response_format"};
+    json_mode.emplace(ctx_.json_vocabulary);
+  }
+  seq.sampler =
+      std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, std::move(json_mode));
 }
 
 void TokenizeStage::operator()(Message message, const Emit& emit) {

@@ -276,6 +276,46 @@ TEST(JsonMode, TheMaskKeepsExactlyTheTokensAllowed) {
   EXPECT_FALSE(mode.allows(tokenizer.unk_id()));
 }
 
+// The same along random walks that stop at every kind of boundary (half the steps take a
+// one-byte token: byte pieces split UTF-8 characters, escapes and \u digits), on a model whose
+// vocabulary has padding rows beyond the tokenizer's.
+TEST(JsonMode, TheMaskAgreesWithAllowsAlongRandomWalks) {
+  const Tokenizer& tokenizer = llama2_tokenizer();
+  LlamaConfig config = config_for(tokenizer);
+  config.vocab_size += 8;
+  const JsonVocabulary vocabulary(tokenizer, config);
+  size_t states = 0;
+  for (uint32_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937 rng(seed);
+    JsonMode mode(vocabulary);
+    std::string written;
+    for (int step = 0; step < 60; ++step) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " after " +
+                   json(written).dump(-1, ' ', false, json::error_handler_t::replace));
+      std::vector<float> logits(static_cast<size_t>(config.vocab_size), 0.0f);
+      const size_t allowed = mode.mask(logits);
+      std::vector<int32_t> choices, short_choices;
+      for (int32_t token = 0; token < config.vocab_size; ++token) {
+        const bool allows = mode.allows(token);
+        ASSERT_EQ(std::isinf(logits[size_t(token)]), !allows) << "token " << token;
+        if (!allows) continue;
+        choices.push_back(token);
+        if (vocabulary.text(token).size() == 1) short_choices.push_back(token);
+      }
+      ASSERT_EQ(allowed, choices.size());
+      ASSERT_FALSE(choices.empty());
+      ++states;
+      const auto& pool = !short_choices.empty() && rng() % 2 ? short_choices : choices;
+      const int32_t token = pool[rng() % pool.size()];
+      if (token == tokenizer.eos_id()) break;
+      mode.advance(token);
+      written += vocabulary.text(token);
+    }
+    EXPECT_EQ(feed_all(written).accepted, written.size());
+  }
+  EXPECT_GT(states, 300u);
+}
+
 // Logits the size of the model's vocabulary, random: far more likely to pick a token JSON mode
 // refuses than one it allows.
 std::vector<float> random_logits(std::mt19937& rng, int vocab) {
@@ -352,13 +392,59 @@ TEST(JsonMode, GreedyTakesTheLikeliestAllowedToken) {
   }
 }
 
-// A model whose vocabulary cannot continue the object fails the draw with a clear error.
-TEST(JsonMode, NoTokenToDrawIsAnError) {
+// A plain draw (no top-k, top-p or min-p) in JSON mode follows the softmax of the allowed
+// tokens alone, both when the first, unmasked draw is allowed and when it is drawn again.
+TEST(JsonMode, APlainDrawFollowsTheMaskedDistribution) {
+  const Tokenizer& tokenizer = testing::stories_tokenizer();
+  const LlamaConfig config = config_for(tokenizer);
+  const JsonVocabulary vocabulary(tokenizer, config);
+  JsonMode after_colon(vocabulary);  // a value comes next: a minority of tokens fits
+  for (int32_t token : tokenizer.encode("{\"a\":", false)) after_colon.advance(token);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+  for (float& x : logits) x = normal(rng);
+  std::vector<float> masked = logits;
+  JsonMode(after_colon).mask(masked);
+  // The allowed tokens made likelier, so that a fair share of first draws is kept.
+  for (size_t t = 0; t < masked.size(); ++t)
+    if (!std::isinf(masked[t])) masked[t] = logits[t] += 2.0f;
+  std::vector<double> expected(masked.size());
+  double total = 0.0, allowed_mass = 0.0, all_mass = 0.0;
+  for (size_t t = 0; t < masked.size(); ++t) {
+    expected[t] = std::exp(double(masked[t]));
+    total += expected[t];
+    all_mass += std::exp(double(logits[t]));
+  }
+  for (double& p : expected) p /= total;
+  allowed_mass = total / all_mass;
+  // Both paths matter: a fair share of first draws is kept, and a fair share drawn again.
+  ASSERT_GT(allowed_mass, 0.2);
+  ASSERT_LT(allowed_mass, 0.8);
+
+  constexpr int kDraws = 20000;
+  std::vector<int> counts(masked.size(), 0);
+  for (int i = 0; i < kDraws; ++i) {
+    SamplingParams params;
+    params.seed = uint64_t(i);
+    Sampler sampler(params, 0, after_colon);
+    ++counts[size_t(sampler.sample(logits, {}).token)];
+  }
+  for (size_t t = 0; t < masked.size(); ++t) {
+    if (std::isinf(masked[t])) {
+      ASSERT_EQ(counts[t], 0) << "refused token " << t << " drawn";
+    } else {
+      EXPECT_NEAR(counts[t] / double(kDraws), expected[t], 0.01) << "token " << t;
+    }
+  }
+}
+
+// A draw where every token JSON mode allows has a logit of -inf fails with a clear error.
+TEST(JsonMode, NothingAllowedToDrawIsAnError) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   LlamaConfig config = config_for(tokenizer);
   const JsonVocabulary vocabulary(tokenizer, config);
   Sampler sampler(SamplingParams{}, 1, JsonMode(vocabulary));
-  // Every token the JSON mode allows has a logit of -inf: nothing it allows can be drawn.
   std::vector<float> logits(size_t(config.vocab_size), 0.0f);
   JsonMode fresh(vocabulary);
   for (int32_t token = 0; token < config.vocab_size; ++token)
