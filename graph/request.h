@@ -74,8 +74,8 @@ struct Request {
   std::vector<std::string> stop;
   // vLLM's stop_token_ids: generating one of these ends the answer ("stop"); like an end of
   // sequence, it adds no text.
-  // (sampling.min_tokens also holds back stop strings: they are looked for only in the text of
-  // the tokens after the first min_tokens.)
+  // (sampling.min_tokens also holds back stop strings: one may end only in the text of the
+  // tokens after the first min_tokens.)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   // response_format json_object: the answer is held to a JSON object (JsonMode).

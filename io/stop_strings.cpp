@@ -29,20 +29,34 @@ StopStringMatcher::Result StopStringMatcher::push(std::string_view text) {
   if (stopped_) return {"", true};
   held_ += text;
 
-  // The earliest occurrence of any stop string ends the text.
+  // The earliest occurrence of any stop string that ends past the unmatched bytes ends the text.
   size_t stop_at = std::string::npos;
-  for (const std::string& stop : stops_) stop_at = std::min(stop_at, held_.find(stop));
+  for (const std::string& stop : stops_) {
+    const size_t from = unmatched_ >= stop.size() ? unmatched_ - stop.size() + 1 : 0;
+    stop_at = std::min(stop_at, held_.find(stop, from));
+  }
   if (stop_at != std::string::npos) {
     stopped_ = true;
     Result result{held_.substr(0, character_boundary(held_, stop_at)), true};
     held_.clear();
     return result;
   }
+  return {release(), false};
+}
 
+std::string StopStringMatcher::push_unmatched(std::string_view text) {
+  if (stopped_) return "";
+  held_ += text;
+  unmatched_ = held_.size();
+  return release();
+}
+
+std::string StopStringMatcher::release() {
   const size_t send = character_boundary(held_, held_.size() - partial_stop_length(held_));
-  Result result{held_.substr(0, send), false};
+  std::string text = held_.substr(0, send);
   held_.erase(0, send);
-  return result;
+  unmatched_ -= std::min(unmatched_, send);
+  return text;
 }
 
 std::string StopStringMatcher::flush() {

@@ -20,6 +20,9 @@ class StopStringMatcher {
 
   // After a stop has matched, every push returns no text and stopped = true.
   Result push(std::string_view text);
+  // Text no stop string may end in (vLLM's min_tokens: the first tokens' text), though one may
+  // begin there and end in a later push. Its end is held back as push() holds it back.
+  std::string push_unmatched(std::string_view text);
   // At the end of generation (no stop matched): the held-back text.
   std::string flush();
 
@@ -27,8 +30,12 @@ class StopStringMatcher {
   // The length of the longest suffix of `text` that begins some stop string.
   size_t partial_stop_length(std::string_view text) const;
 
+  // Moves the front of held_ that can no longer begin a stop string to `out`.
+  std::string release();
+
   std::vector<std::string> stops_;
   std::string held_;
+  size_t unmatched_ = 0;  // held_'s first bytes, from push_unmatched: no stop may end in them
   bool stopped_ = false;
 };
 

@@ -59,11 +59,11 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   if (request.sampling.logprobs)
     delta.tokens.push_back(
         {id, logprob_text(id, text, at_text_start), token.sampled.logprob, token.sampled.top});
-  // Stop strings are looked for in the text after the first min_tokens tokens only.
+  // A stop string may end only in the text of the tokens after the first min_tokens.
   const bool may_stop = state.completion_tokens > request.sampling.min_tokens;
-  const auto stops_in = [&](std::string new_text) {
+  const auto stops_in = [&](const std::string& new_text) {
     return may_stop ? state.stops.push(new_text)
-                    : StopStringMatcher::Result{std::move(new_text), false};
+                    : StopStringMatcher::Result{state.stops.push_unmatched(new_text), false};
   };
   auto pushed = stops_in(std::move(text));
   delta.text = std::move(pushed.text);

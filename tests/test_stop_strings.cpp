@@ -109,6 +109,33 @@ TEST(StopStrings, MultiByteCharactersAreNeverSplit) {
   EXPECT_EQ(odd_prefix.flush(), "é");
 }
 
+// min_tokens' text: no stop string ends in it, but one that begins there ends in a later push,
+// and its beginning is held back all the same.
+TEST(StopStrings, UnmatchedTextEndsNoStopButMayBeginOne) {
+  StopStringMatcher straddled({"STOP"});
+  EXPECT_EQ(straddled.push_unmatched("a STOP b ST"), "a STOP b ");
+  const Result result = straddled.push("OP c");
+  EXPECT_EQ(result.text, "");
+  EXPECT_TRUE(result.stopped);
+
+  // "ab" lies wholly in the unmatched text, so only "xabc", which ends past it, can stop.
+  StopStringMatcher nested({"ab", "xabc"});
+  EXPECT_EQ(nested.push_unmatched("1 xab"), "1 ");
+  const Result longer = nested.push("c 2");
+  EXPECT_TRUE(longer.stopped);
+  EXPECT_EQ(longer.text, "");
+  StopStringMatcher missed({"ab", "xabc"});
+  EXPECT_EQ(missed.push_unmatched("1 xab"), "1 ");
+  const Result after = missed.push("d ab");
+  EXPECT_TRUE(after.stopped);
+  EXPECT_EQ(after.text, "xabd ");
+
+  StopStringMatcher released({"STOP"});
+  EXPECT_EQ(released.push_unmatched("ST"), "");
+  EXPECT_EQ(released.push("x").text, "STx");
+  EXPECT_EQ(released.flush(), "");
+}
+
 TEST(StopStrings, EmptyStopStringIsRejected) {
   EXPECT_THROW(StopStringMatcher({"ok", ""}), std::invalid_argument);
 }
