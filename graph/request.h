@@ -77,6 +77,9 @@ struct Request {
   // (sampling.min_tokens also holds back stop strings: one may end only in the text of the
   // tokens after the first min_tokens.)
   std::vector<int32_t> stop_token_ids;
+  // vLLM's include_stop_str_in_output: the stop string or stop token id that ended the answer
+  // is part of its text.
+  bool include_stop_str_in_output = false;
   bool ignore_eos = false;
   // response_format json_object: the answer is held to a JSON object (JsonMode).
   bool json_object = false;

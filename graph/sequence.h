@@ -37,10 +37,10 @@ struct GeneratedToken {
 // Detokenize's per-sequence state: tokens come back into order, then become text.
 struct TextState {
   TextState(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
-            std::vector<std::string> stops)
+            std::vector<std::string> stops, bool keep_stop)
       : decoder(tokenizer, prompt),
         first_prompt_token(prompt.empty() ? 0 : prompt.front()),
-        stops(std::move(stops)) {}
+        stops(std::move(stops), keep_stop) {}
 
   InOrder<GeneratedToken> tokens;  // its lock guards the fields below
   IncrementalDecoder decoder;

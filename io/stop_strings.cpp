@@ -19,7 +19,8 @@ size_t character_boundary(std::string_view text, size_t cut) {
 
 }  // namespace
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops, bool keep_stop)
+    : stops_(std::move(stops)), keep_stop_(keep_stop) {
   for (size_t i = 0; i < stops_.size(); ++i)
     if (stops_[i].empty())
       throw std::invalid_argument("stop[" + std::to_string(i) + "] is an empty string");
@@ -30,14 +31,23 @@ StopStringMatcher::Result StopStringMatcher::push(std::string_view text) {
   held_ += text;
 
   // The earliest occurrence of any stop string that ends past the unmatched bytes ends the text.
+  // Of stops that begin at the same place, the shortest: it is the one a stream split anywhere
+  // matches first.
   size_t stop_at = std::string::npos;
+  size_t stop_end = 0;
   for (const std::string& stop : stops_) {
     const size_t from = unmatched_ >= stop.size() ? unmatched_ - stop.size() + 1 : 0;
-    stop_at = std::min(stop_at, held_.find(stop, from));
+    const size_t at = held_.find(stop, from);
+    if (at == std::string::npos) continue;
+    if (at < stop_at || (at == stop_at && at + stop.size() < stop_end)) {
+      stop_at = at;
+      stop_end = at + stop.size();
+    }
   }
   if (stop_at != std::string::npos) {
     stopped_ = true;
-    Result result{held_.substr(0, character_boundary(held_, stop_at)), true};
+    Result result{held_.substr(0, keep_stop_ ? stop_end : character_boundary(held_, stop_at)),
+                  true};
     held_.clear();
     return result;
   }

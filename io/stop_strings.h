@@ -11,11 +11,13 @@ namespace pipeline {
 class StopStringMatcher {
  public:
   // Throws std::invalid_argument on an empty stop string. No stops: text passes straight on.
-  explicit StopStringMatcher(std::vector<std::string> stops);
+  // `keep_stop` (vLLM's include_stop_str_in_output): the text sent ends with the stop string
+  // that matched, not before it.
+  explicit StopStringMatcher(std::vector<std::string> stops, bool keep_stop = false);
 
   struct Result {
     std::string text;      // safe to send now
-    bool stopped = false;  // a stop string matched; `text` ends just before it
+    bool stopped = false;  // a stop string matched; `text` ends just before it (or with it)
   };
 
   // After a stop has matched, every push returns no text and stopped = true.
@@ -34,6 +36,7 @@ class StopStringMatcher {
   std::string release();
 
   std::vector<std::string> stops_;
+  bool keep_stop_;
   std::string held_;
   size_t unmatched_ = 0;  // held_'s first bytes, from push_unmatched: no stop may end in them
   bool stopped_ = false;

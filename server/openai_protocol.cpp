@@ -519,6 +519,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
                   "ignore_eos cannot be combined with response_format json_object: the answer "
                   "ends when its object closes");
   request.stop_token_ids = read_stop_token_ids(body);
+  request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.sampling.min_tokens = read_min_tokens(body, request);
   return parsed;
 }

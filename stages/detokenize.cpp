@@ -50,10 +50,10 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     }
     delta.prompt = scored_prompt(state, token);
   }
-  // The token that ended the answer (an end of sequence, a stop token id) is not text, as in
-  // vLLM.
+  // The token that ended the answer (an end of sequence, a stop token id) is not text unless
+  // asked for, as in vLLM (an end of sequence has none anyway).
   const Request& request = *seq->request;
-  const bool ending_token = finish == FinishReason::Stop;
+  const bool ending_token = finish == FinishReason::Stop && !request.include_stop_str_in_output;
   const bool at_text_start = state.decoder.at_text_start();
   std::string text = ending_token ? std::string() : state.decoder.push(id);
   if (request.sampling.logprobs)

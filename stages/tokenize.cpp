@@ -75,7 +75,8 @@ void TokenizeStage::prepare(Sequence& seq) const {
     throw Refusal{e.what(), prompt_param};
   }
   try {
-    seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop);
+    seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop,
+                                           req.include_stop_str_in_output);
   } catch (const std::invalid_argument& e) {
     throw Refusal{e.what(), "stop"};
   }

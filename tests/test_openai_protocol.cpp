@@ -372,6 +372,8 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "stop", {"a", "b", "c", "d", "e"}), "stop", "at most 4"},
       {chat, with(chat_body(), "stop", ""), "stop", "empty"},
       {chat, with(chat_body(), "stop_token_ids", 2), "stop_token_ids", "an array of token ids"},
+      {chat, with(chat_body(), "include_stop_str_in_output", 1), "include_stop_str_in_output",
+       "a boolean"},
       {chat, with(chat_body(), "stop_token_ids", {2, "x"}), "stop_token_ids", "token ids"},
       {chat, with(chat_body(), "stop_token_ids", {-1}), "stop_token_ids", "not a token id"},
       {completion, with(completion_body(), "min_tokens", -1), "min_tokens", "between 0 and"},
@@ -471,6 +473,9 @@ TEST(ParseRequest, StopTokenIdsAndMinTokensAreRead) {
   body["max_tokens"] = 3;
   const auto request = parse_completion(body).request;
   EXPECT_EQ(request->stop_token_ids, (std::vector<int32_t>{13, 2}));
+  EXPECT_FALSE(request->include_stop_str_in_output);
+  EXPECT_TRUE(parse_chat(with(chat_body(), "include_stop_str_in_output", true))
+                  .request->include_stop_str_in_output);
   EXPECT_EQ(request->sampling.min_tokens, 3);
   EXPECT_EQ(parse_chat(chat_body()).request->sampling.min_tokens, 0);
   EXPECT_TRUE(parse_chat(chat_body()).request->stop_token_ids.empty());
@@ -530,6 +535,7 @@ TEST(ParseRequest, RandomFieldValuesAreAcceptedOrRefusedWithAnApiError) {
                                            "response_format",
                                            "stop_token_ids",
                                            "min_tokens",
+                                           "include_stop_str_in_output",
                                            "user"};
   std::mt19937 rng(2024);
   for (int i = 0; i < 20000; ++i) {

@@ -502,7 +502,7 @@ TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
   ASSERT_NE(full.find(stop), std::string::npos) << full;
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
-    const json body = with(completion_body("Once upon a time", 40), "stop", {stop, "unused"});
+    json body = with(completion_body("Once upon a time", 40), "stop", {stop, "unused"});
     std::string text, finish_reason;
     if (stream) {
       const Stream answer = post_stream(port(), "/v1/completions", body);
@@ -515,6 +515,13 @@ TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
     }
     EXPECT_EQ(text, full.substr(0, full.find(stop)));
     EXPECT_EQ(finish_reason, "stop");
+    // vLLM's include_stop_str_in_output: the answer ends with the stop string instead.
+    body["include_stop_str_in_output"] = true;
+    const std::string with_stop =
+        stream
+            ? post_stream(port(), "/v1/completions", body).text
+            : post(port(), "/v1/completions", body).body["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(with_stop, full.substr(0, full.find(stop) + stop.size()));
   }
 }
 
@@ -583,6 +590,12 @@ TEST_F(ServerE2E, StopTokenIdsEndTheAnswerAndMinTokensHoldsEveryEndingBack) {
   const std::string stop_text = tokenizer.token_text(stop_id);
   EXPECT_EQ(reference_text.compare(stopped_text.size(), stop_text.size(), stop_text), 0)
       << stopped_text << " | " << stop_text;
+  // ... and with it, asked for with include_stop_str_in_output.
+  const Reply included = post(port(), "/v1/completions",
+                              with(with(completion_body(prompt, 30), "stop_token_ids", {stop_id}),
+                                   "include_stop_str_in_output", true));
+  ASSERT_EQ(included.status, 200) << included.raw;
+  EXPECT_EQ(included.body["choices"][0]["text"], stopped_text + stop_text);
 
   // The end of sequence all but forced: the answer is empty, unless min_tokens holds it back.
   json eager =

@@ -136,6 +136,20 @@ TEST(StopStrings, UnmatchedTextEndsNoStopButMayBeginOne) {
   EXPECT_EQ(released.flush(), "");
 }
 
+// include_stop_str_in_output: the text ends with the stop string, however it was split; of two
+// stops that begin at the same place, the shorter (it is whole first in any split) counts.
+TEST(StopStrings, KeptStopEndsTheText) {
+  StopStringMatcher whole({"STOP"}, /*keep_stop=*/true);
+  const Result result = whole.push("Hello STOP world");
+  EXPECT_EQ(result.text, "Hello STOP");
+  EXPECT_TRUE(result.stopped);
+  StopStringMatcher split({"STOP"}, true);
+  const Sent sent = push_all(split, {"Hel", "lo S", "T", "O", "P more"});
+  EXPECT_EQ(sent.chunks, (std::vector<std::string>{"Hel", "lo ", "", "", "STOP"}));
+  StopStringMatcher nested({"abc", "ab"}, true);
+  EXPECT_EQ(nested.push("x abc").text, "x ab");
+}
+
 TEST(StopStrings, EmptyStopStringIsRejected) {
   EXPECT_THROW(StopStringMatcher({"ok", ""}), std::invalid_argument);
 }
