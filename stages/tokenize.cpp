@@ -53,22 +53,20 @@ void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t 
                   max_tokens_param};
 }
 
+void TokenizeStage::check_in_vocabulary(int32_t token, const char* param) const {
+  if (token >= ctx_.model.vocab_size)
+    throw Refusal{std::string(param) + " names token " + std::to_string(token) +
+                      " but the vocabulary has " + std::to_string(ctx_.model.vocab_size) +
+                      " tokens",
+                  param};
+}
+
 void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
   if (auto problem = validate(req.sampling); !problem.empty()) throw Refusal{problem, ""};
-  for (const LogitBias& b : req.sampling.logit_bias)
-    if (b.token >= ctx_.model.vocab_size)
-      throw Refusal{"logit_bias names token " + std::to_string(b.token) +
-                        " but the vocabulary has " + std::to_string(ctx_.model.vocab_size) +
-                        " tokens",
-                    "logit_bias"};
-  for (int32_t token : req.stop_token_ids)
-    if (token >= ctx_.model.vocab_size)
-      throw Refusal{"stop_token_ids names token " + std::to_string(token) +
-                        " but the vocabulary has " + std::to_string(ctx_.model.vocab_size) +
-                        " tokens",
-                    "stop_token_ids"};
+  for (const LogitBias& b : req.sampling.logit_bias) check_in_vocabulary(b.token, "logit_bias");
+  for (int32_t token : req.stop_token_ids) check_in_vocabulary(token, "stop_token_ids");
   try {
     seq.tokens = prompt_tokens(req);
   } catch (const std::invalid_argument& e) {

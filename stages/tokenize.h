@@ -30,6 +30,8 @@ class TokenizeStage : public Stage {
   std::vector<int32_t> prompt_tokens(const Request& req) const;
   static void check_room(int prompt, int max_tokens, int context, int64_t pool,
                          const std::string& prompt_param, const std::string& max_tokens_param);
+  // A token id a parameter names (logit_bias, stop_token_ids) must be in the model's vocabulary.
+  void check_in_vocabulary(int32_t token, const char* param) const;
   // Fills the sequence's prompt, limits, sampler and text state; throws Refusal.
   void prepare(Sequence& seq) const;
 
