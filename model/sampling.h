@@ -33,8 +33,8 @@ struct SamplingParams {
   bool logprobs = false;              // report the chosen token's logprob
   int top_logprobs = 0;               // alternatives to report beside the chosen token
   std::vector<LogitBias> logit_bias;  // after the penalties; logprobs stay the model's own
-  // vLLM's min_tokens: `ending_tokens` (end-of-sequence and stop token ids, which the caller
-  // fills: without them min_tokens bans nothing) are banned from the first min_tokens draws.
+  // The tokens that end the answer (the end-of-sequence ids unless ignored, vLLM's stop token
+  // ids), which the caller fills; vLLM's min_tokens bans them from the first min_tokens draws.
   int min_tokens = 0;
   std::vector<int32_t> ending_tokens;
 };

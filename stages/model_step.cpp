@@ -30,12 +30,11 @@ bool reaches_the_end(const SequenceChunk& chunk, const Sequence& seq) {
   return chunk.start_pos + chunk.tokens.size() == seq.tokens.size();
 }
 
-// Whether `token` ends the answer: an end of sequence (unless the request ignores it) or one of
-// its stop token ids.
-bool ends_the_answer(const EngineContext& ctx, const Request& request, int32_t token) {
-  const auto& stop_ids = request.stop_token_ids;
-  return (!request.ignore_eos && ctx.model.is_eos(token)) ||
-         std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
+// Whether `token` ends the sequence's answer: one of its sampler's ending tokens (the end of
+// sequence unless ignored, the stop token ids), as the tokenize stage listed them.
+bool ends_the_answer(const Sequence& seq, int32_t token) {
+  const std::vector<int32_t>& ending = seq.sampler->params().ending_tokens;
+  return std::find(ending.begin(), ending.end(), token) != ending.end();
 }
 
 // Each chunk's first row of logits: one row per chunk, or one per token with all_logits.
@@ -153,7 +152,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     seq.tokens.push_back(sampled[i].token);
     const int index = seq.generated() - 1;
     std::optional<FinishReason> finish;
-    if (ends_the_answer(ctx, *seq.request, sampled[i].token))
+    if (ends_the_answer(seq, sampled[i].token))
       finish = FinishReason::Stop;
     else if (seq.generated() >= seq.max_tokens)
       finish = FinishReason::Length;

@@ -102,14 +102,12 @@ void TokenizeStage::prepare(Sequence& seq) const {
                       std::to_string(seq.max_tokens) + " tokens fit after the " +
                       std::to_string(n) + "-token " + prompt_param,
                   "min_tokens"};
+  // What ends the answer: the end of sequence (unless ignored) and the stop token ids. The
+  // model step ends a sequence on one, and min_tokens bans them from the first draws.
   SamplingParams sampling = req.sampling;
-  if (sampling.min_tokens > 0) {
-    // What would end the answer before its min_tokens: the end of sequence (unless ignored) and
-    // the stop token ids.
-    if (!req.ignore_eos) sampling.ending_tokens = ctx_.model.eos_token_ids;
-    sampling.ending_tokens.insert(sampling.ending_tokens.end(), req.stop_token_ids.begin(),
-                                  req.stop_token_ids.end());
-  }
+  if (!req.ignore_eos) sampling.ending_tokens = ctx_.model.eos_token_ids;
+  sampling.ending_tokens.insert(sampling.ending_tokens.end(), req.stop_token_ids.begin(),
+                                req.stop_token_ids.end());
   std::optional<JsonMode> json_mode;
   if (req.json_object) {
     if (ctx_.json_vocabulary.eos_tokens().empty())
