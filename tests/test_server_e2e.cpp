@@ -838,6 +838,8 @@ TEST_F(ServerE2E, EachBadInputGetsItsStatusAndBodyAndTheServerKeepsServing) {
       {"GET", "/v1/models/", "", 404, "", "unknown_url", "/v1/models/"},
       {"POST", "/v1/chat/completions", with(good, "logit_bias", {{"600", 5}}).dump(), 400,
        "logit_bias", "", "vocabulary has 512 tokens"},
+      {"POST", "/v1/chat/completions", with(good, "stop_token_ids", {600}).dump(), 400,
+       "stop_token_ids", "", "stop_token_ids names token 600 but the vocabulary has 512 tokens"},
       {"POST", "/tokenize", "[1, 2]", 400, "", "", "JSON object"},
       {"POST", "/tokenize", json{{"model", "gpt-4"}, {"prompt", "Hi"}}.dump(), 404, "model",
        "model_not_found", "gpt-4"},
