@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/chat_template.h"
+#include "io/json_schema.h"
 #include "model/finish_reason.h"
 #include "model/sampling.h"
 
@@ -81,8 +82,9 @@ struct Request {
   // is part of its text.
   bool include_stop_str_in_output = false;
   bool ignore_eos = false;
-  // response_format json_object: the answer is held to a JSON object (JsonMode).
-  bool json_object = false;
+  // response_format json_object or json_schema: the answer is held to a value this schema admits
+  // (JsonMode); null: free text.
+  std::shared_ptr<const JsonSchema> json_schema;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with
   // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
   // the prefix cache, since cached positions have no logits.

@@ -10,11 +10,13 @@
 namespace pipeline {
 
 // The value when `value` is an integer that fits int64; nullopt otherwise.
-inline std::optional<int64_t> json_int64(const nlohmann::json& value) {
+// (Any nlohmann JSON type: ordered or not.)
+template <class Json>
+std::optional<int64_t> json_int64(const Json& value) {
   if (!value.is_number_integer()) return std::nullopt;
-  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))
+  if (value.is_number_unsigned() && value.template get<uint64_t>() > uint64_t(INT64_MAX))
     return std::nullopt;
-  return value.get<int64_t>();
+  return value.template get<int64_t>();
 }
 
 }  // namespace pipeline

@@ -70,8 +70,6 @@ bool JsonPrefix::structural(uint8_t byte) {
   if (is_whitespace(byte)) return whitespace(byte);
   whitespace_ = 0;
   switch (mode_) {
-    case Mode::Start:
-      return byte == '{' && open(false);
     case Mode::ObjectFirst:
       if (byte == '}') return close(false);
       [[fallthrough]];
@@ -87,6 +85,7 @@ bool JsonPrefix::structural(uint8_t byte) {
     case Mode::ArrayFirst:
       if (byte == ']') return close(true);
       [[fallthrough]];
+    case Mode::Start:
     case Mode::Value:
       return value_start(byte);
     case Mode::AfterValue:
@@ -209,8 +208,8 @@ bool JsonPrefix::unicode_digit(uint8_t byte) {
   return true;
 }
 
-// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? followed by what may follow a value. A number
-// is never the whole document, so a byte that cannot extend it always ends it.
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? followed by what may follow a value. A byte
+// that cannot extend a number ends it; nothing follows a number that is the whole text.
 bool JsonPrefix::number_byte(uint8_t byte) {
   switch (mode_) {
     case Mode::Minus:
@@ -244,8 +243,7 @@ bool JsonPrefix::number_byte(uint8_t byte) {
       return true;
     case Mode::Exponent:
       if (is_digit(byte)) return true;
-      end_value();
-      return structural(byte);
+      return end_number(byte);
     default:
       return false;
   }
@@ -254,8 +252,12 @@ bool JsonPrefix::number_byte(uint8_t byte) {
     mode_ = Mode::ExponentMark;
     return true;
   }
+  return end_number(byte);
+}
+
+bool JsonPrefix::end_number(uint8_t byte) {
   end_value();
-  return structural(byte);
+  return mode_ != Mode::Done && structural(byte);
 }
 
 bool JsonPrefix::open(bool array) {

@@ -1,7 +1,7 @@
-// Recognises, a byte at a time, the beginnings of one JSON object (RFC 8259): what
-// response_format {"type": "json_object"} lets a model write. JSON mode asks it of every token
-// the sampler considers, so it holds no heap memory: a copy is a few bytes, and trying a token's
-// bytes on a copy leaves the original as it was.
+// Recognises, a byte at a time, the beginnings of one JSON text (RFC 8259): its syntax, which
+// SchemaPrefix holds to a schema. JSON mode asks it of every token the sampler considers, so it
+// holds no heap memory: a copy is a few bytes, and trying a token's bytes on a copy leaves the
+// original as it was.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@ class JsonPrefix {
   // indentation of a pretty-printed object.
   static constexpr int kMaxIndent = 20;
 
-  // Whether `byte` continues a prefix of a JSON object; on false this state is no longer
+  // Whether `byte` continues a prefix of a JSON text; on false this state is no longer
   // meaningful (try bytes on a copy).
   bool feed(uint8_t byte);
   bool feed(std::string_view bytes) {
@@ -27,12 +27,26 @@ class JsonPrefix {
       if (!feed(uint8_t(c))) return false;
     return true;
   }
-  // The object has closed: nothing more may follow.
-  bool complete() const { return mode_ == Mode::Done; }
+  // The text is a whole value: nothing more may follow, except digits after a number that is
+  // the whole text.
+  bool complete() const { return mode_ == Mode::Done || (depth_ == 0 && number_may_end()); }
+
+  // Where the last byte left the text, for SchemaPrefix to follow its values.
+  // Containers open.
+  int depth() const { return depth_; }
+  // Inside a string, its quotes included; in_key(): one that is an object's key.
+  bool in_string() const { return mode_ >= Mode::String && mode_ <= Mode::Utf8; }
+  bool in_key() const { return key_ && in_string(); }
+  // Inside a string, between two characters (no escape or UTF-8 sequence begun).
+  bool between_characters() const { return mode_ == Mode::String; }
+  // Inside a number, or inside true, false or null.
+  bool in_number() const { return mode_ >= Mode::Minus && mode_ <= Mode::Exponent; }
+  bool in_literal() const { return mode_ == Mode::Literal; }
 
  private:
+  // in_string() and in_number() read ranges of this order.
   enum class Mode : uint8_t {
-    Start,         // before the object: whitespace or '{'
+    Start,         // before the value
     ObjectFirst,   // after '{': a key or '}'
     ObjectKey,     // after ',' in an object: a key
     Colon,         // after a key
@@ -54,7 +68,7 @@ class JsonPrefix {
     ExponentSign,  // a number's exponent sign
     Exponent,      // a number's exponent digits
     Literal,       // true, false or null: literal_[pending_] is the next byte
-    Done,          // the object has closed
+    Done,          // the value has ended
   };
 
   bool structural(uint8_t byte);  // the modes between tokens: whitespace, brackets, separators
@@ -63,6 +77,11 @@ class JsonPrefix {
   bool string_byte(uint8_t byte);
   bool unicode_digit(uint8_t byte);
   bool number_byte(uint8_t byte);
+  bool end_number(uint8_t byte);  // `byte` cannot extend the number: it ends it
+  bool number_may_end() const {
+    return mode_ == Mode::Zero || mode_ == Mode::Integer || mode_ == Mode::Fraction ||
+           mode_ == Mode::Exponent;
+  }
   bool open(bool array);
   bool close(bool array);
   void end_value() { mode_ = depth_ == 0 ? Mode::Done : Mode::AfterValue; }

@@ -42,7 +42,7 @@ bool JsonMode::allows(int32_t token) const {
   if (token < 0 || token >= vocabulary_->size()) return false;
   if (vocabulary_->is_eos(token)) return written_.complete();
   const std::string& text = vocabulary_->text(token);
-  JsonPrefix trial = written_;
+  SchemaPrefix trial = written_;
   return !text.empty() && trial.feed(text);
 }
 
@@ -58,7 +58,7 @@ size_t JsonMode::mask(std::span<float> logits) {
                                 std::to_string(vocabulary_->size()));
   const std::vector<int32_t>& tokens = vocabulary_->sorted_tokens();
   const std::vector<uint32_t>& shared = vocabulary_->shared_bytes();
-  after_.resize(vocabulary_->longest_text() + 1);
+  after_.resize(vocabulary_->longest_text() + 1, written_);
   after_[0] = written_;
   size_t allowed = 0;
   size_t fed = 0;        // bytes of the previous token accepted
@@ -95,7 +95,7 @@ size_t JsonMode::mask(std::span<float> logits) {
 void JsonMode::advance(int32_t token) {
   if (!allows(token))
     throw std::invalid_argument("JsonMode::advance: token " + std::to_string(token) +
-                                " does not continue the JSON object");
+                                " does not continue the JSON value");
   if (!vocabulary_->is_eos(token)) written_.feed(vocabulary_->text(token));
 }
 

@@ -1,14 +1,17 @@
-// response_format {"type": "json_object"}: the sampler may draw only tokens that keep the answer
-// the beginning of a JSON object, and an end-of-sequence token only once the object has closed.
+// JSON mode, response_format json_object or json_schema: the sampler may draw only tokens that
+// keep the answer the beginning of a value the schema admits, and an end-of-sequence token only
+// once that value is whole.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "io/json_prefix.h"
+#include "io/json_schema.h"
 #include "io/model_config.h"
+#include "io/schema_prefix.h"
 #include "io/tokenizer.h"
 
 namespace pipeline {
@@ -50,7 +53,8 @@ class JsonVocabulary {
 // One sequence's JSON mode: what it has written so far, and which tokens may come next.
 class JsonMode {
  public:
-  explicit JsonMode(const JsonVocabulary& vocabulary) : vocabulary_(&vocabulary) {}
+  JsonMode(const JsonVocabulary& vocabulary, std::shared_ptr<const JsonSchema> schema)
+      : vocabulary_(&vocabulary), schema_(std::move(schema)), written_(*schema_) {}
 
   bool allows(int32_t token) const;
   // Sets the logit of every token it does not allow to -inf; returns how many it allows.
@@ -61,9 +65,10 @@ class JsonMode {
 
  private:
   const JsonVocabulary* vocabulary_;
-  JsonPrefix written_;
+  std::shared_ptr<const JsonSchema> schema_;  // what written_ follows
+  SchemaPrefix written_;
   // mask()'s walk: after_[k] is the state after the current token's first k bytes.
-  std::vector<JsonPrefix> after_;
+  std::vector<SchemaPrefix> after_;
 };
 
 }  // namespace pipeline

@@ -205,7 +205,7 @@ int32_t Sampler::choose_json(std::span<const float> logits, std::span<const int3
   const float max_logit = max_value(scratch_);
   if (!std::isfinite(max_logit))  // nothing allowed, or nothing allowed that can be drawn
     throw std::runtime_error(
-        "response_format json_object: no token the model can draw continues the JSON object");
+        "response_format: no token the model can draw continues the JSON value");
   return params_.temperature == 0.0f ? first_argmax(scratch_, max_logit) : draw();
 }
 

@@ -7,7 +7,8 @@
 namespace pipeline {
 namespace {
 
-using json = nlohmann::json;
+// Lines are read as request bodies are (JsonBody: members in the order written).
+using json = JsonBody;
 
 BatchFileError error_at(const std::filesystem::path& file, int line, const std::string& what) {
   return BatchFileError(file.string() + ":" + std::to_string(line) + ": " + what);

@@ -29,7 +29,7 @@ struct BatchInput {
   int line = 0;  // 1-based line in the input file
   std::string custom_id;
   Endpoint endpoint = Endpoint::ChatCompletions;
-  nlohmann::json body;  // a JSON object; the API checks its fields when the request runs
+  JsonBody body;  // a JSON object; the API checks its fields when the request runs
 };
 
 // Every request of the input file, in file order; blank lines are skipped. Throws

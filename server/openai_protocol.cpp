@@ -19,7 +19,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string type_name(const json& value) {
+std::string type_name(const JsonBody& value) {
   if (value.is_number_integer()) return "an integer";
   if (value.is_number()) return "a number";
   if (value.is_string()) return "a string";
@@ -30,16 +30,16 @@ std::string type_name(const json& value) {
 }
 
 // A message's content: a string, or OpenAI's list of parts when every part is text.
-std::string read_content(const json& message, const std::string& param) {
+std::string read_content(const JsonBody& message, const std::string& param) {
   auto it = message.find("content");
   if (it == message.end() || it->is_null()) throw invalid(param, param + " is missing");
   if (it->is_string()) return it->get<std::string>();
   if (!it->is_array()) throw wrong_type(param, "a string or an array of text parts", *it);
   std::string content;
   for (size_t i = 0; i < it->size(); ++i) {
-    const json& part = (*it)[i];
+    const JsonBody& part = (*it)[i];
     const std::string part_param = param + "[" + std::to_string(i) + "]";
-    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+    if (!part.is_object() || part.value("type", JsonBody()) != "text" || !part.contains("text") ||
         !part["text"].is_string())
       throw invalid(part_param, part_param +
                                     " must be {\"type\": \"text\", \"text\": string}; "
@@ -62,26 +62,26 @@ ApiError invalid(std::string param, std::string message) {
 }
 
 // The field, or nullptr when it is absent or null (clients send null for "not given").
-const json* find_field(const json& body, const char* name) {
+const JsonBody* find_field(const JsonBody& body, const char* name) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return nullptr;
   return &*it;
 }
 
-ApiError wrong_type(const std::string& param, const char* expected, const json& value) {
+ApiError wrong_type(const std::string& param, const char* expected, const JsonBody& value) {
   return invalid(param, "Invalid type for '" + param + "': expected " + expected + ", but got " +
                             type_name(value) + " instead.");
 }
 
-bool read_bool(const json& body, const char* name, bool fallback) {
-  const json* value = find_field(body, name);
+bool read_bool(const JsonBody& body, const char* name, bool fallback) {
+  const JsonBody* value = find_field(body, name);
   if (!value) return fallback;
   if (!value->is_boolean()) throw wrong_type(name, "a boolean", *value);
   return value->get<bool>();
 }
 
-void check_model(const json& body, const ServedModel& model) {
-  const json* value = find_field(body, "model");
+void check_model(const JsonBody& body, const ServedModel& model) {
+  const JsonBody* value = find_field(body, "model");
   if (!value) throw invalid("model", "you must provide a model parameter");
   if (!value->is_string()) throw wrong_type("model", "a string", *value);
   const auto& name = value->get_ref<const std::string&>();
@@ -95,14 +95,14 @@ void check_model(const json& body, const ServedModel& model) {
   throw ApiError(std::move(error));
 }
 
-std::vector<ChatMessage> read_messages(const json& body) {
-  const json* value = find_field(body, "messages");
+std::vector<ChatMessage> read_messages(const JsonBody& body) {
+  const JsonBody* value = find_field(body, "messages");
   if (!value) throw invalid("messages", "you must provide a messages parameter");
   if (!value->is_array()) throw wrong_type("messages", "an array", *value);
   if (value->empty()) throw invalid("messages", "messages must hold at least one message");
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < value->size(); ++i) {
-    const json& item = (*value)[i];
+    const JsonBody& item = (*value)[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
     if (!item.is_object()) throw wrong_type(param, "an object", item);
     auto role = item.find("role");
@@ -117,10 +117,10 @@ std::vector<ChatMessage> read_messages(const json& body) {
   return messages;
 }
 
-std::vector<int32_t> read_token_ids(const json& ids, const Tokenizer& tokenizer,
+std::vector<int32_t> read_token_ids(const JsonBody& ids, const Tokenizer& tokenizer,
                                     const std::string& param, const char* expected) {
   std::vector<int32_t> tokens;
-  for (const json& id : ids) {
+  for (const JsonBody& id : ids) {
     const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
     if (!token) throw wrong_type(param, expected, id);
     if (*token < 0 || *token >= tokenizer.vocab_size())
@@ -141,16 +141,16 @@ float to_float(double value) {
   return float(value);
 }
 
-float read_float(const json& body, const char* name, float fallback) {
-  const json* value = find_field(body, name);
+float read_float(const JsonBody& body, const char* name, float fallback) {
+  const JsonBody* value = find_field(body, name);
   if (!value) return fallback;
   if (!value->is_number()) throw wrong_type(name, "a number", *value);
   return to_float(value->get<double>());
 }
 
 // An integer field within [min, max]; `fallback` when it is not given.
-int read_int(const json& body, const char* name, int fallback, int min, int max) {
-  const json* value = find_field(body, name);
+int read_int(const JsonBody& body, const char* name, int fallback, int min, int max) {
+  const JsonBody* value = find_field(body, name);
   if (!value) return fallback;
   if (!value->is_number_integer()) throw wrong_type(name, "an integer", *value);
   const std::optional<int64_t> number = json_int64(*value);
@@ -160,8 +160,8 @@ int read_int(const json& body, const char* name, int fallback, int min, int max)
   return static_cast<int>(*number);
 }
 
-std::optional<uint64_t> read_seed(const json& body, std::optional<uint64_t> fallback) {
-  const json* value = find_field(body, "seed");
+std::optional<uint64_t> read_seed(const JsonBody& body, std::optional<uint64_t> fallback) {
+  const JsonBody* value = find_field(body, "seed");
   if (!value) return fallback;
   if (!value->is_number_integer()) throw wrong_type("seed", "an integer", *value);
   // A negative seed is as good a seed as any: keep its bits.
@@ -171,17 +171,17 @@ std::optional<uint64_t> read_seed(const json& body, std::optional<uint64_t> fall
 
 // OpenAI fields this server does not implement: refused where they would change the answer (a
 // client must not get an answer it did not ask for), accepted at their neutral value.
-void refuse_unsupported(Endpoint endpoint, const json& body) {
+void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
   auto refuse_unless = [&](const char* name, auto&& neutral, const std::string& why) {
-    const json* value = find_field(body, name);
+    const JsonBody* value = find_field(body, name);
     if (value && !neutral(*value))
       throw invalid(name, std::string(name) + " is not supported" + why);
   };
-  auto empty = [](const json& v) {
+  auto empty = [](const JsonBody& v) {
     return v.is_string() ? v.get_ref<const std::string&>().empty()
                          : (v.is_object() || v.is_array()) && v.empty();
   };
-  auto no_call = [](const json& v) { return v == "none" || v == "auto"; };
+  auto no_call = [](const JsonBody& v) { return v == "none" || v == "auto"; };
   refuse_unless("suffix", empty, "");
   refuse_unless("tools", empty, " (no function calling)");
   refuse_unless("functions", empty, " (no function calling)");
@@ -193,31 +193,53 @@ void refuse_unsupported(Endpoint endpoint, const json& body) {
                   "alternatives in logprobs");
 }
 
-// response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode). A
-// JSON schema is refused, not ignored: its answer would not be held to the schema.
-bool read_json_mode(const json& body) {
-  const json* value = find_field(body, "response_format");
-  if (!value) return false;
+// The schema in response_format json_schema: {"name", "schema", "strict", "description"}, as
+// OpenAI's structured outputs take it. The answer is always held to the schema (strict or not).
+std::shared_ptr<const JsonSchema> read_json_schema(const JsonBody& format) {
+  const JsonBody* spec = find_field(format, "json_schema");
+  if (!spec)
+    throw invalid("response_format.json_schema",
+                  "response_format json_schema needs json_schema: {\"name\", \"schema\"}");
+  if (!spec->is_object()) throw wrong_type("response_format.json_schema", "an object", *spec);
+  if (const JsonBody* name = find_field(*spec, "name"); name && !name->is_string())
+    throw wrong_type("response_format.json_schema.name", "a string", *name);
+  // strict: the answer is held to the schema either way; read so that a value that is not a
+  // boolean is refused.
+  if (const JsonBody* strict = find_field(*spec, "strict"); strict && !strict->is_boolean())
+    throw wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+  const JsonBody* schema = find_field(*spec, "schema");
+  if (!schema)
+    throw invalid("response_format.json_schema.schema",
+                  "response_format json_schema needs its schema");
+  try {
+    return JsonSchema::compile(*schema);
+  } catch (const JsonSchemaError& e) {
+    throw invalid("response_format.json_schema.schema",
+                  std::string("response_format json_schema: the schema ") + e.what());
+  }
+}
+
+// response_format: {"type": "text"} (the default: null), {"type": "json_object"} (any JSON
+// object) or {"type": "json_schema", "json_schema": {...}}: JSON mode, held to the schema.
+std::shared_ptr<const JsonSchema> read_response_format(const JsonBody& body) {
+  const JsonBody* value = find_field(body, "response_format");
+  if (!value) return nullptr;
   if (!value->is_object()) throw wrong_type("response_format", "an object", *value);
-  const json* type = find_field(*value, "type");
+  const JsonBody* type = find_field(*value, "type");
+  constexpr const char* kTypes = "\"text\", \"json_object\" or \"json_schema\"";
   if (!type)
-    throw invalid("response_format.type",
-                  "response_format needs a type: \"text\" or \"json_object\"");
+    throw invalid("response_format.type", std::string("response_format needs a type: ") + kTypes);
   if (!type->is_string()) throw wrong_type("response_format.type", "a string", *type);
   const auto& name = type->get_ref<const std::string&>();
-  if (name == "text") return false;
-  if (name == "json_object") return true;
-  if (name == "json_schema")
-    throw invalid("response_format.type",
-                  "response_format json_schema is not supported: json_object (any JSON "
-                  "object) is");
-  throw invalid("response_format.type",
-                "unknown response_format type '" + name + "': \"text\" or \"json_object\"");
+  if (name == "text") return nullptr;
+  if (name == "json_object") return JsonSchema::any_object();
+  if (name == "json_schema") return read_json_schema(*value);
+  throw invalid("response_format.type", "unknown response_format type '" + name + "': " + kTypes);
 }
 
 // best_of: sampling more sequences than are returned, to return the likeliest, is not
 // implemented; best_of equal to n (every sequence returned) is what n does alone.
-void check_best_of(const json& body, int choices) {
+void check_best_of(const JsonBody& body, int choices) {
   const int best_of = read_int(body, "best_of", choices, 1, INT_MAX);
   if (best_of < choices)
     throw invalid("best_of", "best_of must be at least n (" + std::to_string(choices) + "), got " +
@@ -239,7 +261,7 @@ constexpr const char* kPromptForms =
     "a string, a list of strings, a list of token ids or a list of lists of token ids";
 
 // A prompt of token ids: each within the tokenizer's vocabulary; its text is theirs, decoded.
-void read_prompt_ids(const json& ids, const ServedModel& model, ParsedRequest& parsed) {
+void read_prompt_ids(const JsonBody& ids, const ServedModel& model, ParsedRequest& parsed) {
   if (!model.tokenizer) throw invalid("prompt", "prompts of token ids are not taken here");
   if (ids.empty()) throw invalid("prompt", "a prompt of token ids is empty");
   std::vector<int32_t> tokens = read_token_ids(ids, *model.tokenizer, "prompt", kPromptForms);
@@ -248,8 +270,8 @@ void read_prompt_ids(const json& ids, const ServedModel& model, ParsedRequest& p
 }
 
 // OpenAI's four forms of a completions prompt.
-void read_prompts(const json& body, const ServedModel& model, ParsedRequest& parsed) {
-  const json* value = find_field(body, "prompt");
+void read_prompts(const JsonBody& body, const ServedModel& model, ParsedRequest& parsed) {
+  const JsonBody* value = find_field(body, "prompt");
   if (!value) throw invalid("prompt", "you must provide a prompt parameter");
   if (value->is_string()) {
     parsed.prompts = {value->get<std::string>()};
@@ -259,7 +281,7 @@ void read_prompts(const json& body, const ServedModel& model, ParsedRequest& par
   if (!value->is_array()) throw wrong_type("prompt", kPromptForms, *value);
   if (value->empty()) throw invalid("prompt", "the list of prompts is empty");
   if ((*value)[0].is_number()) return read_prompt_ids(*value, model, parsed);
-  for (const json& item : *value) {
+  for (const JsonBody& item : *value) {
     if (item.is_string()) {
       parsed.prompts.push_back(item.get<std::string>());
       parsed.prompt_ids.emplace_back();
@@ -271,15 +293,15 @@ void read_prompts(const json& body, const ServedModel& model, ParsedRequest& par
   }
 }
 
-std::vector<std::string> read_stop(const json& body) {
-  const json* value = find_field(body, "stop");
+std::vector<std::string> read_stop(const JsonBody& body) {
+  const JsonBody* value = find_field(body, "stop");
   if (!value) return {};
   std::vector<std::string> stop;
   if (value->is_string()) {
     stop.push_back(value->get<std::string>());
   } else if (value->is_array()) {
     if (value->size() > 4) throw invalid("stop", "stop holds at most 4 sequences");
-    for (const json& item : *value) {
+    for (const JsonBody& item : *value) {
       if (!item.is_string()) throw wrong_type("stop", "a string or an array of strings", item);
       stop.push_back(item.get<std::string>());
     }
@@ -293,13 +315,13 @@ std::vector<std::string> read_stop(const json& body) {
 
 // vLLM's stop_token_ids: an array of token ids (the tokenize stage checks them against the
 // model's vocabulary).
-std::vector<int32_t> read_stop_token_ids(const json& body) {
-  const json* value = find_field(body, "stop_token_ids");
+std::vector<int32_t> read_stop_token_ids(const JsonBody& body) {
+  const JsonBody* value = find_field(body, "stop_token_ids");
   if (!value) return {};
   if (!value->is_array()) throw wrong_type("stop_token_ids", "an array of token ids", *value);
   if (value->size() > 64) throw invalid("stop_token_ids", "stop_token_ids holds at most 64 ids");
   std::vector<int32_t> ids;
-  for (const json& id : *value) {
+  for (const JsonBody& id : *value) {
     const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
     if (!token) throw wrong_type("stop_token_ids", "an array of token ids", id);
     if (*token < 0 || *token > INT32_MAX)
@@ -309,9 +331,9 @@ std::vector<int32_t> read_stop_token_ids(const json& body) {
   return ids;
 }
 
-// vLLM's min_tokens: at most max_tokens, and not in JSON mode, whose answer ends when its object
-// closes.
-int read_min_tokens(const json& body, const Request& request) {
+// vLLM's min_tokens: at most max_tokens, and not in JSON mode, whose answer ends when its value
+// is whole.
+int read_min_tokens(const JsonBody& body, const Request& request) {
   const int min_tokens = read_int(body, "min_tokens", 0, 0, INT_MAX);
   if (min_tokens > request.max_tokens)
     throw invalid("min_tokens",
@@ -319,17 +341,17 @@ int read_min_tokens(const json& body, const Request& request) {
                       (request.max_tokens_param.empty() ? std::string("the default max_tokens")
                                                         : request.max_tokens_param) +
                       " (" + std::to_string(request.max_tokens) + ")");
-  if (min_tokens > 0 && request.json_object)
+  if (min_tokens > 0 && request.json_schema)
     throw invalid("min_tokens",
-                  "min_tokens cannot be combined with response_format json_object: the answer "
-                  "ends when its object closes");
+                  "min_tokens cannot be combined with response_format json_object or "
+                  "json_schema: the answer ends when its JSON value is whole");
   return min_tokens;
 }
 
-ResponseOptions read_response_options(const json& body) {
+ResponseOptions read_response_options(const JsonBody& body) {
   ResponseOptions options;
   options.stream = read_bool(body, "stream", false);
-  if (const json* stream_options = find_field(body, "stream_options")) {
+  if (const JsonBody* stream_options = find_field(body, "stream_options")) {
     if (!stream_options->is_object())
       throw wrong_type("stream_options", "an object", *stream_options);
     if (!options.stream)
@@ -341,15 +363,15 @@ ResponseOptions read_response_options(const json& body) {
 
 // Chat: logprobs is a boolean and top_logprobs the number of alternatives (0..20).
 // Completions: logprobs is itself the number of alternatives (0..5).
-void read_logprobs(Endpoint endpoint, const json& body, Request& request) {
+void read_logprobs(Endpoint endpoint, const JsonBody& body, Request& request) {
   if (endpoint == Endpoint::ChatCompletions) {
     request.sampling.logprobs = read_bool(body, "logprobs", false);
-    const json* top = find_field(body, "top_logprobs");
+    const JsonBody* top = find_field(body, "top_logprobs");
     if (top && !request.sampling.logprobs)
       throw invalid("top_logprobs", "top_logprobs requires logprobs to be true");
     request.sampling.top_logprobs = read_int(body, "top_logprobs", 0, 0, 20);
   } else {
-    const json* value = find_field(body, "logprobs");
+    const JsonBody* value = find_field(body, "logprobs");
     request.sampling.logprobs = value != nullptr;
     request.sampling.top_logprobs = read_int(body, "logprobs", 0, 0, 5);
   }
@@ -368,8 +390,8 @@ void check_sampling_ranges(Endpoint endpoint, const SamplingParams& params) {
 // {"token id": bias, ...}: JSON keys are strings, so the ids come as decimal text; two keys for
 // one id ("5", "05") are refused, their order being lost to the JSON object. The biases' range
 // is the sampler's (validate()); the vocabulary's is tokenize's. An empty array is not given.
-std::vector<LogitBias> read_logit_bias(const json& body) {
-  const json* value = find_field(body, "logit_bias");
+std::vector<LogitBias> read_logit_bias(const JsonBody& body) {
+  const JsonBody* value = find_field(body, "logit_bias");
   if (!value || (value->is_array() && value->empty())) return {};
   if (!value->is_object())
     throw wrong_type("logit_bias", "an object mapping token ids to biases", *value);
@@ -391,7 +413,7 @@ std::vector<LogitBias> read_logit_bias(const json& body) {
   return biases;
 }
 
-SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
+SamplingParams read_sampling(const JsonBody& body, const SamplingParams& defaults) {
   SamplingParams params = defaults;
   params.temperature = read_float(body, "temperature", defaults.temperature);
   params.top_p = read_float(body, "top_p", defaults.top_p);
@@ -407,7 +429,7 @@ SamplingParams read_sampling(const json& body, const SamplingParams& defaults) {
 }
 
 // max_tokens, or `fallback` (the server's default) when the client names none; 0 only with echo.
-void read_max_tokens(Endpoint endpoint, const json& body, int fallback, bool echo,
+void read_max_tokens(Endpoint endpoint, const JsonBody& body, int fallback, bool echo,
                      Request& request) {
   // Chat's newer name wins over the deprecated one when both are given.
   const bool chat_name =
@@ -418,7 +440,7 @@ void read_max_tokens(Endpoint endpoint, const json& body, int fallback, bool ech
 }
 
 // Completions' echo (chat has none: a 400 rather than an answer without it).
-bool read_echo(Endpoint endpoint, const json& body) {
+bool read_echo(Endpoint endpoint, const JsonBody& body) {
   const bool echo = read_bool(body, "echo", false);
   if (echo && endpoint == Endpoint::ChatCompletions)
     throw invalid("echo", "echo is a /v1/completions parameter");
@@ -443,8 +465,8 @@ double json_logprob(float logprob) {
   return std::isfinite(logprob) ? logprob : -9999.0;
 }
 
-json utf8_bytes(const std::string& text) {
-  json bytes = json::array();
+JsonBody utf8_bytes(const std::string& text) {
+  JsonBody bytes = JsonBody::array();
   for (unsigned char c : text) bytes.push_back(int(c));
   return bytes;
 }
@@ -454,8 +476,8 @@ json utf8_bytes(const std::string& text) {
 ApiError::ApiError(RequestError error)
     : std::runtime_error(error.message), error_(std::move(error)) {}
 
-json parse_json_body(std::string_view body) {
-  json value = json::parse(body, nullptr, /*allow_exceptions=*/false);
+JsonBody parse_json_body(std::string_view body) {
+  JsonBody value = JsonBody::parse(body, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded())
     throw invalid("",
                   "We could not parse the JSON body of your request. The body must be a "
@@ -485,7 +507,8 @@ void check_choices(const ParsedRequest& parsed, const ServedModel& model) {
                            std::to_string(kMaxRequestBytes >> 20) + " MiB a request may hold");
 }
 
-ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const ServedModel& model) {
+ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
+                                   const ServedModel& model) {
   if (!body.is_object()) throw invalid("", "The request body must be a JSON object.");
   check_model(body, model);
   ParsedRequest parsed;
@@ -513,11 +536,11 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const json& body, const Se
   if (echo) apply_echo(parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
-  request.json_object = read_json_mode(body);
-  if (request.json_object && request.ignore_eos)
+  request.json_schema = read_response_format(body);
+  if (request.json_schema && request.ignore_eos)
     throw invalid("ignore_eos",
-                  "ignore_eos cannot be combined with response_format json_object: the answer "
-                  "ends when its object closes");
+                  "ignore_eos cannot be combined with response_format json_object or "
+                  "json_schema: the answer ends when its JSON value is whole");
   request.stop_token_ids = read_stop_token_ids(body);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.sampling.min_tokens = read_min_tokens(body, request);

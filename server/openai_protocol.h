@@ -16,7 +16,10 @@
 //   counted in the prompt (the space SentencePiece marks a first word with is not in the
 //   prompt, so it counts for nothing). max_tokens 0 is allowed with echo: the prompt alone, with
 //   finish_reason "length" and no completion tokens, as vLLM answers it.
-// - null stands for "not given"; unknown fields (user, tools, response_format, ...) are ignored.
+// - null stands for "not given"; unknown fields (user, metadata, ...) are ignored.
+// - response_format json_object or json_schema holds the answer to a JSON value (JsonMode); a
+//   schema the compiler cannot hold an answer to (io/json_schema.h) is a 400 naming the place
+//   in the schema, not a schema ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
 #pragma once
@@ -98,12 +101,16 @@ Completion total_usage(std::span<const Completion> choices, int per_prompt);
 // prompt text, so that n does not multiply what one request may cost.
 inline constexpr size_t kMaxRequestBytes = size_t(16) << 20;
 
+// A request body as JSON. Its objects keep their members in the order they were written, as a
+// JSON schema's properties must: the answer writes them in that order.
+using JsonBody = nlohmann::ordered_json;
+
 // The body as JSON; throws ApiError 400 when it is not a JSON object.
-nlohmann::json parse_json_body(std::string_view body);
+JsonBody parse_json_body(std::string_view body);
 
 // Validates one request body. Throws ApiError (400 naming the parameter, 404 for an unknown
 // model) on anything it cannot serve exactly as asked.
-ParsedRequest parse_openai_request(Endpoint endpoint, const nlohmann::json& body,
+ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
                                    const ServedModel& model);
 
 // ---- Field readers, shared with the token endpoints (server/token_endpoints.h) so that their
@@ -112,18 +119,18 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const nlohmann::json& body
 // A 400 invalid_request_error naming `param` (empty: the body as a whole).
 ApiError invalid(std::string param, std::string message);
 // A 400 "Invalid type for 'param': expected <expected>, but got <value's type> instead."
-ApiError wrong_type(const std::string& param, const char* expected, const nlohmann::json& value);
+ApiError wrong_type(const std::string& param, const char* expected, const JsonBody& value);
 // The field, or nullptr when it is absent or null.
-const nlohmann::json* find_field(const nlohmann::json& body, const char* name);
+const JsonBody* find_field(const JsonBody& body, const char* name);
 // A boolean field; `fallback` when it is not given.
-bool read_bool(const nlohmann::json& body, const char* name, bool fallback);
+bool read_bool(const JsonBody& body, const char* name, bool fallback);
 // `model` must be given and name the served model: 404 model_not_found for any other name.
-void check_model(const nlohmann::json& body, const ServedModel& model);
+void check_model(const JsonBody& body, const ServedModel& model);
 // `messages`: at least one, each a system, user or assistant message with text content.
-std::vector<ChatMessage> read_messages(const nlohmann::json& body);
+std::vector<ChatMessage> read_messages(const JsonBody& body);
 // The integers of the array `ids`, each a token of the tokenizer's vocabulary; the errors name
 // `param`, and `expected` says which forms it takes.
-std::vector<int32_t> read_token_ids(const nlohmann::json& ids, const Tokenizer& tokenizer,
+std::vector<int32_t> read_token_ids(const JsonBody& ids, const Tokenizer& tokenizer,
                                     const std::string& param, const char* expected);
 
 // {"error": {"message", "type", "param", "code"}}, empty strings as null.

@@ -12,14 +12,14 @@ namespace {
 
 constexpr const char* kTokenList = "an array of token ids";
 
-void check_object(const json& body) {
+void check_object(const JsonBody& body) {
   if (!body.is_object()) throw invalid("", "The request body must be a JSON object.");
 }
 
 // A prompt's tokens as /v1/completions encodes a text prompt: BOS first, unless the client asks
 // for the text's own tokens alone.
-std::vector<int32_t> prompt_tokens(const json& body, const Tokenizer& tokenizer) {
-  const json& prompt = *find_field(body, "prompt");
+std::vector<int32_t> prompt_tokens(const JsonBody& body, const Tokenizer& tokenizer) {
+  const JsonBody& prompt = *find_field(body, "prompt");
   if (!prompt.is_string()) throw wrong_type("prompt", "a string", prompt);
   const bool add_bos = read_bool(body, "add_special_tokens", true);
   return tokenizer.encode(prompt.get_ref<const std::string&>(), add_bos);
@@ -27,7 +27,7 @@ std::vector<int32_t> prompt_tokens(const json& body, const Tokenizer& tokenizer)
 
 // A chat's tokens as /v1/chat/completions builds them (the tokenize stage calls the same
 // template).
-std::vector<int32_t> chat_tokens(const json& body, const Tokenizer& tokenizer,
+std::vector<int32_t> chat_tokens(const JsonBody& body, const Tokenizer& tokenizer,
                                  ChatTemplate chat_template) {
   if (read_bool(body, "add_special_tokens", false))
     throw invalid("add_special_tokens",
@@ -51,7 +51,7 @@ std::vector<int32_t> chat_tokens(const json& body, const Tokenizer& tokenizer,
 }
 
 // The tokens of the one input a /tokenize body gives.
-std::vector<int32_t> input_tokens(const json& body, const Tokenizer& tokenizer,
+std::vector<int32_t> input_tokens(const JsonBody& body, const Tokenizer& tokenizer,
                                   ChatTemplate chat_template) {
   const bool has_prompt = find_field(body, "prompt") != nullptr;
   const bool has_messages = find_field(body, "messages") != nullptr;
@@ -70,7 +70,7 @@ json token_texts(const std::vector<int32_t>& tokens, const Tokenizer& tokenizer)
 
 }  // namespace
 
-json tokenize_response(const json& body, const ServedModel& model,
+json tokenize_response(const JsonBody& body, const ServedModel& model,
                        const TokenizeSettings& settings) {
   check_object(body);
   check_model(body, model);
@@ -82,10 +82,10 @@ json tokenize_response(const json& body, const ServedModel& model,
   return response;
 }
 
-json detokenize_response(const json& body, const ServedModel& model) {
+json detokenize_response(const JsonBody& body, const ServedModel& model) {
   check_object(body);
   check_model(body, model);
-  const json* ids = find_field(body, "tokens");
+  const JsonBody* ids = find_field(body, "tokens");
   if (!ids) throw invalid("tokens", "you must provide a tokens parameter");
   if (!ids->is_array()) throw wrong_type("tokens", kTokenList, *ids);
   const std::vector<int32_t> tokens = read_token_ids(*ids, *model.tokenizer, "tokens", kTokenList);

@@ -38,8 +38,8 @@ struct TokenizeSettings {
 
 // The answers to one request body; `model.tokenizer` must be set. Throws ApiError (400 naming
 // the parameter, 404 for an unknown model) on a body they cannot answer.
-nlohmann::json tokenize_response(const nlohmann::json& body, const ServedModel& model,
+nlohmann::json tokenize_response(const JsonBody& body, const ServedModel& model,
                                  const TokenizeSettings& settings);
-nlohmann::json detokenize_response(const nlohmann::json& body, const ServedModel& model);
+nlohmann::json detokenize_response(const JsonBody& body, const ServedModel& model);
 
 }  // namespace pipeline

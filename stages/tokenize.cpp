@@ -109,13 +109,13 @@ void TokenizeStage::prepare(Sequence& seq) const {
   sampling.ending_tokens.insert(sampling.ending_tokens.end(), req.stop_token_ids.begin(),
                                 req.stop_token_ids.end());
   std::optional<JsonMode> json_mode;
-  if (req.json_object) {
+  if (req.json_schema) {
     if (ctx_.json_vocabulary.eos_tokens().empty())
       throw Refusal{
-          "response_format json_object needs a model with an end-of-sequence token to "
-          "end the object's answer; this model's generation config names none",
+          "response_format needs a model with an end-of-sequence token to end the JSON "
+          "value's answer; this model's generation config names none",
           "response_format"};
-    json_mode.emplace(ctx_.json_vocabulary);
+    json_mode.emplace(ctx_.json_vocabulary, req.json_schema);
   }
   seq.sampler =
       std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, std::move(json_mode));

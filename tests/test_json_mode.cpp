@@ -1,4 +1,5 @@
-// JSON mode: JsonPrefix (bytes), JsonMode (tokens) and the Sampler drawing under it.
+// JSON mode for response_format json_object: JsonPrefix held to any object by SchemaPrefix
+// (bytes), JsonMode (tokens) and the Sampler drawing under it. test_json_schema.cpp has schemas.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <vector>
 
 #include "io/json_prefix.h"
+#include "io/json_schema.h"
 #include "io/model_config.h"
+#include "io/schema_prefix.h"
 #include "io/tokenizer.h"
 #include "model/json_mode.h"
 #include "model/sampling.h"
@@ -21,13 +24,21 @@ namespace {
 
 using nlohmann::json;
 
-// How many leading bytes of `text` JsonPrefix accepts, and whether it is then complete.
+// What response_format json_object follows: any JSON object.
+SchemaPrefix object_prefix() {
+  return SchemaPrefix(*JsonSchema::any_object());
+}
+JsonMode object_mode(const JsonVocabulary& vocabulary) {
+  return JsonMode(vocabulary, JsonSchema::any_object());
+}
+
+// How many leading bytes of `text` JSON-object mode accepts, and whether it is then complete.
 struct Fed {
   size_t accepted = 0;
   bool complete = false;
 };
 Fed feed_all(const std::string& text) {
-  JsonPrefix prefix;
+  SchemaPrefix prefix = object_prefix();
   Fed fed;
   for (char c : text) {
     if (!prefix.feed(uint8_t(c))) return fed;
@@ -43,18 +54,18 @@ bool strict_parser_reads_an_object(const std::string& text) {
 }
 
 // Finishes an accepted prefix by appending, again and again, the first byte of a fixed list that
-// JsonPrefix accepts. Every state takes one of them (a quote, a closing bracket, a digit, a
+// object mode accepts. Every state takes one of them (a quote, a closing bracket, a digit, a
 // literal's letters, the escapes' and UTF-8's continuations), and they lead out of every string
 // and container, so this ends with an object unless some accepted prefix cannot be finished.
 std::string finish(const std::string& prefix_text) {
   static const std::string kTries = std::string("\"}]:0ruelsaDC\\u") + "\x80\x90\xA0{";
-  JsonPrefix prefix;
+  SchemaPrefix prefix = object_prefix();
   EXPECT_TRUE(prefix.feed(prefix_text)) << prefix_text;
   std::string text = prefix_text;
   for (int steps = 0; !prefix.complete() && steps < 1000; ++steps) {
     bool moved = false;
     for (char c : kTries) {
-      JsonPrefix trial = prefix;
+      SchemaPrefix trial = prefix;
       if (trial.feed(uint8_t(c))) {
         prefix = trial;
         text += c;
@@ -79,23 +90,23 @@ const std::vector<std::string> kObjects = {
     "{\"utf8\": \"é 中 😀 \x7F\", \"empty\": [], \"nested\": [[[]], {}]}",
 };
 
-TEST(JsonPrefix, AcceptsEveryPrefixOfAnObjectAndIsCompleteOnlyAtItsEnd) {
+TEST(JsonObjectMode, AcceptsEveryPrefixOfAnObjectAndIsCompleteOnlyAtItsEnd) {
   for (const std::string& object : kObjects) {
     SCOPED_TRACE(object);
     ASSERT_TRUE(strict_parser_reads_an_object(object));
-    JsonPrefix prefix;
+    SchemaPrefix prefix = object_prefix();
     for (size_t i = 0; i < object.size(); ++i) {
       EXPECT_FALSE(prefix.complete()) << "complete after " << i << " bytes";
       ASSERT_TRUE(prefix.feed(uint8_t(object[i]))) << "refused byte " << i;
     }
     EXPECT_TRUE(prefix.complete());
-    EXPECT_FALSE(JsonPrefix(prefix).feed(uint8_t(' '))) << "nothing may follow the object";
-    EXPECT_FALSE(JsonPrefix(prefix).feed(uint8_t('{')));
+    EXPECT_FALSE(SchemaPrefix(prefix).feed(uint8_t(' '))) << "nothing may follow the object";
+    EXPECT_FALSE(SchemaPrefix(prefix).feed(uint8_t('{')));
   }
 }
 
 // Each prefix is accepted, and the text after it is refused at its first byte.
-TEST(JsonPrefix, RefusesTheFirstByteNoObjectCanContinueWith) {
+TEST(JsonObjectMode, RefusesTheFirstByteNoObjectCanContinueWith) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "["},            // an object, not any value
       {"", "\"a\""},        //
@@ -131,7 +142,7 @@ TEST(JsonPrefix, RefusesTheFirstByteNoObjectCanContinueWith) {
   }
 }
 
-TEST(JsonPrefix, RefusesIllFormedUtf8AndUnpairedSurrogates) {
+TEST(JsonObjectMode, RefusesIllFormedUtf8AndUnpairedSurrogates) {
   const std::string open = "{\"a\":\"";
   const std::vector<std::pair<std::string, size_t>> cases = {
       {"\x80", 0},              // a continuation byte first
@@ -157,7 +168,7 @@ TEST(JsonPrefix, RefusesIllFormedUtf8AndUnpairedSurrogates) {
   EXPECT_TRUE(feed_all("{\"a\":\"\\uDBFF\\uDFFF\"}").complete);
 }
 
-TEST(JsonPrefix, LimitsNestingAndWhitespaceRuns) {
+TEST(JsonObjectMode, LimitsNestingAndWhitespaceRuns) {
   std::string deep = "{\"a\":";
   for (int depth = 1; depth < JsonPrefix::kMaxDepth; ++depth) deep += "[";
   EXPECT_EQ(feed_all(deep).accepted, deep.size());
@@ -187,10 +198,10 @@ bool whitespace_runs_fit(const std::string& text) {
 }
 
 // A byte-level fuzz against a strict parser. Objects are mutated a byte at a time (replaced,
-// inserted or deleted); for each mutant, the longest prefix JsonPrefix accepts must be finishable
-// into an object the parser reads, and (whitespace aside) a mutant JsonPrefix accepts whole and
+// inserted or deleted); for each mutant, the longest prefix object mode accepts must be finishable
+// into an object the parser reads, and (whitespace aside) a mutant object mode accepts whole and
 // complete must be one the parser reads, and the other way round.
-TEST(JsonPrefix, AgreesWithAStrictParserOnMutatedObjects) {
+TEST(JsonObjectMode, AgreesWithAStrictParserOnMutatedObjects) {
   const std::string kBytes = std::string("{}[]\":,.-+eE0129tfnulrsa \n\\/bu dDcC8A") +
                              "\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80\x80\xED\xA0\x01";
   std::mt19937 rng(7);
@@ -248,7 +259,7 @@ TEST(JsonMode, TheMaskKeepsExactlyTheTokensAllowed) {
   const JsonVocabulary vocabulary(tokenizer, config);
   const std::string object = "{\"name\": \"Lily é\", \"age\": 3.5, \"tags\": [true, null]}";
   const std::vector<int32_t> ids = tokenizer.encode(object, false);
-  JsonMode mode(vocabulary);
+  JsonMode mode = object_mode(vocabulary);
   std::string written;
   for (size_t step = 0; step <= ids.size(); ++step) {
     SCOPED_TRACE("after " + json(written).dump());
@@ -278,42 +289,51 @@ TEST(JsonMode, TheMaskKeepsExactlyTheTokensAllowed) {
 
 // The same along random walks that stop at every kind of boundary (half the steps take a
 // one-byte token: byte pieces split UTF-8 characters, escapes and \u digits), on a model whose
-// vocabulary has padding rows beyond the tokenizer's.
+// vocabulary has padding rows beyond the tokenizer's: for any object, and for a schema whose
+// keys, enum and string length limit which tokens fit.
 TEST(JsonMode, TheMaskAgreesWithAllowsAlongRandomWalks) {
   const Tokenizer& tokenizer = llama2_tokenizer();
   LlamaConfig config = config_for(tokenizer);
   config.vocab_size += 8;
   const JsonVocabulary vocabulary(tokenizer, config);
+  const auto person = JsonSchema::compile(nlohmann::ordered_json::parse(R"({
+      "type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 6},
+                     "mood": {"enum": ["happy", "hungry", "sad", 42]},
+                     "friends": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+      "required": ["name", "mood"]})"));
   size_t states = 0;
-  for (uint32_t seed = 1; seed <= 12; ++seed) {
-    std::mt19937 rng(seed);
-    JsonMode mode(vocabulary);
-    std::string written;
-    for (int step = 0; step < 60; ++step) {
-      SCOPED_TRACE("seed " + std::to_string(seed) + " after " +
-                   json(written).dump(-1, ' ', false, json::error_handler_t::replace));
-      std::vector<float> logits(static_cast<size_t>(config.vocab_size), 0.0f);
-      const size_t allowed = mode.mask(logits);
-      std::vector<int32_t> choices, short_choices;
-      for (int32_t token = 0; token < config.vocab_size; ++token) {
-        const bool allows = mode.allows(token);
-        ASSERT_EQ(std::isinf(logits[size_t(token)]), !allows) << "token " << token;
-        if (!allows) continue;
-        choices.push_back(token);
-        if (vocabulary.text(token).size() == 1) short_choices.push_back(token);
+  for (const auto& schema : {JsonSchema::any_object(), person}) {
+    for (uint32_t seed = 1; seed <= 12; ++seed) {
+      std::mt19937 rng(seed);
+      JsonMode mode(vocabulary, schema);
+      std::string written;
+      for (int step = 0; step < 60; ++step) {
+        SCOPED_TRACE("seed " + std::to_string(seed) + " after " +
+                     json(written).dump(-1, ' ', false, json::error_handler_t::replace));
+        std::vector<float> logits(static_cast<size_t>(config.vocab_size), 0.0f);
+        const size_t allowed = mode.mask(logits);
+        std::vector<int32_t> choices, short_choices;
+        for (int32_t token = 0; token < config.vocab_size; ++token) {
+          const bool allows = mode.allows(token);
+          ASSERT_EQ(std::isinf(logits[size_t(token)]), !allows) << "token " << token;
+          if (!allows) continue;
+          choices.push_back(token);
+          if (vocabulary.text(token).size() == 1) short_choices.push_back(token);
+        }
+        ASSERT_EQ(allowed, choices.size());
+        ASSERT_FALSE(choices.empty());
+        ++states;
+        const auto& pool = !short_choices.empty() && rng() % 2 ? short_choices : choices;
+        const int32_t token = pool[rng() % pool.size()];
+        if (token == tokenizer.eos_id()) break;
+        mode.advance(token);
+        written += vocabulary.text(token);
       }
-      ASSERT_EQ(allowed, choices.size());
-      ASSERT_FALSE(choices.empty());
-      ++states;
-      const auto& pool = !short_choices.empty() && rng() % 2 ? short_choices : choices;
-      const int32_t token = pool[rng() % pool.size()];
-      if (token == tokenizer.eos_id()) break;
-      mode.advance(token);
-      written += vocabulary.text(token);
+      EXPECT_TRUE(SchemaPrefix(*schema).feed(written));
     }
-    EXPECT_EQ(feed_all(written).accepted, written.size());
   }
-  EXPECT_GT(states, 300u);
+  EXPECT_GT(states, 600u);
 }
 
 // Logits the size of the model's vocabulary, random: far more likely to pick a token JSON mode
@@ -338,7 +358,7 @@ TEST(JsonMode, ASamplerDrawsOnlyTokensThatContinueTheObject) {
     params.temperature = run % 3 == 0 ? 0.0f : 1.0f;
     params.top_p = run % 3 == 2 ? 0.9f : 1.0f;
     params.logprobs = true;
-    Sampler sampler(params, uint64_t(run), JsonMode(vocabulary));
+    Sampler sampler(params, uint64_t(run), object_mode(vocabulary));
     std::string written;
     std::vector<int32_t> history = {tokenizer.bos_id()};
     std::vector<float> logits = random_logits(rng, config.vocab_size);
@@ -374,8 +394,8 @@ TEST(JsonMode, GreedyTakesTheLikeliestAllowedToken) {
   std::mt19937 rng(5);
   SamplingParams greedy;
   greedy.temperature = 0.0f;
-  Sampler sampler(greedy, 1, JsonMode(vocabulary));
-  JsonMode shadow(vocabulary);
+  Sampler sampler(greedy, 1, object_mode(vocabulary));
+  JsonMode shadow = object_mode(vocabulary);
   std::vector<int32_t> history;
   for (int step = 0; step < 100; ++step) {
     const std::vector<float> logits = random_logits(rng, config.vocab_size);
@@ -398,7 +418,7 @@ TEST(JsonMode, APlainDrawFollowsTheMaskedDistribution) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   const LlamaConfig config = config_for(tokenizer);
   const JsonVocabulary vocabulary(tokenizer, config);
-  JsonMode after_colon(vocabulary);  // a value comes next: a minority of tokens fits
+  JsonMode after_colon = object_mode(vocabulary);  // a value comes next: a minority of tokens fits
   for (int32_t token : tokenizer.encode("{\"a\":", false)) after_colon.advance(token);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.5f);
@@ -444,16 +464,16 @@ TEST(JsonMode, NothingAllowedToDrawIsAnError) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   LlamaConfig config = config_for(tokenizer);
   const JsonVocabulary vocabulary(tokenizer, config);
-  Sampler sampler(SamplingParams{}, 1, JsonMode(vocabulary));
+  Sampler sampler(SamplingParams{}, 1, object_mode(vocabulary));
   std::vector<float> logits(size_t(config.vocab_size), 0.0f);
-  JsonMode fresh(vocabulary);
+  JsonMode fresh = object_mode(vocabulary);
   for (int32_t token = 0; token < config.vocab_size; ++token)
     if (fresh.allows(token)) logits[size_t(token)] = -INFINITY;
   try {
     sampler.sample(logits, {});
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("json_object"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("response_format"), std::string::npos) << e.what();
   }
 }
 

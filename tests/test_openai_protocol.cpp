@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "io/schema_prefix.h"
 #include "tests/support/random_bodies.h"
 #include "tests/support/shared_data.h"
 #include "tests/support/stories_tokenizer.h"
@@ -416,7 +417,31 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "response_format", {{"type", 1}}), "response_format.type",
        "expected a string"},
       {completion, with(completion_body(), "response_format", {{"type", "json_schema"}}),
-       "response_format.type", "json_schema is not supported"},
+       "response_format.json_schema", "needs json_schema"},
+      {chat, with(chat_body(), "response_format", {{"type", "json_schema"}, {"json_schema", 1}}),
+       "response_format.json_schema", "expected an object"},
+      {chat,
+       with(chat_body(), "response_format",
+            {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}}}}),
+       "response_format.json_schema.schema", "needs its schema"},
+      {chat,
+       with(chat_body(), "response_format",
+            {{"type", "json_schema"}, {"json_schema", {{"name", 3}, {"schema", json::object()}}}}),
+       "response_format.json_schema.name", "expected a string"},
+      {chat,
+       with(chat_body(), "response_format",
+            {{"type", "json_schema"},
+             {"json_schema", {{"strict", "yes"}, {"schema", json::object()}}}}),
+       "response_format.json_schema.strict", "expected a boolean"},
+      {completion,
+       with(completion_body(), "response_format",
+            {{"type", "json_schema"},
+             {"json_schema",
+              {{"schema",
+                {{"type", "object"},
+                 {"properties", {{"when", {{"type", "string"}, {"format", "date"}}}}}}}}}}),
+       "response_format.json_schema.schema",
+       "response_format json_schema: the schema at #/properties/when: format is not supported"},
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
        "unknown response_format type 'yaml'"},
       {completion, with(completion_body(), "top_logprobs", 2), "top_logprobs", "logprobs"},
@@ -481,16 +506,41 @@ TEST(ParseRequest, StopTokenIdsAndMinTokensAreRead) {
   EXPECT_TRUE(parse_chat(chat_body()).request->stop_token_ids.empty());
 }
 
-// response_format json_object turns JSON mode on, for both endpoints; text leaves it off.
+// response_format json_object and json_schema turn JSON mode on, for both endpoints; text
+// leaves it off.
 TEST(ParseRequest, ResponseFormatJsonObjectAsksForJsonMode) {
-  EXPECT_TRUE(parse_chat(with(chat_body(), "response_format", {{"type", "json_object"}}))
-                  .request->json_object);
-  EXPECT_TRUE(
-      parse_completion(with(completion_body(), "response_format", {{"type", "json_object"}}))
-          .request->json_object);
+  EXPECT_EQ(parse_chat(with(chat_body(), "response_format", {{"type", "json_object"}}))
+                .request->json_schema,
+            JsonSchema::any_object());
+  EXPECT_EQ(parse_completion(with(completion_body(), "response_format", {{"type", "json_object"}}))
+                .request->json_schema,
+            JsonSchema::any_object());
   EXPECT_FALSE(
-      parse_chat(with(chat_body(), "response_format", {{"type", "text"}})).request->json_object);
-  EXPECT_FALSE(parse_chat(chat_body()).request->json_object);
+      parse_chat(with(chat_body(), "response_format", {{"type", "text"}})).request->json_schema);
+  EXPECT_FALSE(parse_chat(chat_body()).request->json_schema);
+}
+
+// A json_schema's properties are written in the order the request body lists them, not sorted:
+// the body is read keeping its objects' order.
+TEST(ParseRequest, ResponseFormatJsonSchemaKeepsThePropertiesInTheBodysOrder) {
+  const JsonBody body = parse_json_body(R"({
+      "model": "stories260K", "messages": [{"role": "user", "content": "Hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "pair", "strict": true,
+          "schema": {"type": "object", "properties": {"b": {"type": "integer"},
+                                                      "a": {"type": "integer"}},
+                     "required": ["b", "a"]}}}})");
+  for (const Endpoint endpoint : {Endpoint::ChatCompletions, Endpoint::Completions}) {
+    JsonBody request_body = body;
+    if (endpoint == Endpoint::Completions) {
+      request_body.erase("messages");
+      request_body["prompt"] = "Hi";
+    }
+    const auto schema =
+        parse_openai_request(endpoint, request_body, served_model()).request->json_schema;
+    ASSERT_TRUE(schema);
+    EXPECT_TRUE(SchemaPrefix(*schema).feed(R"({"b":1,"a":2})"));
+    EXPECT_FALSE(SchemaPrefix(*schema).feed(R"({"a")"));
+  }
 }
 
 // A JSON value of a random kind, nested up to `depth`, with the keys of request fields.

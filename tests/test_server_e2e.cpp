@@ -21,7 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/chat_template.h"
-#include "io/json_prefix.h"
+#include "io/json_schema.h"
+#include "io/schema_prefix.h"
 #include "io/tokenizer.h"
 #include "tests/support/command.h"
 #include "tests/support/server_process.h"
@@ -87,7 +88,8 @@ Reply send(int port, const std::string& method, const std::string& path, const s
   return reply;
 }
 
-Reply post(int port, const std::string& path, const json& body) {
+// (Bodies keep their objects' order, as a client writes them: a JSON schema's properties.)
+Reply post(int port, const std::string& path, const nlohmann::ordered_json& body) {
   return send(port, "POST", path, body.dump());
 }
 
@@ -136,7 +138,7 @@ void parse_events(Stream& stream, std::string& pending, Clock::time_point now) {
 
 // Posts a streaming request and parses its events as the bytes come in, keeping each event's
 // arrival time; an error answer keeps its raw JSON body.
-Stream post_stream(int port, const std::string& path, json body) {
+Stream post_stream(int port, const std::string& path, nlohmann::ordered_json body) {
   body["stream"] = true;
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(60);
@@ -647,7 +649,7 @@ TEST_F(ServerE2E, JsonModeAnswersAreObjectsOrTheirBeginnings) {
   for (const json& choice : whole.body["choices"]) {
     const std::string text = choice["message"]["content"];
     SCOPED_TRACE(text);
-    JsonPrefix prefix;
+    SchemaPrefix prefix(*JsonSchema::any_object());
     EXPECT_TRUE(prefix.feed(text));
     const std::string finish_reason = choice["finish_reason"];
     if (finish_reason == "stop") {
@@ -660,6 +662,60 @@ TEST_F(ServerE2E, JsonModeAnswersAreObjectsOrTheirBeginnings) {
     EXPECT_EQ(stream.choice_finish_reasons.at(index), finish_reason);
   }
   EXPECT_GE(closed, 1);
+}
+
+// response_format json_schema: every choice is a value the schema admits or its beginning, its
+// keys in the order the request lists them (not sorted), streamed or not; a schema the server
+// cannot hold answers to is a 400 naming the place in it.
+TEST_F(ServerE2E, JsonSchemaAnswersFollowTheSchemaInItsOrder) {
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({
+      "type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 8},
+                     "mood": {"enum": ["happy", "sad", "sleepy"]},
+                     "legs": {"enum": [2, 4]}},
+      "required": ["name", "mood", "legs"]})");
+  nlohmann::ordered_json body =
+      with(chat_body("Tell me about a cat as JSON.", 64), "temperature", 1.0);
+  body["n"] = 4;
+  body["seed"] = 9;
+  body["response_format"] = {{"type", "json_schema"},
+                             {"json_schema", {{"name", "cat"}, {"schema", schema}}}};
+  const Reply whole = post(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const Stream stream = post_stream(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  const auto compiled = JsonSchema::compile(schema);
+  int whole_values = 0;
+  for (const json& choice : whole.body["choices"]) {
+    const std::string text = choice["message"]["content"];
+    SCOPED_TRACE(text);
+    SchemaPrefix prefix(*compiled);
+    EXPECT_TRUE(prefix.feed(text));
+    const std::string finish_reason = choice["finish_reason"];
+    if (finish_reason == "stop") {
+      EXPECT_TRUE(prefix.complete());
+      const auto value = nlohmann::ordered_json::parse(text);
+      std::vector<std::string> keys;
+      for (const auto& [key, member] : value.items()) keys.push_back(key);
+      EXPECT_EQ(keys, (std::vector<std::string>{"name", "mood", "legs"}));
+      EXPECT_LE(value["name"].get<std::string>().size(), 8u);
+      EXPECT_TRUE(value["legs"] == 2 || value["legs"] == 4);
+      ++whole_values;
+    }
+    const int index = choice["index"];
+    EXPECT_EQ(stream.choice_texts.at(index), text);
+    EXPECT_EQ(stream.choice_finish_reasons.at(index), finish_reason);
+  }
+  EXPECT_GE(whole_values, 1);
+
+  body["response_format"]["json_schema"]["schema"]["properties"]["name"]["pattern"] = "^[A-Z]";
+  const Reply refused = post(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_EQ(refused.body["error"]["param"], "response_format.json_schema.schema");
+  EXPECT_NE(refused.body["error"]["message"].get<std::string>().find(
+                "at #/properties/name: pattern is not supported"),
+            std::string::npos)
+      << refused.raw;
 }
 
 TEST_F(ServerE2E, SixteenConcurrentStreamsArePrefilledTogetherAndMatchTheirSoloAnswers) {

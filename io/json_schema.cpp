@@ -1,0 +1,419 @@
+#include "io/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+
+namespace pipeline {
+
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+// Keywords that describe a value without constraining it.
+const std::set<std::string, std::less<>> kAnnotations = {
+    "title",    "description", "default",  "examples",  "$schema", "$id",
+    "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",   "definitions",
+};
+// Keywords that constrain a value, by the kind they apply to.
+const std::set<std::string, std::less<>> kValueKeywords = {
+    "type",     "properties", "required",  "additionalProperties", "items", "minItems",
+    "maxItems", "minLength",  "maxLength",
+};
+
+constexpr size_t kMaxNodes = 65535;  // SchemaPrefix keeps a node's index in 16 bits
+constexpr int kMaxNesting = 128;     // subschemas within subschemas
+
+std::string child_pointer(const std::string& pointer, const std::string& key) {
+  std::string escaped;
+  for (char c : key) {
+    if (c == '~') {
+      escaped += "~0";
+    } else if (c == '/') {
+      escaped += "~1";
+    } else {
+      escaped += c;
+    }
+  }
+  return pointer + "/" + escaped;
+}
+
+uint8_t kind_of(const Json& value) {
+  switch (value.type()) {
+    case Json::value_t::object:
+      return kObjectKind;
+    case Json::value_t::array:
+      return kArrayKind;
+    case Json::value_t::string:
+      return kStringKind;
+    case Json::value_t::boolean:
+      return kBooleanKind;
+    case Json::value_t::null:
+      return kNullKind;
+    case Json::value_t::number_float:
+      return kNumberKind;
+    default:
+      return kIntegerKind;
+  }
+}
+
+// The kinds a value's first byte tells apart: an integer begins as any number does.
+uint8_t first_byte_classes(uint8_t kinds) {
+  return kinds & kIntegerKind ? uint8_t((kinds & ~kIntegerKind) | kNumberKind) : kinds;
+}
+
+std::string class_name(uint8_t classes) {
+  static const std::pair<uint8_t, const char*> kNames[] = {
+      {kObjectKind, "objects"}, {kArrayKind, "arrays"},     {kStringKind, "strings"},
+      {kNumberKind, "numbers"}, {kBooleanKind, "booleans"}, {kNullKind, "null"},
+  };
+  for (const auto& [kind, name] : kNames)
+    if (classes & kind) return name;
+  return "values";
+}
+
+}  // namespace
+
+class JsonSchemaCompiler {
+ public:
+  explicit JsonSchemaCompiler(const Json& document) : document_(document) {}
+
+  std::shared_ptr<const JsonSchema> run() {
+    auto schema = std::make_shared<JsonSchema>();
+    nodes_ = &schema->nodes_;
+    add_node("");  // node 0: any value
+    schema->root_ = compile(document_, "", 0);
+    flatten_branches();
+    check_finishable();
+    return schema;
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& pointer, const std::string& why) {
+    throw JsonSchemaError("at #" + pointer + ": " + why);
+  }
+
+  int add_node(const std::string& pointer) {
+    if (nodes_->size() == kMaxNodes)
+      fail(pointer, "more than " + std::to_string(kMaxNodes) + " subschemas");
+    nodes_->push_back(JsonSchema::Node{});
+    nodes_->back().pointer = pointer;
+    return int(nodes_->size() - 1);
+  }
+  JsonSchema::Node& node(int index) { return (*nodes_)[size_t(index)]; }
+
+  // The node of the subschema at `pointer`, compiled once however often it is referred to.
+  int compile(const Json& schema, const std::string& pointer, int nesting) {
+    if (const auto known = compiled_.find(pointer); known != compiled_.end()) return known->second;
+    if (nesting > kMaxNesting)
+      fail(pointer, "subschemas nest deeper than " + std::to_string(kMaxNesting));
+    if (schema.is_boolean()) {
+      if (!schema.get<bool>()) fail(pointer, "false admits no value");
+      return 0;
+    }
+    if (!schema.is_object()) fail(pointer, "a schema is an object or a boolean");
+    check_keywords(schema, pointer);
+    if (const int alias = compile_alias(schema, pointer, nesting); alias >= 0) {
+      compiled_[pointer] = alias;
+      return alias;
+    }
+    const int index = add_node(pointer);
+    compiled_[pointer] = index;  // before its subschemas, which may refer back to it
+    if (schema.contains("enum") || schema.contains("const")) {
+      compile_texts(schema, pointer, index);
+    } else if (schema.contains("anyOf") || schema.contains("oneOf")) {
+      compile_branches(schema, pointer, index, nesting);
+    } else {
+      node(index).kinds = read_type(schema, pointer);
+      compile_object(schema, pointer, index, nesting);
+      compile_array(schema, pointer, index, nesting);
+      node(index).min_length = read_count(schema, "minLength", pointer, 0);
+      node(index).max_length = read_count(schema, "maxLength", pointer, JsonSchema::kUnlimited);
+      if (node(index).min_length > node(index).max_length)
+        fail(pointer, "minLength is above maxLength");
+    }
+    return index;
+  }
+
+  // Every keyword is known, and the combining ones ($ref, enum, const, anyOf, oneOf, allOf)
+  // stand beside nothing but annotations and, for enum and const, type.
+  static void check_keywords(const Json& schema, const std::string& pointer) {
+    std::string combining;
+    bool typed = false;
+    bool constrains = false;
+    for (const auto& [key, value] : schema.items()) {
+      if (kAnnotations.count(key)) continue;
+      if (key == "$ref" || key == "enum" || key == "const" || key == "anyOf" || key == "oneOf" ||
+          key == "allOf") {
+        if (!combining.empty()) fail(pointer, combining + " beside " + key + " is not supported");
+        combining = key;
+      } else if (kValueKeywords.count(key)) {
+        typed = typed || key == "type";
+        constrains = constrains || key != "type";
+      } else {
+        fail(pointer, key + " is not supported");
+      }
+    }
+    const bool takes_type = combining == "enum" || combining == "const";
+    if (!combining.empty() && (constrains || (typed && !takes_type)))
+      fail(pointer, combining + " beside other constraints is not supported");
+  }
+
+  // $ref and a one-schema allOf stand for another subschema: its node, not a new one.
+  int compile_alias(const Json& schema, const std::string& pointer, int nesting) {
+    if (const auto all = schema.find("allOf"); all != schema.end()) {
+      if (!all->is_array() || all->size() != 1)
+        fail(pointer, "allOf is supported with one schema only");
+      return compile((*all)[0], child_pointer(pointer, "allOf") + "/0", nesting + 1);
+    }
+    const auto ref = schema.find("$ref");
+    if (ref == schema.end()) return -1;
+    if (!ref->is_string() || ref->get_ref<const std::string&>().rfind('#', 0) != 0)
+      fail(pointer, "$ref must be a place in this schema, '#' or '#/...'");
+    const std::string target = ref->get_ref<const std::string&>().substr(1);
+    if (!resolving_.insert(pointer).second) fail(pointer, "$ref leads back to itself");
+    const Json* referred = nullptr;
+    try {
+      const Json::json_pointer at(target);
+      if (document_.contains(at)) referred = &document_.at(at);
+    } catch (const nlohmann::json::exception&) {
+    }
+    if (!referred) fail(pointer, "$ref '#" + target + "' names nothing in this schema");
+    const int index = compile(*referred, target, nesting + 1);
+    resolving_.erase(pointer);
+    return index;
+  }
+
+  static uint8_t read_type(const Json& schema, const std::string& pointer) {
+    const auto type = schema.find("type");
+    if (type == schema.end()) return kAnyKind;
+    static const std::map<std::string, uint8_t, std::less<>> kTypes = {
+        {"object", kObjectKind},
+        {"array", kArrayKind},
+        {"string", kStringKind},
+        {"integer", kIntegerKind},
+        {"number", kNumberKind | kIntegerKind},
+        {"boolean", kBooleanKind},
+        {"null", kNullKind},
+    };
+    const Json names = type->is_array() ? *type : Json::array({*type});
+    uint8_t kinds = 0;
+    for (const Json& name : names) {
+      const auto known =
+          name.is_string() ? kTypes.find(name.get_ref<const std::string&>()) : kTypes.end();
+      if (known == kTypes.end())
+        fail(child_pointer(pointer, "type"),
+             "type is one of object, array, string, integer, number, boolean and null, or a "
+             "list of them, not " +
+                 name.dump());
+      kinds |= known->second;
+    }
+    if (kinds == 0) fail(child_pointer(pointer, "type"), "type lists no type");
+    return kinds;
+  }
+
+  static uint32_t read_count(const Json& schema, const char* keyword, const std::string& pointer,
+                             uint32_t fallback) {
+    const auto value = schema.find(keyword);
+    if (value == schema.end()) return fallback;
+    if (!value->is_number_unsigned() || value->get<uint64_t>() >= JsonSchema::kUnlimited)
+      fail(child_pointer(pointer, keyword),
+           std::string(keyword) + " must be a non-negative integer below 2^32 - 1");
+    return uint32_t(value->get<uint64_t>());
+  }
+
+  // enum and const: the values it may be, as compact JSON texts, those of another type left out.
+  void compile_texts(const Json& schema, const std::string& pointer, int index) {
+    const uint8_t kinds = read_type(schema, pointer);
+    const bool is_enum = schema.contains("enum");
+    const Json& values = is_enum ? schema.at("enum") : Json::array({schema.at("const")});
+    if (!values.is_array() || values.empty())
+      fail(child_pointer(pointer, "enum"), "enum must be a list of at least one value");
+    JsonSchema::Node& texts_node = node(index);
+    texts_node.kinds = 0;
+    for (const Json& value : values) {
+      uint8_t kind = kind_of(value);
+      if (kind == kNumberKind && (kinds & kIntegerKind) &&
+          std::trunc(value.get<double>()) == value.get<double>())
+        kind = kIntegerKind;  // 1.0 is an integer
+      if (!(kinds & kind)) continue;
+      texts_node.kinds |= kind;
+      try {
+        texts_node.texts.push_back(value.dump());
+      } catch (const nlohmann::json::exception&) {
+        fail(pointer, "an enum value is not valid UTF-8");
+      }
+    }
+    if (texts_node.texts.empty())
+      fail(pointer, std::string(is_enum ? "enum" : "const") + " has no value of its type");
+    std::sort(texts_node.texts.begin(), texts_node.texts.end());
+    texts_node.texts.erase(std::unique(texts_node.texts.begin(), texts_node.texts.end()),
+                           texts_node.texts.end());
+  }
+
+  void compile_branches(const Json& schema, const std::string& pointer, int index, int nesting) {
+    const char* keyword = schema.contains("anyOf") ? "anyOf" : "oneOf";
+    const Json& list = schema.at(keyword);
+    if (!list.is_array() || list.empty())
+      fail(child_pointer(pointer, keyword),
+           std::string(keyword) + " must be a list of at least one schema");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const int branch =
+          compile(list[i], child_pointer(pointer, keyword) + "/" + std::to_string(i), nesting + 1);
+      node(index).branches.push_back(branch);
+    }
+  }
+
+  void compile_object(const Json& schema, const std::string& pointer, int index, int nesting) {
+    std::vector<JsonSchema::Property> properties;
+    if (const auto listed = schema.find("properties"); listed != schema.end()) {
+      if (!listed->is_object())
+        fail(child_pointer(pointer, "properties"), "properties is an object");
+      const std::string at = child_pointer(pointer, "properties");
+      for (const auto& [key, subschema] : listed->items())
+        properties.push_back(
+            {Json(key).dump(), compile(subschema, child_pointer(at, key), nesting + 1), false});
+    }
+    if (const auto required = schema.find("required"); required != schema.end()) {
+      if (!required->is_array()) fail(child_pointer(pointer, "required"), "required is a list");
+      for (const Json& name : *required) {
+        const std::string key = name.is_string() ? Json(name).dump() : "";
+        const auto property = std::find_if(properties.begin(), properties.end(),
+                                           [&](const auto& p) { return p.key == key; });
+        if (property == properties.end())
+          fail(child_pointer(pointer, "required"),
+               "required lists " + name.dump() + ", which is not among its properties");
+        property->required = true;
+      }
+    }
+    const int other_keys = compile_other_keys(schema, pointer, !properties.empty(), nesting);
+    JsonSchema::Node& object = node(index);
+    object.other_keys = other_keys;
+    object.properties = std::move(properties);
+    const size_t count = object.properties.size();
+    std::vector<uint32_t> order(count);
+    std::iota(order.begin(), order.end(), 0u);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return object.properties[a].key < object.properties[b].key;
+    });
+    for (uint32_t i : order) object.key_texts.push_back(object.properties[i].key);
+    object.key_properties = std::move(order);
+    object.next_required.assign(count + 1, uint32_t(count));
+    for (size_t i = count; i-- > 0;)
+      object.next_required[i] =
+          object.properties[i].required ? uint32_t(i) : object.next_required[i + 1];
+  }
+
+  // additionalProperties: with properties, only false (or nothing: keys come in their order);
+  // without, any key, its value as the subschema says.
+  int compile_other_keys(const Json& schema, const std::string& pointer, bool has_properties,
+                         int nesting) {
+    const auto other = schema.find("additionalProperties");
+    if (other == schema.end()) return has_properties ? -1 : 0;
+    if (other->is_boolean() && !other->get<bool>()) return -1;
+    if (has_properties)
+      fail(child_pointer(pointer, "additionalProperties"),
+           "additionalProperties beside properties is supported as false only");
+    return compile(*other, child_pointer(pointer, "additionalProperties"), nesting + 1);
+  }
+
+  void compile_array(const Json& schema, const std::string& pointer, int index, int nesting) {
+    int items = 0;
+    if (const auto listed = schema.find("items"); listed != schema.end()) {
+      if (listed->is_array())
+        fail(child_pointer(pointer, "items"), "items as a list (a tuple) is not supported");
+      items = compile(*listed, child_pointer(pointer, "items"), nesting + 1);
+    }
+    JsonSchema::Node& array = node(index);
+    array.items = items;
+    array.min_items = read_count(schema, "minItems", pointer, 0);
+    array.max_items = read_count(schema, "maxItems", pointer, JsonSchema::kUnlimited);
+    if (array.min_items > array.max_items) fail(pointer, "minItems is above maxItems");
+  }
+
+  // anyOf within anyOf is one list of alternatives that are not themselves lists; the first
+  // byte of a value must tell which it is.
+  void flatten_branches() {
+    for (size_t index = 0; index < nodes_->size(); ++index) {
+      if (node(int(index)).branches.empty()) continue;
+      std::vector<int> leaves;
+      std::set<int> visiting;
+      collect_leaves(int(index), visiting, leaves);
+      uint8_t classes = 0;
+      node(int(index)).kinds = 0;
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        const uint8_t leaf_classes = first_byte_classes(node(leaves[i]).kinds);
+        if (classes & leaf_classes) {
+          const int other = *std::find_if(leaves.begin(), leaves.begin() + long(i), [&](int l) {
+            return first_byte_classes(node(l).kinds) & leaf_classes;
+          });
+          fail(node(int(index)).pointer,
+               "alternatives #" + node(other).pointer + " and #" + node(leaves[i]).pointer +
+                   " both admit " + class_name(classes & leaf_classes) +
+                   ": a value's first byte must tell the alternatives apart");
+        }
+        classes |= leaf_classes;
+        node(int(index)).kinds |= node(leaves[i]).kinds;
+      }
+      node(int(index)).branches = std::move(leaves);
+    }
+  }
+
+  void collect_leaves(int index, std::set<int>& visiting, std::vector<int>& leaves) {
+    const JsonSchema::Node& branching = node(index);
+    if (branching.branches.empty()) {
+      if (std::find(leaves.begin(), leaves.end(), index) == leaves.end()) leaves.push_back(index);
+      return;
+    }
+    if (!visiting.insert(index).second)
+      fail(branching.pointer, "its alternatives lead back to it before any value begins");
+    for (int branch : std::vector<int>(branching.branches))
+      collect_leaves(branch, visiting, leaves);
+    visiting.erase(index);
+  }
+
+  // Every value a model may begin can be finished: an object's required properties and an
+  // array's required items must have finite values (a schema may refer to itself only through
+  // something it can leave out).
+  void check_finishable() {
+    std::vector<bool> finishable(nodes_->size(), false);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t index = 0; index < nodes_->size(); ++index) {
+        if (finishable[index]) continue;
+        const JsonSchema::Node& n = node(int(index));
+        bool can = true;
+        if (!n.branches.empty()) {
+          for (int leaf : n.branches) can = can && finishable[size_t(leaf)];
+        } else if (n.texts.empty()) {
+          if (n.kinds & kObjectKind)
+            for (const auto& property : n.properties)
+              can = can && (!property.required || finishable[size_t(property.node)]);
+          if (n.kinds & kArrayKind) can = can && (n.min_items == 0 || finishable[size_t(n.items)]);
+        }
+        if (can) finishable[index] = changed = true;
+      }
+    }
+    for (size_t index = 0; index < nodes_->size(); ++index)
+      if (!finishable[index])
+        fail(node(int(index)).pointer, "no value of it is finite: it requires itself");
+  }
+
+  const Json& document_;
+  std::vector<JsonSchema::Node>* nodes_ = nullptr;
+  std::map<std::string, int> compiled_;  // pointer -> node
+  std::set<std::string> resolving_;      // $refs being followed
+};
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_json& schema) {
+  return JsonSchemaCompiler(schema).run();
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
+  static const std::shared_ptr<const JsonSchema> schema = compile({{"type", "object"}});
+  return schema;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,407 @@
+// response_format json_schema: the schema compiler (JsonSchema) and the recogniser that holds
+// bytes to it (SchemaPrefix). An independent validator of the same keywords checks what the
+// recogniser lets through.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "io/json_schema.h"
+#include "io/schema_prefix.h"
+
+namespace pipeline {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::shared_ptr<const JsonSchema> compile(const std::string& schema) {
+  return JsonSchema::compile(Json::parse(schema));
+}
+
+// How many leading bytes of `text` the schema's recogniser accepts, and whether it is then whole.
+struct Fed {
+  size_t accepted = 0;
+  bool complete = false;
+};
+Fed feed_all(const JsonSchema& schema, const std::string& text) {
+  SchemaPrefix prefix(schema);
+  Fed fed;
+  for (char c : text) {
+    if (!prefix.feed(uint8_t(c))) return fed;
+    ++fed.accepted;
+  }
+  fed.complete = prefix.complete();
+  return fed;
+}
+
+// ---- An independent validator of the supported keywords, as JSON Schema reads them, plus the
+// order of keys that structured outputs promise.
+
+size_t code_points(const std::string& text) {
+  size_t count = 0;
+  for (char c : text) count += (uint8_t(c) & 0xC0) != 0x80;
+  return count;
+}
+
+// A number with no fraction; nlohmann reads one beyond 64 bits as a double.
+bool is_integer(const Json& value) {
+  return value.is_number_integer() ||
+         (value.is_number_float() && std::trunc(value.get<double>()) == value.get<double>());
+}
+
+bool validates(const Json& schema, const Json& value, const Json& root) {
+  if (schema.is_boolean()) return schema.get<bool>();
+  if (schema.contains("$ref"))
+    return validates(root.at(Json::json_pointer(schema["$ref"].get<std::string>().substr(1))),
+                     value, root);
+  if (schema.contains("allOf")) return validates(schema["allOf"][0], value, root);
+  for (const char* any : {"anyOf", "oneOf"})
+    if (schema.contains(any)) {
+      for (const Json& branch : schema[any])
+        if (validates(branch, value, root)) return true;
+      return false;
+    }
+  if (schema.contains("const") && value != schema["const"]) return false;
+  if (schema.contains("enum") &&
+      std::find(schema["enum"].begin(), schema["enum"].end(), value) == schema["enum"].end())
+    return false;
+  if (schema.contains("type")) {
+    const Json types = schema["type"].is_array() ? schema["type"] : Json::array({schema["type"]});
+    bool fits = false;
+    for (const Json& type : types) {
+      const std::string name = type;
+      fits = fits || (name == "object" && value.is_object()) ||
+             (name == "array" && value.is_array()) || (name == "string" && value.is_string()) ||
+             (name == "integer" && is_integer(value)) || (name == "number" && value.is_number()) ||
+             (name == "boolean" && value.is_boolean()) || (name == "null" && value.is_null());
+    }
+    if (!fits) return false;
+  }
+  if (value.is_object()) {
+    const Json properties = schema.value("properties", Json::object());
+    const Json others = schema.value("additionalProperties", Json(properties.empty()));
+    size_t next = 0;  // keys come in the order of properties
+    for (const auto& [key, member] : value.items()) {
+      size_t at = 0;  // the property's place among properties
+      for (const auto& [name, subschema] : properties.items()) {
+        if (name == key) break;
+        ++at;
+      }
+      if (at < properties.size()) {
+        if (at < next || !validates(properties[key], member, root)) return false;
+        next = at + 1;
+      } else if (!validates(others, member, root)) {
+        return false;
+      }
+    }
+    for (const Json& name : schema.value("required", Json::array()))
+      if (!value.contains(name.get<std::string>())) return false;
+  }
+  if (value.is_array()) {
+    if (value.size() < schema.value("minItems", size_t(0)) ||
+        value.size() > schema.value("maxItems", SIZE_MAX))
+      return false;
+    for (const Json& item : value)
+      if (!validates(schema.value("items", Json(true)), item, root)) return false;
+  }
+  if (value.is_string()) {
+    const size_t length = code_points(value.get<std::string>());
+    if (length < schema.value("minLength", size_t(0)) ||
+        length > schema.value("maxLength", SIZE_MAX))
+      return false;
+  }
+  return true;
+}
+
+// Schemas of every supported kind, each with values it admits and prefixes it refuses.
+const char* const kPerson = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 5},
+    "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 2},
+    "nick": {"type": ["string", "null"]}
+  },
+  "required": ["name", "age"]
+})";
+const char* const kTree = R"({
+  "$defs": {"node": {"type": "object",
+                     "properties": {"v": {"type": "integer"},
+                                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                     "required": ["v"]}},
+  "$ref": "#/$defs/node"
+})";
+const char* const kOwner = R"({
+  "$defs": {"Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind",
+                                            "type": "string"}},
+                    "required": ["kind"], "title": "Pet", "type": "object"}},
+  "properties": {"name": {"title": "Name", "type": "string"},
+                 "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}], "default": null}},
+  "required": ["name"], "title": "Owner", "type": "object"
+})";
+const char* const kScalars = R"({
+  "anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer"}, {"type": "null"}]
+})";
+const char* const kEnum = R"({"enum": ["red", "green", 1, [1, 2], {"a": null}, 2.5]})";
+const char* const kCounts = R"({"type": "object", "additionalProperties": {"type": "integer"}})";
+const char* const kMatrix = R"({
+  "type": "array", "minItems": 1, "maxItems": 3,
+  "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+})";
+
+struct Case {
+  const char* schema;
+  std::vector<std::string> admitted;
+  // Each prefix is accepted, and the text after it is refused at its first byte.
+  std::vector<std::pair<std::string, std::string>> refused;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {kPerson,
+       {R"({"name":"Li","age":3})", R"({"name":"Lé","age":-12,"tags":["bc","a"],"nick":null})",
+        "{\n  \"name\": \"x\",\n  \"age\": 0\n}", R"({"name":"\u00e9","age":1,"nick":"z"})"},
+       {{"", "["},                           // an object
+        {"{\"", "a"},                        // name comes first: it is required
+        {"{\"name\":\"", "\""},              // minLength 1
+        {"{\"name\":\"abcde", "f"},          // maxLength 5
+        {"{\"name\":\"a\",\"age\":1", "."},  // an integer
+        {"{\"name\":\"a\",\"age\":1", "e"},  //
+        {"{\"name\":\"a\"", "}"},            // age is required
+        {"{\"name\":\"a\",\"age\":1,\"tags\":[\"a\",\"a\"", ","},  // maxItems 2
+        {"{\"name\":\"a\",\"age\":1,\"tags\":[\"b", "\""},         // "bc" or "a"
+        {"{\"name\":\"a\",\"age\":1,\"nick\":null", ","},  // nothing after the last property
+        {"{\"name\":\"a\",\"age\":1,\"n", "a"},            // name again: keys come in order
+        {"{\"name\":\"a\",\"age\":1,\"", "x"},             // no other key
+        {"{\"name\":\"a\",\"age\":1,\"tags\":", "{"},      //
+        {"{\"name\":\"a\",\"age\":1,\"nick\":", "1"}}},
+      {kTree,
+       {R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]})", R"({"v":0})"},
+       {{"{\"v\":1,\"kids\":[{\"", "k"}, {"{\"v\":1,\"kids\":[", "1"}}},
+      {kOwner,
+       {R"({"name":"Ann","pet":{"kind":"dog"}})", R"({"name":"Ann","pet":null})",
+        R"({"name":"Ann"})"},
+       {{"{\"name\":\"Ann\",\"pet\":", "\""}, {"{\"name\":\"Ann\",\"pet\":{\"kind\":\"c", "o"}}},
+      {kScalars,
+       {R"("a")", "5", "-40", "null", R"("")"},
+       {{"\"a", "b"}, {"5", "."}, {"", "t"}, {"5", " "}}},
+      {kEnum,
+       {R"("red")", R"("green")", "1", "[1,2]", R"({"a":null})", "2.5"},
+       {{"\"re", "\""}, {"[1,", " "}, {"1", "2"}, {"", "3"}, {"2.", "4"}}},
+      {kCounts, {R"({"x":1,"y":-2})", "{}", R"({"":0})"}, {{"{\"x\":", "\""}, {"{\"x\":1", "."}}},
+      {kMatrix,
+       {"[[1,2.5]]", "[[1,2],[3e2,-4],[0,0]]"},
+       {{"", "{"}, {"[", "]"}, {"[[1", "]"}, {"[[1,2", ","}, {"[[1,2],[3,4],[5,6]", ","}}},
+      {R"({"type": "integer"})", {"42", "-0", "7"}, {{"4", "."}, {"42", " "}, {"", "\""}}},
+      {R"({"type": "string", "maxLength": 2})",
+       {R"("ab")", R"("\uD83D\uDE00a")", R"("é€")"},
+       {{"\"ab", "c"}, {"\"\\uD83D\\uDE00a", "b"}}},
+      {R"({"type": "object", "additionalProperties": false})", {"{}"}, {{"{", "\""}}},
+      {R"({"const": {"k": [true]}})", {R"({"k":[true]})"}, {{"{\"k\":[true", ","}}},
+  };
+  return all;
+}
+
+TEST(SchemaPrefix, AcceptsWhatTheSchemaAdmitsAndRefusesTheRestAtTheFirstByte) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.schema);
+    const auto schema = compile(c.schema);
+    const Json document = Json::parse(c.schema);
+    for (const std::string& text : c.admitted) {
+      SCOPED_TRACE(text);
+      ASSERT_TRUE(validates(document, Json::parse(text), document)) << "a bad test case";
+      const Fed fed = feed_all(*schema, text);
+      EXPECT_EQ(fed.accepted, text.size());
+      EXPECT_TRUE(fed.complete);
+      for (size_t end = 0; end < text.size(); ++end) {
+        // A prefix is whole only where the value is (a number's digits may go on).
+        const std::string prefix = text.substr(0, end);
+        if (feed_all(*schema, prefix).complete) {
+          EXPECT_TRUE(validates(document, Json::parse(prefix), document)) << prefix;
+        }
+      }
+    }
+    for (const auto& [prefix, rest] : c.refused) {
+      SCOPED_TRACE(prefix + " | " + rest);
+      EXPECT_EQ(feed_all(*schema, prefix + rest).accepted, prefix.size());
+    }
+  }
+}
+
+// Finishes an accepted prefix by appending, again and again, the first byte of a fixed list that
+// the recogniser accepts: closing bytes first, then every printable byte (keys and enum texts
+// are spelled out), then UTF-8 continuations. A prefix that cannot be finished stalls it.
+std::string finish(const JsonSchema& schema, const std::string& prefix_text) {
+  static const std::string kTries = [] {
+    std::string tries = "\"}],0:";
+    for (int c = 0x20; c < 0x7F; ++c)
+      if (tries.find(char(c)) == std::string::npos) tries += char(c);
+    for (int c = 0x80; c < 0xC0; c += 0x10) tries += char(c);
+    return tries;
+  }();
+  SchemaPrefix prefix(schema);
+  EXPECT_TRUE(prefix.feed(prefix_text));
+  std::string text = prefix_text;
+  for (int steps = 0; !prefix.complete() && steps < 3000; ++steps) {
+    bool moved = false;
+    for (char c : kTries) {
+      SchemaPrefix trial = prefix;
+      if (trial.feed(uint8_t(c))) {
+        prefix = trial;
+        text += c;
+        moved = true;
+        break;
+      }
+    }
+    if (!moved) {
+      ADD_FAILURE() << "no byte continues the accepted prefix " << text;
+      break;
+    }
+  }
+  EXPECT_TRUE(prefix.complete()) << text;
+  return text;
+}
+
+// Random walks: a byte at a time, any the recogniser accepts, then finished. Every prefix must
+// finish into a value the validator passes.
+TEST(SchemaPrefix, EveryAcceptedPrefixFinishesIntoAValueTheSchemaAdmits) {
+  const std::string kBytes =
+      std::string("{}[]\":,. \n-0123456789eE+truefalsnabcdghikmvxyzAKN\\u/") + "\xC3\xA9\x80";
+  int walks = 0;
+  int overflows = 0;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.schema);
+    const auto schema = compile(c.schema);
+    const Json document = Json::parse(c.schema);
+    std::mt19937 rng(11);
+    for (int walk = 0; walk < 150; ++walk) {
+      SchemaPrefix prefix(*schema);
+      std::string text;
+      const int length = int(rng() % 60);
+      for (int tries = 0; int(text.size()) < length && tries < 2000; ++tries) {
+        const char byte = kBytes[rng() % kBytes.size()];
+        SchemaPrefix trial = prefix;
+        if (!trial.feed(uint8_t(byte))) continue;
+        prefix = trial;
+        text += byte;
+      }
+      const std::string finished = finish(*schema, text);
+      SCOPED_TRACE(finished);
+      Json value;
+      try {
+        value = Json::parse(finished);
+      } catch (const nlohmann::json::out_of_range&) {
+        // JSON's numbers have no bound, nlohmann's doubles do: a walk may write 1e999.
+        ++overflows;
+        continue;
+      }
+      ASSERT_TRUE(validates(document, value, document));
+      ++walks;
+    }
+  }
+  EXPECT_EQ(walks + overflows, int(cases().size()) * 150);
+  EXPECT_LT(overflows, walks / 20);
+}
+
+// Mutants of admitted values: whatever the recogniser takes whole is valid.
+TEST(SchemaPrefix, WhatItTakesWholeIsValidUnderMutation) {
+  const std::string kBytes = "{}[]\":,.-0129eatrunlbcdgxy \n\\";
+  std::mt19937 rng(5);
+  int taken = 0;
+  for (const Case& c : cases()) {
+    const auto schema = compile(c.schema);
+    const Json document = Json::parse(c.schema);
+    for (int i = 0; i < 2000; ++i) {
+      std::string text = c.admitted[rng() % c.admitted.size()];
+      for (int edits = 1 + int(rng() % 2); edits > 0; --edits) {
+        const size_t at = rng() % (text.size() + 1);
+        const char byte = kBytes[rng() % kBytes.size()];
+        if (rng() % 2) {
+          text.insert(text.begin() + long(at), byte);
+        } else if (at < text.size()) {
+          text[at] = byte;
+        }
+      }
+      const Fed fed = feed_all(*schema, text);
+      if (fed.accepted != text.size() || !fed.complete) continue;
+      SCOPED_TRACE(std::string(c.schema) + "\n" + text);
+      const Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+      ASSERT_FALSE(value.is_discarded());
+      ASSERT_TRUE(validates(document, value, document));
+      ++taken;
+    }
+  }
+  EXPECT_GT(taken, 1000);  // the mutants were not all refused
+}
+
+TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"type": "string", "pattern": "a+"})", "at #: pattern is not supported"},
+      {R"({"properties": {"age": {"type": "integer", "minimum": 0}}})",
+       "at #/properties/age: minimum is not supported"},
+      {R"({"properties": {"a/b": {"format": "email"}}})",
+       "at #/properties/a~1b: format is not supported"},
+      {R"({"type": "strin"})", "at #/type: type is one of"},
+      {R"({"type": []})", "at #/type: type lists no type"},
+      {R"({"anyOf": [{"type": "object"}, {"properties": {}}]})",
+       "alternatives #/anyOf/0 and #/anyOf/1 both admit objects"},
+      {R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})", "both admit numbers"},
+      {R"({"properties": {"a": {}}, "required": ["b"]})",
+       "at #/required: required lists \"b\", which is not among its properties"},
+      {R"({"$ref": "#/$defs/missing"})", "at #: $ref '#/$defs/missing' names nothing"},
+      {R"({"$ref": "http://example.com/s.json"})", "must be a place in this schema"},
+      {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
+       "leads back to itself"},
+      {R"({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
+                           "required": ["next"]}}, "$ref": "#/$defs/n"})",
+       "at #/$defs/n: no value of it is finite"},
+      {R"({"type": "array", "items": {"$ref": "#"}, "minItems": 1})",
+       "at #: no value of it is finite"},
+      {R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})", "lead back to it"},
+      {R"({"type": "array", "items": [{}]})", "at #/items: items as a list"},
+      {R"({"type": "array", "minItems": 3, "maxItems": 2})", "minItems is above maxItems"},
+      {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength is above maxLength"},
+      {R"({"type": "string", "minLength": -1})", "at #/minLength: minLength must be"},
+      {R"({"type": "string", "maxLength": 1.5})", "maxLength must be"},
+      {R"({"enum": [1, 2], "type": "string"})", "enum has no value of its type"},
+      {R"({"enum": []})", "enum must be a list of at least one value"},
+      {R"({"enum": ["a"], "minLength": 2})", "enum beside other constraints"},
+      {R"({"anyOf": [{}], "type": "object"})", "anyOf beside other constraints"},
+      {R"({"anyOf": [{}], "$ref": "#"})", "beside"},
+      {R"({"properties": {"a": {}}, "additionalProperties": true})",
+       "additionalProperties beside properties is supported as false only"},
+      {R"({"allOf": [{}, {}]})", "allOf is supported with one schema only"},
+      {"false", "at #: false admits no value"},
+      {"[1]", "at #: a schema is an object or a boolean"},
+      {R"({"properties": []})", "properties is an object"},
+  };
+  for (const auto& [schema, message] : refused) {
+    SCOPED_TRACE(schema);
+    try {
+      compile(schema);
+      ADD_FAILURE() << "compiled";
+    } catch (const JsonSchemaError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Keys in the order properties are written (a JSON object's own order), optional ones skipped;
+// annotations, allOf of one schema and true are taken as what they mean.
+TEST(JsonSchema, KeepsThePropertiesInTheOrderWritten) {
+  const auto schema = compile(R"({
+    "title": "Answer", "description": "d", "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "properties": {"zeta": {"type": "string"}, "alpha": {"allOf": [{"type": "boolean"}]},
+                   "mid": true},
+    "required": ["alpha"]})");
+  EXPECT_TRUE(feed_all(*schema, R"({"zeta":"z","alpha":true,"mid":[{}]})").complete);
+  EXPECT_TRUE(feed_all(*schema, R"({"alpha":false})").complete);
+  EXPECT_EQ(feed_all(*schema, R"({"alpha":false,"zeta")").accepted, 16u);
+  EXPECT_EQ(feed_all(*schema, R"({"mid")").accepted, 2u);  // alpha, required, comes before it
+}
+
+}  // namespace
+}  // namespace pipeline
