@@ -30,7 +30,9 @@
 #include "graph/scheduler.h"
 #include "graph/serve_config.h"
 #include "graph/stage_registry.h"
+#include "io/json_schema.h"
 #include "io/tokenizer.h"
+#include "model/json_mode.h"
 #include "model/model_runner.h"
 
 namespace pipeline {
@@ -129,7 +131,7 @@ struct StageBench {
     request->id = "chatcmpl-bench-" + std::to_string(next_number);
     request->messages = {{"system", "You are a helpful assistant."}, {"user", prose(words)}};
     request->sampling = sampling;
-    request->json_object = json_object;
+    if (json_object) request->json_schema = JsonSchema::any_object();
     request->ignore_eos = true;   // random logits pick the EOS id too
     request->stop = {"\nUser:"};  // detokenize matches it across tokens
     request->sink = std::make_shared<CountingSink>();
@@ -326,6 +328,42 @@ BENCHMARK(BM_Stage_decode_step)
     ->ArgsProduct({{1, 16, 64}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// JSON mode's mask over LLaMA-2's vocabulary, the redraw's cost in decode_step's sampling 2, in
+// states of response_format json_object (range 0-3) and json_schema (4-6): what the answer has
+// written decides how many tokens are tried and how far into each.
+void BM_JsonMode_mask(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  struct Written {
+    const char* label;
+    bool schema;
+    const char* text;
+  };
+  static const Written kWritten[] = {
+      {"object: after {", false, "{"},
+      {"object: after a key's colon", false, R"({"name":)"},
+      {"object: in a number", false, R"({"n":12)"},
+      {"object: in a string", false, R"({"name":"Li)"},
+      {"schema: a key begun", true, R"({")"},
+      {"schema: in a string of at most 12", true, R"({"name":"Li)"},
+      {"schema: in an enum", true, R"({"name":"Li","mood":"h)"},
+  };
+  static const char* kSchema = R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 12},
+      "mood": {"enum": ["happy", "hungry", "sad", "sleepy"]}, "age": {"type": "integer"}},
+      "required": ["name", "mood", "age"]})";
+  const Written& written = kWritten[state.range(0)];
+  JsonMode mode(b->json_vocabulary,
+                written.schema ? JsonSchema::compile(nlohmann::ordered_json::parse(kSchema))
+                               : JsonSchema::any_object());
+  for (int32_t token : b->tokenizer.encode(written.text, false)) mode.advance(token);
+  std::vector<float> logits(size_t(kVocab), 0.0f);
+  size_t allowed = 0;
+  for (auto _ : state) allowed = mode.mask(logits);
+  state.SetLabel(std::string(written.label) + ": " + std::to_string(allowed) + " tokens fit");
+}
+BENCHMARK(BM_JsonMode_mask)->DenseRange(0, 6)->Unit(benchmark::kMicrosecond);
 
 // detokenize: a step's sampled tokens for range(0) sequences → their text deltas (incremental
 // UTF-8 decoding, the stop string matched across tokens). The tokens are prose's, in order.
