@@ -19,8 +19,19 @@ const std::set<std::string, std::less<>> kAnnotations = {
 };
 // Keywords that constrain a value, by the kind they apply to.
 const std::set<std::string, std::less<>> kValueKeywords = {
-    "type",     "properties", "required",  "additionalProperties", "items", "minItems",
-    "maxItems", "minLength",  "maxLength",
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
 };
 
 constexpr size_t kMaxNodes = 65535;  // SchemaPrefix keeps a node's index in 16 bits
@@ -133,6 +144,7 @@ class JsonSchemaCompiler {
       node(index).max_length = read_count(schema, "maxLength", pointer, JsonSchema::kUnlimited);
       if (node(index).min_length > node(index).max_length)
         fail(pointer, "minLength is above maxLength");
+      read_bounds(schema, pointer, node(index));
     }
     return index;
   }
@@ -222,6 +234,40 @@ class JsonSchemaCompiler {
       fail(child_pointer(pointer, keyword),
            std::string(keyword) + " must be a non-negative integer below 2^32 - 1");
     return uint32_t(value->get<uint64_t>());
+  }
+
+  // minimum, maximum and their exclusive forms, as the integers they leave: of integers only (a
+  // number's fraction would need them digit by digit), within 64 bits.
+  static void read_bounds(const Json& schema, const std::string& pointer, JsonSchema::Node& n) {
+    struct Bound {
+      const char* keyword;
+      bool lower, exclusive;
+    };
+    static constexpr Bound kBounds[] = {{"minimum", true, false},
+                                        {"exclusiveMinimum", true, true},
+                                        {"maximum", false, false},
+                                        {"exclusiveMaximum", false, true}};
+    constexpr double kTwoTo63 = 9223372036854775808.0;
+    for (const Bound& b : kBounds) {
+      const auto value = schema.find(b.keyword);
+      if (value == schema.end()) continue;
+      const std::string at = child_pointer(pointer, b.keyword);
+      if (!value->is_number()) fail(at, std::string(b.keyword) + " must be a number");
+      if (n.kinds & kNumberKind)
+        fail(at, std::string(b.keyword) + " is supported on integers only (type \"integer\")");
+      const double bound = value->get<double>();
+      // The first (or last) integer the bound leaves.
+      const double edge = b.lower ? (b.exclusive ? std::floor(bound) + 1 : std::ceil(bound))
+                                  : (b.exclusive ? std::ceil(bound) - 1 : std::floor(bound));
+      if (!(edge > -kTwoTo63 && edge < kTwoTo63))
+        fail(at, std::string(b.keyword) + " must lie within 64-bit integers");
+      if (b.lower) {
+        n.minimum = std::max(n.minimum, int64_t(edge));
+      } else {
+        n.maximum = std::min(n.maximum, int64_t(edge));
+      }
+    }
+    if (n.minimum > n.maximum) fail(pointer, "no integer lies within its minimum and maximum");
   }
 
   // enum and const: the values it may be, as compact JSON texts, those of another type left out.

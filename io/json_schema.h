@@ -4,10 +4,10 @@
 //
 // Supported (anything else that constrains a value is refused, naming where it is, rather than
 // ignored): type (one or a list), properties, required, additionalProperties, items, minItems,
-// maxItems, minLength, maxLength, enum, const, anyOf and oneOf (alternatives a value's first
-// byte tells apart), allOf of one schema, and $ref to a place in the same document ($defs,
-// definitions; recursion allowed). Annotations (title, description, default, examples, ...) are
-// ignored.
+// maxItems, minLength, maxLength, minimum, maximum, exclusiveMinimum and exclusiveMaximum (of
+// integers), enum, const, anyOf and oneOf (alternatives a value's first byte tells apart), allOf
+// of one schema, and $ref to a place in the same document ($defs, definitions; recursion
+// allowed). Annotations (title, description, default, examples, ...) are ignored.
 //
 // As OpenAI's structured outputs write them: an object's keys come in the order its properties
 // are written, each at most once, the optional ones skippable; an object with properties takes
@@ -75,11 +75,18 @@ class JsonSchema {
     int items = 0;  // arrays
     uint32_t min_items = 0, max_items = kUnlimited;
     uint32_t min_length = 0, max_length = kUnlimited;  // strings, in characters
+    // Integers, inclusive; the limits of int64 stand for no bound.
+    int64_t minimum = std::numeric_limits<int64_t>::min();
+    int64_t maximum = std::numeric_limits<int64_t>::max();
 
     // An object, an array or a string with any members at all: nothing to check inside.
     bool free_object() const { return properties.empty() && other_keys == 0; }
     bool free_array() const { return items == 0 && min_items == 0 && max_items == kUnlimited; }
     bool free_string() const { return min_length == 0 && max_length == kUnlimited; }
+    bool bounded() const {
+      return minimum != std::numeric_limits<int64_t>::min() ||
+             maximum != std::numeric_limits<int64_t>::max();
+    }
   };
 
   // Throws JsonSchemaError for a schema it cannot hold a model to.

@@ -1,6 +1,7 @@
 #include "io/schema_prefix.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace pipeline {
 
@@ -27,25 +28,9 @@ uint8_t kinds_from_first_byte(uint8_t byte) {
 
 }  // namespace
 
-SchemaPrefix& SchemaPrefix::operator=(const SchemaPrefix& other) {
-  schema_ = other.schema_;
-  syntax_ = other.syntax_;
-  done_ = other.done_;
-  used_ = other.used_;
-  lo_ = other.lo_;
-  hi_ = other.hi_;
-  matched_ = other.matched_;
-  std::copy_n(other.frames_.begin(), used_, frames_.begin());
-  return *this;
-}
-
-bool SchemaPrefix::feed(uint8_t byte) {
-  const bool was_string = syntax_.in_string();
-  const bool was_key = syntax_.in_key();
-  const bool was_number = syntax_.in_number();
-  const bool was_literal = syntax_.in_literal();
-  const bool was_between_characters = syntax_.between_characters();
-  const int was_depth = syntax_.depth();
+bool SchemaPrefix::feed_value(uint8_t byte) {
+  if (used_ != 0 && frames_[used_ - 1].follow == Follow::String) return string_byte(byte);
+  const JsonPrefix was = syntax_;
   if (!syntax_.feed(byte)) return false;
   if (used_ == 0) {
     const bool whitespace = byte == ' ' || byte == '\n' || byte == '\t';
@@ -54,42 +39,56 @@ bool SchemaPrefix::feed(uint8_t byte) {
   Frame& top = frames_[used_ - 1];
   const int depth = used_ - 1;  // where the top frame's value began
   // A number ends at the byte after it, which belongs to the container around it.
-  const bool number_ended = was_number && !syntax_.in_number() && was_depth == depth;
+  const bool number_ended = was.in_number() && !syntax_.in_number() && was.depth() == depth;
   // Any other value ends at its last byte: a string's quote, a literal's last letter, a
   // container's bracket.
-  const bool ended =
-      syntax_.depth() == depth && (was_depth == depth + 1 || (was_string && !syntax_.in_string()) ||
-                                   (was_literal && !syntax_.in_literal()));
+  const bool ended = syntax_.depth() == depth &&
+                     (was.depth() == depth + 1 || (was.in_string() && !syntax_.in_string()) ||
+                      (was.in_literal() && !syntax_.in_literal()));
   const JsonSchema::Node& node = node_of(top);
   switch (top.follow) {
     case Follow::Any:
       if (number_ended) return end_value() && container_byte(byte);
       return !ended || end_value();
     case Follow::Integer:
-      if (number_ended) return end_value() && container_byte(byte);
-      return byte != '.' && byte != 'e' && byte != 'E';
-    case Follow::String:
-      if (!syntax_.in_string()) return matched_ >= node.min_length && end_value();
-      if (was_between_characters) {  // a character begins
-        if (matched_ == node.max_length) return false;
-        ++matched_;
-      }
-      return true;
+      if (number_ended) return integer_fits(node) && end_value() && container_byte(byte);
+      return integer_byte(node, byte);
     case Follow::Texts:
       if (number_ended) return text_matched(node.texts) && end_value() && container_byte(byte);
       if (!match(node.texts, byte)) return false;
       return !ended || (text_matched(node.texts) && end_value());
     default:  // Object, Array
-      return was_key ? key_byte(byte) : container_byte(byte);
+      return was.in_key() ? key_byte(byte) : container_byte(byte);
   }
+}
+
+// A byte after a string's opening quote, for a string of limited length.
+bool SchemaPrefix::string_byte(uint8_t byte) {
+  const JsonSchema::Node& node = node_of(frames_[used_ - 1]);
+  const bool begins_a_character = syntax_.between_characters() && byte != '"';
+  if (!syntax_.feed(byte)) return false;
+  if (!syntax_.in_string()) return matched_ >= node.min_length && end_value();
+  if (begins_a_character) {
+    if (matched_ == node.max_length) return false;
+    ++matched_;
+  }
+  return true;
 }
 
 bool SchemaPrefix::complete() const {
   if (!syntax_.complete()) return false;
   if (done_) return true;
   // A number that is the whole text, which ends with the text.
-  return used_ == 1 &&
-         (frames_[0].follow != Follow::Texts || text_matched(node_of(frames_[0]).texts));
+  if (used_ != 1) return false;
+  const JsonSchema::Node& node = node_of(frames_[0]);
+  switch (frames_[0].follow) {
+    case Follow::Texts:
+      return text_matched(node.texts);
+    case Follow::Integer:
+      return integer_fits(node);
+    default:
+      return true;
+  }
 }
 
 bool SchemaPrefix::start_value(int node_index, uint8_t byte) {
@@ -118,8 +117,13 @@ bool SchemaPrefix::start_value(int node_index, uint8_t byte) {
     frame.follow = Follow::String;
     matched_ = 0;
   }
-  if (kinds == (kIntegerKind | kNumberKind) && !(node->kinds & kNumberKind))
+  if (kinds == (kIntegerKind | kNumberKind) && !(node->kinds & kNumberKind)) {
     frame.follow = Follow::Integer;
+    matched_ = 0;
+    magnitude_ = 0;
+    negative_ = false;
+    return integer_byte(*node, byte);
+  }
   return true;
 }
 
@@ -171,6 +175,46 @@ bool SchemaPrefix::eligible_key_in_range() const {
     if (property >= top.count && property <= last) return true;
   }
   return false;
+}
+
+// A byte of an integer (its sign or a digit: JsonPrefix holds the syntax).
+bool SchemaPrefix::integer_byte(const JsonSchema::Node& node, uint8_t byte) {
+  if (byte == '.' || byte == 'e' || byte == 'E') return false;
+  if (!node.bounded()) return true;
+  if (byte == '-') {
+    negative_ = true;
+  } else if (++matched_ <= kMaxDigits) {
+    magnitude_ = magnitude_ * 10 + uint64_t(byte - '0');
+  }
+  return integer_reachable(node);
+}
+
+// Whether the integer begun can still end within its bounds: with k more digits, its magnitude m
+// becomes one of [m * 10^k, (m + 1) * 10^k - 1], ranges that move away from zero as k grows.
+bool SchemaPrefix::integer_reachable(const JsonSchema::Node& node) const {
+  // The bounds, a side without one as far beyond 64 bits as the arithmetic below allows.
+  constexpr __int128 kBeyond = __int128(1) << 126;
+  const __int128 lo = node.minimum == std::numeric_limits<int64_t>::min() ? -kBeyond : node.minimum;
+  const __int128 hi = node.maximum == std::numeric_limits<int64_t>::max() ? kBeyond : node.maximum;
+  if (matched_ == 0) return lo <= 0;                     // "-": -0, or any negative
+  if (magnitude_ == 0) return lo <= 0 && 0 <= hi;        // "0" or "-0": nothing may follow
+  if (matched_ > kMaxDigits) return integer_fits(node);  // beyond 64 bits: only unbounded
+  // A bounded side is within 64 bits, so this ends by scale 10^19, m * scale within 2^127.
+  const __int128 m = magnitude_;
+  for (__int128 scale = 1;; scale *= 10) {
+    const __int128 low = m * scale, high = (m + 1) * scale - 1;
+    if (negative_ ? -low < lo : low > hi) return false;  // more digits only go further
+    if (negative_ ? -high <= hi : high >= lo) return true;
+  }
+}
+
+bool SchemaPrefix::integer_fits(const JsonSchema::Node& node) const {
+  if (!node.bounded()) return true;
+  if (matched_ > kMaxDigits)
+    return negative_ ? node.minimum == std::numeric_limits<int64_t>::min()
+                     : node.maximum == std::numeric_limits<int64_t>::max();
+  const __int128 value = negative_ ? -__int128(magnitude_) : __int128(magnitude_);
+  return value >= node.minimum && value <= node.maximum;
 }
 
 bool SchemaPrefix::next_value(uint8_t byte) {

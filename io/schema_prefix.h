@@ -21,11 +21,31 @@ class SchemaPrefix {
  public:
   explicit SchemaPrefix(const JsonSchema& schema) : schema_(&schema) {}
   SchemaPrefix(const SchemaPrefix& other) { *this = other; }
-  SchemaPrefix& operator=(const SchemaPrefix& other);
+  // Copies only the frames in use (inline: JSON mode's mask copies a state per byte it tries).
+  SchemaPrefix& operator=(const SchemaPrefix& other) {
+    schema_ = other.schema_;
+    syntax_ = other.syntax_;
+    done_ = other.done_;
+    used_ = other.used_;
+    lo_ = other.lo_;
+    hi_ = other.hi_;
+    matched_ = other.matched_;
+    magnitude_ = other.magnitude_;
+    negative_ = other.negative_;
+    for (int i = 0; i < used_; ++i) frames_[size_t(i)] = other.frames_[size_t(i)];
+    return *this;
+  }
 
   // Whether `byte` continues a prefix of a value the schema admits; on false this state is no
   // longer meaningful (try bytes on a copy).
-  bool feed(uint8_t byte);
+  bool feed(uint8_t byte) {
+    // Inside a string the schema does not look into, short of its closing quote, the syntax
+    // alone decides (inline: the commonest case in JSON mode's mask).
+    if (used_ != 0 && frames_[used_ - 1].follow == Follow::Any && byte != '"' &&
+        syntax_.in_string())
+      return syntax_.feed(byte);
+    return feed_value(byte);
+  }
   bool feed(std::string_view bytes) {
     for (char c : bytes)
       if (!feed(uint8_t(c))) return false;
@@ -41,7 +61,7 @@ class SchemaPrefix {
     Object,   // keys, their order and their values
     Array,    // items and their count
     String,   // its length
-    Integer,  // no fraction or exponent
+    Integer,  // no fraction or exponent, and its bounds
     Texts,    // byte by byte against an enum's texts
   };
   // The value that began at syntax depth d is frames_[d] (a frame's index is its depth). JsonPrefix
@@ -52,8 +72,11 @@ class SchemaPrefix {
     uint32_t count;  // objects: the first property that may come next; arrays: items begun
   };
   static constexpr int kMaxFrames = JsonPrefix::kMaxDepth + 1;
+  static constexpr uint32_t kMaxDigits = 19;  // an integer's magnitude_ holds this many
 
+  bool feed_value(uint8_t byte);
   bool start_value(int node, uint8_t byte);
+  bool string_byte(uint8_t byte);
   bool container_byte(uint8_t byte);  // between an object's or array's members
   bool key_byte(uint8_t byte);
   bool next_value(uint8_t byte);
@@ -64,6 +87,9 @@ class SchemaPrefix {
     return texts[lo_].size() == matched_;
   }
   bool eligible_key_in_range() const;
+  bool integer_byte(const JsonSchema::Node& node, uint8_t byte);
+  bool integer_reachable(const JsonSchema::Node& node) const;
+  bool integer_fits(const JsonSchema::Node& node) const;
   const JsonSchema::Node& node_of(const Frame& frame) const { return schema_->node(frame.node); }
 
   const JsonSchema* schema_;
@@ -71,8 +97,11 @@ class SchemaPrefix {
   bool done_ = false;  // the value has ended
   uint8_t used_ = 0;   // frames in use
   // The top frame's progress through what it matches: a key or an enum's texts, [lo_, hi_)
-  // being those that begin with the matched_ bytes written; a string's characters (matched_).
+  // being those that begin with the matched_ bytes written; a string's characters (matched_);
+  // a bounded integer's digits (matched_), their value (while it fits 19 digits) and sign.
   uint32_t lo_ = 0, hi_ = 0, matched_ = 0;
+  uint64_t magnitude_ = 0;
+  bool negative_ = false;
   std::array<Frame, kMaxFrames> frames_;
 };
 

@@ -107,6 +107,15 @@ bool validates(const Json& schema, const Json& value, const Json& root) {
     for (const Json& item : value)
       if (!validates(schema.value("items", Json(true)), item, root)) return false;
   }
+  if (value.is_number()) {
+    const double number = value.get<double>();
+    if ((schema.contains("minimum") && number < schema["minimum"].get<double>()) ||
+        (schema.contains("maximum") && number > schema["maximum"].get<double>()) ||
+        (schema.contains("exclusiveMinimum") &&
+         number <= schema["exclusiveMinimum"].get<double>()) ||
+        (schema.contains("exclusiveMaximum") && number >= schema["exclusiveMaximum"].get<double>()))
+      return false;
+  }
   if (value.is_string()) {
     const size_t length = code_points(value.get<std::string>());
     if (length < schema.value("minLength", size_t(0)) ||
@@ -196,6 +205,18 @@ const std::vector<Case>& cases() {
        {"[[1,2.5]]", "[[1,2],[3e2,-4],[0,0]]"},
        {{"", "{"}, {"[", "]"}, {"[[1", "]"}, {"[[1,2", ","}, {"[[1,2],[3,4],[5,6]", ","}}},
       {R"({"type": "integer"})", {"42", "-0", "7"}, {{"4", "."}, {"42", " "}, {"", "\""}}},
+      {R"({"type": "integer", "minimum": -5, "maximum": 120})",
+       {"0", "-5", "120", "7", "-0", "-1", "99"},
+       {{"-", "6"}, {"12", "1"}, {"120", "0"}, {"-5", "0"}, {"30", "0"}}},
+      {R"({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10})",
+       {"1", "9"},
+       {{"", "0"}, {"1", "0"}, {"", "-"}}},
+      {R"({"type": "integer", "minimum": 10.5})",
+       {"11", "99999999999999999999999"},
+       {{"", "-"}, {"", "0"}}},
+      {R"({"type": ["integer", "null"], "maximum": -3})",
+       {"-3", "-40", "null"},
+       {{"", "0"}, {"", "1"}, {"-", "0"}}},
       {R"({"type": "string", "maxLength": 2})",
        {R"("ab")", R"("\uD83D\uDE00a")", R"("é€")"},
        {{"\"ab", "c"}, {"\"\\uD83D\\uDE00a", "b"}}},
@@ -340,8 +361,8 @@ TEST(SchemaPrefix, WhatItTakesWholeIsValidUnderMutation) {
 TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {R"({"type": "string", "pattern": "a+"})", "at #: pattern is not supported"},
-      {R"({"properties": {"age": {"type": "integer", "minimum": 0}}})",
-       "at #/properties/age: minimum is not supported"},
+      {R"({"properties": {"age": {"type": "integer", "multipleOf": 5}}})",
+       "at #/properties/age: multipleOf is not supported"},
       {R"({"properties": {"a/b": {"format": "email"}}})",
        "at #/properties/a~1b: format is not supported"},
       {R"({"type": "strin"})", "at #/type: type is one of"},
@@ -367,6 +388,14 @@ TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
       {R"({"type": "string", "minLength": -1})", "at #/minLength: minLength must be"},
       {R"({"type": "string", "maxLength": 1.5})", "maxLength must be"},
       {R"({"enum": [1, 2], "type": "string"})", "enum has no value of its type"},
+      {R"({"type": "number", "minimum": 0})",
+       "at #/minimum: minimum is supported on integers only"},
+      {R"({"maximum": 3})", "maximum is supported on integers only"},
+      {R"({"type": "integer", "minimum": 5, "maximum": 4.5})", "no integer lies within"},
+      {R"({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2})",
+       "no integer lies within"},
+      {R"({"type": "integer", "exclusiveMinimum": true})", "exclusiveMinimum must be a number"},
+      {R"({"type": "integer", "maximum": 1e30})", "maximum must lie within 64-bit integers"},
       {R"({"enum": []})", "enum must be a list of at least one value"},
       {R"({"enum": ["a"], "minLength": 2})", "enum beside other constraints"},
       {R"({"anyOf": [{}], "type": "object"})", "anyOf beside other constraints"},
