@@ -16,6 +16,7 @@
 #include "io/tokenizer.h"
 #include "model/json_mode.h"
 #include "model/sampling.h"
+#include "tests/support/schema_prefix_checks.h"
 #include "tests/support/shared_data.h"
 #include "tests/support/stories_tokenizer.h"
 
@@ -32,20 +33,11 @@ JsonMode object_mode(const JsonVocabulary& vocabulary) {
   return JsonMode(vocabulary, JsonSchema::any_object());
 }
 
+using testing::Fed;
+
 // How many leading bytes of `text` JSON-object mode accepts, and whether it is then complete.
-struct Fed {
-  size_t accepted = 0;
-  bool complete = false;
-};
 Fed feed_all(const std::string& text) {
-  SchemaPrefix prefix = object_prefix();
-  Fed fed;
-  for (char c : text) {
-    if (!prefix.feed(uint8_t(c))) return fed;
-    ++fed.accepted;
-  }
-  fed.complete = prefix.complete();
-  return fed;
+  return testing::feed_all(*JsonSchema::any_object(), text);
 }
 
 bool strict_parser_reads_an_object(const std::string& text) {
@@ -53,32 +45,12 @@ bool strict_parser_reads_an_object(const std::string& text) {
   return value.is_object();
 }
 
-// Finishes an accepted prefix by appending, again and again, the first byte of a fixed list that
-// object mode accepts. Every state takes one of them (a quote, a closing bracket, a digit, a
-// literal's letters, the escapes' and UTF-8's continuations), and they lead out of every string
-// and container, so this ends with an object unless some accepted prefix cannot be finished.
+// Finishes an accepted prefix into an object. Every state takes one of these bytes (a quote, a
+// closing bracket, a digit, a literal's letters, the escapes' and UTF-8's continuations), and
+// they lead out of every string and container.
 std::string finish(const std::string& prefix_text) {
   static const std::string kTries = std::string("\"}]:0ruelsaDC\\u") + "\x80\x90\xA0{";
-  SchemaPrefix prefix = object_prefix();
-  EXPECT_TRUE(prefix.feed(prefix_text)) << prefix_text;
-  std::string text = prefix_text;
-  for (int steps = 0; !prefix.complete() && steps < 1000; ++steps) {
-    bool moved = false;
-    for (char c : kTries) {
-      SchemaPrefix trial = prefix;
-      if (trial.feed(uint8_t(c))) {
-        prefix = trial;
-        text += c;
-        moved = true;
-        break;
-      }
-    }
-    if (!moved) {
-      ADD_FAILURE() << "no byte continues the accepted prefix " << json(text).dump();
-      break;
-    }
-  }
-  return text;
+  return testing::finish(*JsonSchema::any_object(), prefix_text, kTries);
 }
 
 const std::vector<std::string> kObjects = {

@@ -11,6 +11,7 @@
 
 #include "io/json_schema.h"
 #include "io/schema_prefix.h"
+#include "tests/support/schema_prefix_checks.h"
 
 namespace pipeline {
 namespace {
@@ -21,21 +22,8 @@ std::shared_ptr<const JsonSchema> compile(const std::string& schema) {
   return JsonSchema::compile(Json::parse(schema));
 }
 
-// How many leading bytes of `text` the schema's recogniser accepts, and whether it is then whole.
-struct Fed {
-  size_t accepted = 0;
-  bool complete = false;
-};
-Fed feed_all(const JsonSchema& schema, const std::string& text) {
-  SchemaPrefix prefix(schema);
-  Fed fed;
-  for (char c : text) {
-    if (!prefix.feed(uint8_t(c))) return fed;
-    ++fed.accepted;
-  }
-  fed.complete = prefix.complete();
-  return fed;
-}
+using testing::Fed;
+using testing::feed_all;
 
 // ---- An independent validator of the supported keywords, as JSON Schema reads them, plus the
 // order of keys that structured outputs promise.
@@ -252,9 +240,8 @@ TEST(SchemaPrefix, AcceptsWhatTheSchemaAdmitsAndRefusesTheRestAtTheFirstByte) {
   }
 }
 
-// Finishes an accepted prefix by appending, again and again, the first byte of a fixed list that
-// the recogniser accepts: closing bytes first, then every printable byte (keys and enum texts
-// are spelled out), then UTF-8 continuations. A prefix that cannot be finished stalls it.
+// Finishes an accepted prefix: closing bytes first, then every printable byte (keys and enum
+// texts are spelled out), then UTF-8 continuations.
 std::string finish(const JsonSchema& schema, const std::string& prefix_text) {
   static const std::string kTries = [] {
     std::string tries = "\"}],0:";
@@ -263,27 +250,7 @@ std::string finish(const JsonSchema& schema, const std::string& prefix_text) {
     for (int c = 0x80; c < 0xC0; c += 0x10) tries += char(c);
     return tries;
   }();
-  SchemaPrefix prefix(schema);
-  EXPECT_TRUE(prefix.feed(prefix_text));
-  std::string text = prefix_text;
-  for (int steps = 0; !prefix.complete() && steps < 3000; ++steps) {
-    bool moved = false;
-    for (char c : kTries) {
-      SchemaPrefix trial = prefix;
-      if (trial.feed(uint8_t(c))) {
-        prefix = trial;
-        text += c;
-        moved = true;
-        break;
-      }
-    }
-    if (!moved) {
-      ADD_FAILURE() << "no byte continues the accepted prefix " << text;
-      break;
-    }
-  }
-  EXPECT_TRUE(prefix.complete()) << text;
-  return text;
+  return testing::finish(schema, prefix_text, kTries);
 }
 
 // Random walks: a byte at a time, any the recogniser accepts, then finished. Every prefix must
