@@ -193,6 +193,16 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
                   "alternatives in logprobs");
 }
 
+// A JSON schema given at `param`, compiled; a 400 naming `param` and the place in the schema
+// when it cannot hold an answer to it.
+std::shared_ptr<const JsonSchema> compile_schema(const JsonBody& schema, const std::string& param) {
+  try {
+    return JsonSchema::compile(schema);
+  } catch (const JsonSchemaError& e) {
+    throw invalid(param, "the schema in " + param + " " + e.what());
+  }
+}
+
 // The schema in response_format json_schema: {"name", "schema", "strict", "description"}, as
 // OpenAI's structured outputs take it. The answer is always held to the schema (strict or not).
 std::shared_ptr<const JsonSchema> read_json_schema(const JsonBody& format) {
@@ -211,16 +221,12 @@ std::shared_ptr<const JsonSchema> read_json_schema(const JsonBody& format) {
   if (!schema)
     throw invalid("response_format.json_schema.schema",
                   "response_format json_schema needs its schema");
-  try {
-    return JsonSchema::compile(*schema);
-  } catch (const JsonSchemaError& e) {
-    throw invalid("response_format.json_schema.schema",
-                  std::string("response_format json_schema: the schema ") + e.what());
-  }
+  return compile_schema(*schema, "response_format.json_schema.schema");
 }
 
 // response_format: {"type": "text"} (the default: null), {"type": "json_object"} (any JSON
-// object) or {"type": "json_schema", "json_schema": {...}}: JSON mode, held to the schema.
+// object; llama.cpp's {"type": "json_object", "schema": {...}} holds it to that schema) or
+// {"type": "json_schema", "json_schema": {...}}: JSON mode, held to the schema.
 std::shared_ptr<const JsonSchema> read_response_format(const JsonBody& body) {
   const JsonBody* value = find_field(body, "response_format");
   if (!value) return nullptr;
@@ -232,9 +238,32 @@ std::shared_ptr<const JsonSchema> read_response_format(const JsonBody& body) {
   if (!type->is_string()) throw wrong_type("response_format.type", "a string", *type);
   const auto& name = type->get_ref<const std::string&>();
   if (name == "text") return nullptr;
-  if (name == "json_object") return JsonSchema::any_object();
+  if (name == "json_object") {
+    const JsonBody* schema = find_field(*value, "schema");
+    return schema ? compile_schema(*schema, "response_format.schema") : JsonSchema::any_object();
+  }
   if (name == "json_schema") return read_json_schema(*value);
   throw invalid("response_format.type", "unknown response_format type '" + name + "': " + kTypes);
+}
+
+// vLLM's guided decoding: guided_json (a schema, or its JSON text) is JSON mode held to that
+// schema. The other forms are refused rather than ignored.
+std::shared_ptr<const JsonSchema> read_guided_json(const JsonBody& body) {
+  for (const char* name : {"guided_choice", "guided_regex", "guided_grammar"})
+    if (find_field(body, name))
+      throw invalid(name, std::string(name) +
+                              " is not supported: guided_json and response_format json_schema are");
+  const JsonBody* value = find_field(body, "guided_json");
+  if (!value) return nullptr;
+  if (!value->is_string()) {
+    if (!value->is_object() && !value->is_boolean())
+      throw wrong_type("guided_json", "a JSON schema (an object, or its text)", *value);
+    return compile_schema(*value, "guided_json");
+  }
+  const JsonBody schema =
+      JsonBody::parse(value->get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded()) throw invalid("guided_json", "guided_json's text is not JSON");
+  return compile_schema(schema, "guided_json");
 }
 
 // best_of: sampling more sequences than are returned, to return the likeliest, is not
@@ -343,8 +372,8 @@ int read_min_tokens(const JsonBody& body, const Request& request) {
                       " (" + std::to_string(request.max_tokens) + ")");
   if (min_tokens > 0 && request.json_schema)
     throw invalid("min_tokens",
-                  "min_tokens cannot be combined with response_format json_object or "
-                  "json_schema: the answer ends when its JSON value is whole");
+                  "min_tokens cannot be combined with JSON mode (response_format json_object "
+                  "or json_schema, guided_json): the answer ends when its JSON value is whole");
   return min_tokens;
 }
 
@@ -537,10 +566,17 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.json_schema = read_response_format(body);
+  if (std::shared_ptr<const JsonSchema> guided = read_guided_json(body)) {
+    if (request.json_schema)
+      throw invalid("guided_json",
+                    "guided_json cannot be combined with response_format json_object or "
+                    "json_schema: give one schema");
+    request.json_schema = std::move(guided);
+  }
   if (request.json_schema && request.ignore_eos)
     throw invalid("ignore_eos",
-                  "ignore_eos cannot be combined with response_format json_object or "
-                  "json_schema: the answer ends when its JSON value is whole");
+                  "ignore_eos cannot be combined with JSON mode (response_format json_object "
+                  "or json_schema, guided_json): the answer ends when its JSON value is whole");
   request.stop_token_ids = read_stop_token_ids(body);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.sampling.min_tokens = read_min_tokens(body, request);

@@ -17,9 +17,10 @@
 //   prompt, so it counts for nothing). max_tokens 0 is allowed with echo: the prompt alone, with
 //   finish_reason "length" and no completion tokens, as vLLM answers it.
 // - null stands for "not given"; unknown fields (user, metadata, ...) are ignored.
-// - response_format json_object or json_schema holds the answer to a JSON value (JsonMode); a
-//   schema the compiler cannot hold an answer to (io/json_schema.h) is a 400 naming the place
-//   in the schema, not a schema ignored.
+// - response_format json_object or json_schema (or llama.cpp's json_object with a schema, or
+//   vLLM's guided_json) holds the answer to a JSON value (JsonMode); a schema the compiler cannot
+//   hold an answer to (io/json_schema.h) is a 400 naming the place in the schema, not a schema
+//   ignored.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
 #pragma once

@@ -441,7 +441,26 @@ std::vector<BadInput> bad_inputs() {
                 {{"type", "object"},
                  {"properties", {{"when", {{"type", "string"}, {"format", "date"}}}}}}}}}}),
        "response_format.json_schema.schema",
-       "response_format json_schema: the schema at #/properties/when: format is not supported"},
+       "the schema in response_format.json_schema.schema at #/properties/when: format is not "
+       "supported"},
+      {chat,
+       with(chat_body(), "response_format",
+            {{"type", "json_object"}, {"schema", {{"type", "string"}, {"pattern", "x"}}}}),
+       "response_format.schema", "the schema in response_format.schema at #: pattern"},
+      {chat, with(chat_body(), "guided_json", 5), "guided_json", "expected a JSON schema"},
+      {chat, with(chat_body(), "guided_json", "{\"type\": "), "guided_json", "is not JSON"},
+      {chat, with(chat_body(), "guided_json", {{"type", "object"}, {"minProperties", 1}}),
+       "guided_json", "the schema in guided_json at #: minProperties is not supported"},
+      {chat,
+       with(with(chat_body(), "guided_json", {{"type", "object"}}), "response_format",
+            {{"type", "json_object"}}),
+       "guided_json", "give one schema"},
+      {chat, with(with(chat_body(), "guided_json", {{"type", "object"}}), "min_tokens", 1),
+       "min_tokens", "guided_json"},
+      {chat, with(chat_body(), "guided_choice", {"yes", "no"}), "guided_choice", "not supported"},
+      {completion, with(completion_body(), "guided_regex", "a+"), "guided_regex", "not supported"},
+      {completion, with(completion_body(), "guided_grammar", "root ::= \"a\""), "guided_grammar",
+       "not supported"},
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
        "unknown response_format type 'yaml'"},
       {completion, with(completion_body(), "top_logprobs", 2), "top_logprobs", "logprobs"},
@@ -518,6 +537,24 @@ TEST(ParseRequest, ResponseFormatJsonObjectAsksForJsonMode) {
   EXPECT_FALSE(
       parse_chat(with(chat_body(), "response_format", {{"type", "text"}})).request->json_schema);
   EXPECT_FALSE(parse_chat(chat_body()).request->json_schema);
+}
+
+// llama.cpp's response_format {"type": "json_object", "schema": ...} and vLLM's guided_json (a
+// schema, or its text) hold the answer to their schema too.
+TEST(ParseRequest, LlamaCppsSchemaAndVllmsGuidedJsonAskForTheirSchema) {
+  const json schema = {{"type", "array"}, {"items", {{"type", "integer"}}}};
+  const std::vector<json> bodies = {
+      with(chat_body(), "response_format", {{"type", "json_object"}, {"schema", schema}}),
+      with(chat_body(), "guided_json", schema),
+      with(completion_body(), "guided_json", schema.dump()),
+  };
+  for (const json& body : bodies) {
+    SCOPED_TRACE(body.dump());
+    const auto parsed = body.contains("messages") ? parse_chat(body) : parse_completion(body);
+    ASSERT_TRUE(parsed.request->json_schema);
+    EXPECT_TRUE(SchemaPrefix(*parsed.request->json_schema).feed("[1,2]"));
+    EXPECT_FALSE(SchemaPrefix(*parsed.request->json_schema).feed("{"));
+  }
 }
 
 // A json_schema's properties are written in the order the request body lists them, not sorted:
