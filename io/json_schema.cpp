@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
+
+#include "io/json_prefix.h"
 
 namespace pipeline {
 
@@ -95,9 +98,10 @@ class JsonSchemaCompiler {
     auto schema = std::make_shared<JsonSchema>();
     nodes_ = &schema->nodes_;
     add_node("");  // node 0: any value
-    schema->root_ = compile(document_, "", 0);
+    root_ = compile(document_, "", 0);
+    schema->root_ = root_;
     flatten_branches();
-    check_finishable();
+    compute_depths();
     return schema;
   }
 
@@ -420,37 +424,96 @@ class JsonSchemaCompiler {
     visiting.erase(index);
   }
 
-  // Every value a model may begin can be finished: an object's required properties and an
-  // array's required items must have finite values (a schema may refer to itself only through
-  // something it can leave out).
-  void check_finishable() {
-    std::vector<bool> finishable(nodes_->size(), false);
+  // The least nesting each node's values need: a least fixpoint, since a schema may refer to
+  // itself. Every kind of value a node admits must have a finite one (a model may begin any of
+  // them: recursion must pass through something it can leave out, or an alternative that ends
+  // it), and the root's must fit in JsonPrefix's nesting.
+  void compute_depths() {
+    constexpr int kInfinite = std::numeric_limits<int>::max();
+    const size_t count = nodes_->size();
+    std::vector<int> any(count, kInfinite), object(count, kInfinite), array(count, kInfinite);
+    const auto deeper = [](int depth) { return depth == kInfinite ? kInfinite : depth + 1; };
     for (bool changed = true; changed;) {
       changed = false;
-      for (size_t index = 0; index < nodes_->size(); ++index) {
-        if (finishable[index]) continue;
+      for (size_t index = count; index-- > 0;) {  // subschemas come after what holds them
         const JsonSchema::Node& n = node(int(index));
-        bool can = true;
+        int o = kInfinite, a = kInfinite, m = kInfinite;
         if (!n.branches.empty()) {
-          for (int leaf : n.branches) can = can && finishable[size_t(leaf)];
-        } else if (n.texts.empty()) {
-          if (n.kinds & kObjectKind)
+          for (int leaf : n.branches) {
+            o = std::min(o, object[size_t(leaf)]);
+            a = std::min(a, array[size_t(leaf)]);
+            m = std::min(m, any[size_t(leaf)]);
+          }
+        } else if (!n.texts.empty()) {
+          for (const std::string& text : n.texts) {
+            const int depth = nesting_of(text);
+            if (text[0] == '{') o = std::min(o, depth);
+            if (text[0] == '[') a = std::min(a, depth);
+            m = std::min(m, depth);
+          }
+        } else {
+          if (n.kinds & kObjectKind) {
+            int deepest = 0;  // of the required properties
             for (const auto& property : n.properties)
-              can = can && (!property.required || finishable[size_t(property.node)]);
-          if (n.kinds & kArrayKind) can = can && (n.min_items == 0 || finishable[size_t(n.items)]);
+              if (property.required) deepest = std::max(deepest, any[size_t(property.node)]);
+            o = deeper(deepest);
+          }
+          if (n.kinds & kArrayKind) a = n.min_items == 0 ? 1 : deeper(any[size_t(n.items)]);
+          m = n.kinds & ~(kObjectKind | kArrayKind) ? 0 : std::min(o, a);
         }
-        if (can) finishable[index] = changed = true;
+        if (o < object[index] || a < array[index] || m < any[index]) {
+          object[index] = o;
+          array[index] = a;
+          any[index] = m;
+          changed = true;
+        }
       }
     }
-    for (size_t index = 0; index < nodes_->size(); ++index)
-      if (!finishable[index])
-        fail(node(int(index)).pointer, "no value of it is finite: it requires itself");
+    const auto stored = [](int depth) {
+      return depth == kInfinite ? JsonSchema::Node::kNever
+                                : uint8_t(std::min(depth, JsonSchema::Node::kNever - 1));
+    };
+    for (size_t index = 0; index < count; ++index) {
+      JsonSchema::Node& n = node(int(index));
+      if (n.branches.empty() && n.texts.empty()) {
+        if ((n.kinds & kObjectKind) && object[index] == kInfinite)
+          fail(n.pointer, "no object of it is finite: it requires itself");
+        if ((n.kinds & kArrayKind) && array[index] == kInfinite)
+          fail(n.pointer, "no array of it is finite: it requires itself");
+      }
+      n.min_depth = stored(any[index]);
+      n.object_depth = stored(object[index]);
+      n.array_depth = stored(array[index]);
+    }
+    if (node(root_).min_depth > JsonPrefix::kMaxDepth)
+      fail(node(root_).pointer, "its values need more than " +
+                                    std::to_string(JsonPrefix::kMaxDepth) + " levels of nesting");
+  }
+
+  // How deep a JSON text's containers nest.
+  static int nesting_of(const std::string& text) {
+    int depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (char c : text) {
+      if (in_string) {
+        in_string = escaped || c != '"';
+        escaped = !escaped && c == '\\';
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{' || c == '[') {
+        deepest = std::max(deepest, ++depth);
+      } else if (c == '}' || c == ']') {
+        --depth;
+      }
+    }
+    return deepest;
   }
 
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
   std::map<std::string, int> compiled_;  // pointer -> node
   std::set<std::string> resolving_;      // $refs being followed
+  int root_ = 0;
 };
 
 std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_json& schema) {

@@ -75,6 +75,13 @@ class JsonSchema {
     int items = 0;  // arrays
     uint32_t min_items = 0, max_items = kUnlimited;
     uint32_t min_length = 0, max_length = kUnlimited;  // strings, in characters
+    // The least nesting (containers within containers, its own included) that a whole value of
+    // it needs: any value, one that begins as an object, one that begins as an array. kNever
+    // where it admits no such value, or none is finite. SchemaPrefix lets a value, key or item
+    // begin only where its least nesting still fits under JsonPrefix::kMaxDepth.
+    static constexpr uint8_t kNever = 255;
+    uint8_t min_depth = 0, object_depth = kNever, array_depth = kNever;
+
     // Integers, inclusive; the limits of int64 stand for no bound.
     int64_t minimum = std::numeric_limits<int64_t>::min();
     int64_t maximum = std::numeric_limits<int64_t>::max();

@@ -101,7 +101,11 @@ bool SchemaPrefix::start_value(int node_index, uint8_t byte) {
     node_index = *branch;
     node = &schema_->node(node_index);
   }
-  if (!(node->kinds & kinds) || used_ == kMaxFrames) return false;
+  // A container must fit its least nesting under the syntax's limit, so that it can be finished.
+  const int nesting = kinds == kObjectKind  ? node->object_depth
+                      : kinds == kArrayKind ? node->array_depth
+                                            : 0;
+  if (!(node->kinds & kinds) || used_ + nesting > JsonPrefix::kMaxDepth) return false;
   Frame& frame = frames_[used_++];
   frame = Frame{uint16_t(node_index), Follow::Any, 0};
   if (!node->texts.empty()) {
@@ -137,14 +141,15 @@ bool SchemaPrefix::container_byte(uint8_t byte) {
     case ':':
       return true;
     case ',':
-      if (top.follow == Follow::Array) return top.count < node.max_items;
-      return node.properties.empty() ? node.other_keys >= 0 : top.count < node.properties.size();
+      if (top.follow == Follow::Array) return top.count < node.max_items && fits(node.items);
+      return node.properties.empty() ? node.other_keys >= 0 && fits(node.other_keys)
+                                     : a_property_fits();
     case '}':
     case ']':
       return close_container();
     default:
       if (!syntax_.in_key()) return next_value(byte);
-      if (node.properties.empty()) return node.other_keys >= 0;
+      if (node.properties.empty()) return node.other_keys >= 0 && fits(node.other_keys);
       lo_ = 0;
       hi_ = uint32_t(node.key_texts.size());
       matched_ = 0;
@@ -166,14 +171,25 @@ bool SchemaPrefix::key_byte(uint8_t byte) {
 }
 
 bool SchemaPrefix::eligible_key_in_range() const {
+  for (uint32_t i = lo_; i < hi_; ++i)
+    if (may_come_next(node_of(frames_[used_ - 1]).key_properties[i])) return true;
+  return false;
+}
+
+// Whether the top object's `property` may come next: not before the last one written, nor after
+// a required one not yet written, and with room for its value's nesting.
+bool SchemaPrefix::may_come_next(uint32_t property) const {
   const Frame& top = frames_[used_ - 1];
   const JsonSchema::Node& node = node_of(top);
-  if (top.count >= node.properties.size()) return false;
-  const uint32_t last = node.next_required[top.count];
-  for (uint32_t i = lo_; i < hi_; ++i) {
-    const uint32_t property = node.key_properties[i];
-    if (property >= top.count && property <= last) return true;
-  }
+  if (property < top.count || property >= node.properties.size()) return false;
+  return property <= node.next_required[top.count] && fits(node.properties[property].node);
+}
+
+// After a comma in the top object: whether some property may come next.
+bool SchemaPrefix::a_property_fits() const {
+  const JsonSchema::Node& node = node_of(frames_[used_ - 1]);
+  for (uint32_t property = frames_[used_ - 1].count; property < node.properties.size(); ++property)
+    if (may_come_next(property)) return true;
   return false;
 }
 

@@ -87,6 +87,13 @@ class SchemaPrefix {
     return texts[lo_].size() == matched_;
   }
   bool eligible_key_in_range() const;
+  bool may_come_next(uint32_t property) const;
+  bool a_property_fits() const;
+  // Whether a value of `node` could be whole within the nesting left to the top container's
+  // members.
+  bool fits(int node) const {
+    return used_ + schema_->node(node).min_depth <= JsonPrefix::kMaxDepth;
+  }
   bool integer_byte(const JsonSchema::Node& node, uint8_t byte);
   bool integer_reachable(const JsonSchema::Node& node) const;
   bool integer_fits(const JsonSchema::Node& node) const;

@@ -139,6 +139,18 @@ const char* const kOwner = R"({
                  "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}], "default": null}},
   "required": ["name"], "title": "Owner", "type": "object"
 })";
+const char* const kList = R"({
+  "$defs": {"L": {"type": "object",
+                  "properties": {"v": {"type": "integer"},
+                                 "next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}},
+                  "required": ["v", "next"]}},
+  "$ref": "#/$defs/L"
+})";
+const char* const kBinaryTree = R"({
+  "anyOf": [{"type": "object", "properties": {"l": {"$ref": "#"}, "r": {"$ref": "#"}},
+             "required": ["l", "r"]},
+            {"type": "integer"}]
+})";
 const char* const kScalars = R"({
   "anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer"}, {"type": "null"}]
 })";
@@ -148,6 +160,14 @@ const char* const kMatrix = R"({
   "type": "array", "minItems": 1, "maxItems": 3,
   "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
 })";
+
+// Objects nested `levels` deep, each requiring the next.
+std::string deeply_nested(int levels) {
+  std::string schema = R"({"type": "integer"})";
+  for (int i = 0; i < levels; ++i)
+    schema = R"({"type": "object", "properties": {"a": )" + schema + R"(}, "required": ["a"]})";
+  return schema;
+}
 
 struct Case {
   const char* schema;
@@ -182,6 +202,10 @@ const std::vector<Case>& cases() {
        {R"({"name":"Ann","pet":{"kind":"dog"}})", R"({"name":"Ann","pet":null})",
         R"({"name":"Ann"})"},
        {{"{\"name\":\"Ann\",\"pet\":", "\""}, {"{\"name\":\"Ann\",\"pet\":{\"kind\":\"c", "o"}}},
+      {kList,
+       {R"({"v":1,"next":{"v":2,"next":null}})", R"({"v":0,"next":null})"},
+       {{"{\"v\":1,\"next\":", "\""}, {"{\"v\":1,\"next\":null", ","}, {"{\"v\":1", "}"}}},
+      {kBinaryTree, {R"({"l":1,"r":{"l":2,"r":3}})", "7"}, {{"{\"l\":1", "}"}, {"{\"l\":", "n"}}},
       {kScalars,
        {R"("a")", "5", "-40", "null", R"("")"},
        {{"\"a", "b"}, {"5", "."}, {"", "t"}, {"5", " "}}},
@@ -294,6 +318,53 @@ TEST(SchemaPrefix, EveryAcceptedPrefixFinishesIntoAValueTheSchemaAdmits) {
   EXPECT_LT(overflows, walks / 20);
 }
 
+// A model that nests as deep as it can, in schemas that recur, can still finish: where a value
+// would need more nesting than the syntax has left, the key or item that begins it is refused,
+// so the recursion's way out (an optional member, null, an integer) is taken.
+TEST(SchemaPrefix, RecursionAsDeepAsTheSyntaxAllowsCanStillFinish) {
+  struct Dive {
+    std::string schema;
+    std::string opening, step;  // written once, then again and again while accepted
+  };
+  const char* const kForest = R"({
+      "type": "array", "items": {"$ref": "#/$defs/t"},
+      "$defs": {"t": {"type": "object",
+                      "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}}})";
+  const std::vector<Dive> dives = {
+      {kTree, "", R"({"v":1,"kids":[)"},
+      {kList, "", R"({"v":1,"next":)"},
+      {kBinaryTree, "", R"({"l":)"},
+      {R"({"type": "array", "items": {"$ref": "#"}})", "", "["},
+      {kForest, "", R"([{"kids":)"},
+      {kForest, "[", R"({"kids":[)"},  // an object at the deepest level: "kids" cannot begin
+      {deeply_nested(64), "", R"({"a":)"},
+  };
+  for (const Dive& dive : dives) {
+    SCOPED_TRACE(dive.schema + "\n" + dive.opening + dive.step);
+    const auto schema = compile(dive.schema);
+    const Json document = Json::parse(dive.schema);
+    SchemaPrefix prefix(*schema);
+    ASSERT_TRUE(prefix.feed(dive.opening));
+    std::string text = dive.opening;
+    int depth = int(dive.opening.size());
+    for (bool going = true; going;) {
+      for (char c : dive.step) {
+        SchemaPrefix trial = prefix;
+        if (!trial.feed(uint8_t(c))) {
+          going = false;
+          break;
+        }
+        prefix = trial;
+        text += c;
+        depth += c == '{' || c == '[';
+      }
+    }
+    EXPECT_GE(depth, JsonPrefix::kMaxDepth - 2);
+    const std::string finished = finish(*schema, text);
+    ASSERT_TRUE(validates(document, Json::parse(finished), document)) << finished;
+  }
+}
+
 // Mutants of admitted values: whatever the recogniser takes whole is valid.
 TEST(SchemaPrefix, WhatItTakesWholeIsValidUnderMutation) {
   const std::string kBytes = "{}[]\":,.-0129eatrunlbcdgxy \n\\";
@@ -345,9 +416,13 @@ TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
        "leads back to itself"},
       {R"({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
                            "required": ["next"]}}, "$ref": "#/$defs/n"})",
-       "at #/$defs/n: no value of it is finite"},
+       "at #/$defs/n: no object of it is finite: it requires itself"},
       {R"({"type": "array", "items": {"$ref": "#"}, "minItems": 1})",
-       "at #: no value of it is finite"},
+       "at #: no array of it is finite"},
+      {R"({"anyOf": [{"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+                     {"type": "array", "items": {"$ref": "#"}, "minItems": 1}]})",
+       "at #/anyOf/0: no object of it is finite"},
+      {deeply_nested(65), "at #: its values need more than 64 levels of nesting"},
       {R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})", "lead back to it"},
       {R"({"type": "array", "items": [{}]})", "at #/items: items as a list"},
       {R"({"type": "array", "minItems": 3, "maxItems": 2})", "minItems is above maxItems"},
