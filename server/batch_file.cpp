@@ -15,7 +15,7 @@ BatchFileError error_at(const std::filesystem::path& file, int line, const std::
 }
 
 // nlohmann's parse message without its "[json.exception.parse_error.101] " prefix.
-std::string parse_problem(const json::parse_error& e) {
+std::string parse_problem(const nlohmann::json::exception& e) {
   std::string message = e.what();
   if (const size_t end = message.find("] "); message.starts_with("[json") && end != message.npos)
     message.erase(0, end + 2);
@@ -30,8 +30,8 @@ bool blank(const std::string& text) {
 json parse_object(const std::filesystem::path& file, int number, const std::string& text) {
   json value;
   try {
-    value = json::parse(text);
-  } catch (const json::parse_error& e) {
+    value = read_json_body(text);
+  } catch (const nlohmann::json::exception& e) {  // not JSON, or a number beyond a double
     throw error_at(file, number, "not JSON: " + parse_problem(e));
   }
   if (!value.is_object()) throw error_at(file, number, "not a JSON object");

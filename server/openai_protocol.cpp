@@ -260,9 +260,12 @@ std::shared_ptr<const JsonSchema> read_guided_json(const JsonBody& body) {
       throw wrong_type("guided_json", "a JSON schema (an object, or its text)", *value);
     return compile_schema(*value, "guided_json");
   }
-  const JsonBody schema =
-      JsonBody::parse(value->get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
-  if (schema.is_discarded()) throw invalid("guided_json", "guided_json's text is not JSON");
+  JsonBody schema;
+  try {
+    schema = read_json_body(value->get_ref<const std::string&>());
+  } catch (const nlohmann::json::exception&) {
+    throw invalid("guided_json", "guided_json's text is not JSON");
+  }
   return compile_schema(schema, "guided_json");
 }
 
@@ -506,11 +509,14 @@ ApiError::ApiError(RequestError error)
     : std::runtime_error(error.message), error_(std::move(error)) {}
 
 JsonBody parse_json_body(std::string_view body) {
-  JsonBody value = JsonBody::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded())
+  JsonBody value;
+  try {
+    value = read_json_body(body);
+  } catch (const nlohmann::json::exception&) {  // not JSON, or a number beyond a double
     throw invalid("",
                   "We could not parse the JSON body of your request. The body must be a "
                   "JSON object.");
+  }
   if (!value.is_object()) throw invalid("", "The request body must be a JSON object.");
   return value;
 }

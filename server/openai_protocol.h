@@ -42,6 +42,7 @@
 #include "graph/request.h"
 #include "graph/serve_config.h"
 #include "io/tokenizer.h"
+#include "server/json_body.h"
 
 namespace pipeline {
 
@@ -101,10 +102,6 @@ Completion total_usage(std::span<const Completion> choices, int per_prompt);
 // The largest request body the server reads. A call's n choices together hold at most this much
 // prompt text, so that n does not multiply what one request may cost.
 inline constexpr size_t kMaxRequestBytes = size_t(16) << 20;
-
-// A request body as JSON. Its objects keep their members in the order they were written, as a
-// JSON schema's properties must: the answer writes them in that order.
-using JsonBody = nlohmann::ordered_json;
 
 // The body as JSON; throws ApiError 400 when it is not a JSON object.
 JsonBody parse_json_body(std::string_view body);

@@ -265,7 +265,8 @@ TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
 }
 
 TEST(ParseRequest, MalformedJsonIsRefused) {
-  for (const char* text : {"{\"model\": ", "not json", "[1, 2]", "\"text\"", ""}) {
+  for (const char* text :
+       {"{\"model\": ", "not json", "[1, 2]", "\"text\"", "", "{\"a\": 1e400}"}) {
     try {
       parse_json_body(text);
       ADD_FAILURE() << "accepted: " << text;
@@ -275,6 +276,21 @@ TEST(ParseRequest, MalformedJsonIsRefused) {
     }
   }
   EXPECT_EQ(parse_json_body(R"({"a": 1})")["a"], 1);
+}
+
+// Bodies are read with their objects' members in the order written (a repeated key's last value
+// kept, in its first place), as nlohmann's ordered parser reads them.
+TEST(ParseRequest, BodiesKeepTheirObjectsOrder) {
+  const JsonBody body = parse_json_body(R"({"z": 1, "a": {"y": [1, {"c": 2, "b": 3}], "x": null},
+                                            "m": "s", "z": 4})");
+  EXPECT_EQ(body.dump(), R"({"z":4,"a":{"y":[1,{"c":2,"b":3}],"x":null},"m":"s"})");
+  std::mt19937 rng(3);
+  const testing::RandomJsonShape shape{.keys = {"q", "b", "a", "zz", "b"}};
+  for (int i = 0; i < 500; ++i) {
+    const std::string text =
+        testing::random_json(rng, 4, shape).dump(-1, ' ', false, json::error_handler_t::replace);
+    EXPECT_EQ(read_json_body(text), JsonBody::parse(text)) << text;
+  }
 }
 
 // One bad input per row: the parameter the 400 must name and a word its message must hold.
