@@ -5,8 +5,10 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
+#include "io/json_integer.h"
 #include "io/json_prefix.h"
 
 namespace pipeline {
@@ -73,6 +75,27 @@ uint8_t kind_of(const Json& value) {
   }
 }
 
+// A short account of a value for an error message: the value itself if it is a scalar (a
+// container could be deep, and dump() recurses).
+std::string describe(const Json& value) {
+  if (value.is_object()) return "an object";
+  if (value.is_array()) return "an array";
+  return value.dump();
+}
+
+// Whether a value's containers nest deeper than `limit`, without recursing.
+bool nests_deeper_than(const Json& value, int limit) {
+  std::vector<std::pair<const Json*, int>> pending = {{&value, 0}};
+  while (!pending.empty()) {
+    const auto [at, depth] = pending.back();
+    pending.pop_back();
+    if (!at->is_structured()) continue;
+    if (depth + 1 > limit) return true;
+    for (const Json& member : *at) pending.push_back({&member, depth + 1});
+  }
+  return false;
+}
+
 // The kinds a value's first byte tells apart: an integer begins as any number does.
 uint8_t first_byte_classes(uint8_t kinds) {
   return kinds & kIntegerKind ? uint8_t((kinds & ~kIntegerKind) | kNumberKind) : kinds;
@@ -130,9 +153,13 @@ class JsonSchemaCompiler {
     }
     if (!schema.is_object()) fail(pointer, "a schema is an object or a boolean");
     check_keywords(schema, pointer);
-    if (const int alias = compile_alias(schema, pointer, nesting); alias >= 0) {
-      compiled_[pointer] = alias;
-      return alias;
+    if (is_alias(schema)) {
+      // Compiled where the chain of aliases ends, so that a reference back to any link of it,
+      // from inside what it ends at, finds that node.
+      const auto [target, target_pointer] = follow_aliases(schema, pointer);
+      const int index = compile(*target, target_pointer, nesting + 1);
+      compiled_[pointer] = index;
+      return index;
     }
     const int index = add_node(pointer);
     compiled_[pointer] = index;  // before its subschemas, which may refer back to it
@@ -178,28 +205,44 @@ class JsonSchemaCompiler {
   }
 
   // $ref and a one-schema allOf stand for another subschema: its node, not a new one.
-  int compile_alias(const Json& schema, const std::string& pointer, int nesting) {
-    if (const auto all = schema.find("allOf"); all != schema.end()) {
-      if (!all->is_array() || all->size() != 1)
-        fail(pointer, "allOf is supported with one schema only");
-      return compile((*all)[0], child_pointer(pointer, "allOf") + "/0", nesting + 1);
+  static bool is_alias(const Json& schema) {
+    return schema.contains("$ref") || schema.contains("allOf");
+  }
+
+  // The subschema a chain of aliases ends at (one that is not an alias), and its place.
+  std::pair<const Json*, std::string> follow_aliases(const Json& schema, std::string pointer) {
+    std::set<std::string> seen;
+    const Json* at = &schema;
+    while (is_alias(*at)) {
+      if (!seen.insert(pointer).second) fail(pointer, "$ref leads back to itself");
+      if (const auto all = at->find("allOf"); all != at->end()) {
+        if (!all->is_array() || all->size() != 1)
+          fail(pointer, "allOf is supported with one schema only");
+        at = &(*all)[0];
+        pointer = child_pointer(pointer, "allOf") + "/0";
+      } else {
+        const Json& ref = at->at("$ref");
+        if (!ref.is_string() || ref.get_ref<const std::string&>().rfind('#', 0) != 0)
+          fail(pointer, "$ref must be a place in this schema, '#' or '#/...'");
+        const std::string target = ref.get_ref<const std::string&>().substr(1);
+        at = referred(target);
+        if (!at) fail(pointer, "$ref '#" + target + "' names nothing in this schema");
+        pointer = target;
+      }
+      if (!at->is_object()) break;  // compile() says what is wrong with it
+      check_keywords(*at, pointer);
     }
-    const auto ref = schema.find("$ref");
-    if (ref == schema.end()) return -1;
-    if (!ref->is_string() || ref->get_ref<const std::string&>().rfind('#', 0) != 0)
-      fail(pointer, "$ref must be a place in this schema, '#' or '#/...'");
-    const std::string target = ref->get_ref<const std::string&>().substr(1);
-    if (!resolving_.insert(pointer).second) fail(pointer, "$ref leads back to itself");
-    const Json* referred = nullptr;
+    return {at, pointer};
+  }
+
+  // The subschema at a JSON pointer into the document, or nullptr.
+  const Json* referred(const std::string& pointer) const {
     try {
-      const Json::json_pointer at(target);
-      if (document_.contains(at)) referred = &document_.at(at);
+      const Json::json_pointer at(pointer);
+      if (document_.contains(at)) return &document_.at(at);
     } catch (const nlohmann::json::exception&) {
     }
-    if (!referred) fail(pointer, "$ref '#" + target + "' names nothing in this schema");
-    const int index = compile(*referred, target, nesting + 1);
-    resolving_.erase(pointer);
-    return index;
+    return nullptr;
   }
 
   static uint8_t read_type(const Json& schema, const std::string& pointer) {
@@ -214,17 +257,21 @@ class JsonSchemaCompiler {
         {"boolean", kBooleanKind},
         {"null", kNullKind},
     };
-    const Json names = type->is_array() ? *type : Json::array({*type});
     uint8_t kinds = 0;
-    for (const Json& name : names) {
+    const auto add = [&](const Json& name) {
       const auto known =
           name.is_string() ? kTypes.find(name.get_ref<const std::string&>()) : kTypes.end();
       if (known == kTypes.end())
         fail(child_pointer(pointer, "type"),
              "type is one of object, array, string, integer, number, boolean and null, or a "
              "list of them, not " +
-                 name.dump());
+                 describe(name));
       kinds |= known->second;
+    };
+    if (type->is_array()) {
+      for (const Json& name : *type) add(name);
+    } else {
+      add(*type);
     }
     if (kinds == 0) fail(child_pointer(pointer, "type"), "type lists no type");
     return kinds;
@@ -234,10 +281,12 @@ class JsonSchemaCompiler {
                              uint32_t fallback) {
     const auto value = schema.find(keyword);
     if (value == schema.end()) return fallback;
-    if (!value->is_number_unsigned() || value->get<uint64_t>() >= JsonSchema::kUnlimited)
+    // An integer, written as one or not (2.0, -0).
+    const double count = value->is_number() ? value->get<double>() : -1;
+    if (!(count >= 0 && count < JsonSchema::kUnlimited && std::trunc(count) == count))
       fail(child_pointer(pointer, keyword),
            std::string(keyword) + " must be a non-negative integer below 2^32 - 1");
-    return uint32_t(value->get<uint64_t>());
+    return uint32_t(count);
   }
 
   // minimum, maximum and their exclusive forms, as the integers they leave: of integers only (a
@@ -251,7 +300,6 @@ class JsonSchemaCompiler {
                                         {"exclusiveMinimum", true, true},
                                         {"maximum", false, false},
                                         {"exclusiveMaximum", false, true}};
-    constexpr double kTwoTo63 = 9223372036854775808.0;
     for (const Bound& b : kBounds) {
       const auto value = schema.find(b.keyword);
       if (value == schema.end()) continue;
@@ -259,31 +307,60 @@ class JsonSchemaCompiler {
       if (!value->is_number()) fail(at, std::string(b.keyword) + " must be a number");
       if (n.kinds & kNumberKind)
         fail(at, std::string(b.keyword) + " is supported on integers only (type \"integer\")");
-      const double bound = value->get<double>();
-      // The first (or last) integer the bound leaves.
-      const double edge = b.lower ? (b.exclusive ? std::floor(bound) + 1 : std::ceil(bound))
-                                  : (b.exclusive ? std::ceil(bound) - 1 : std::floor(bound));
-      if (!(edge > -kTwoTo63 && edge < kTwoTo63))
-        fail(at, std::string(b.keyword) + " must lie within 64-bit integers");
+      const std::optional<int64_t> edge = integer_edge(*value, b.lower, b.exclusive);
+      if (!edge) fail(at, std::string(b.keyword) + " must leave a 64-bit integer");
       if (b.lower) {
-        n.minimum = std::max(n.minimum, int64_t(edge));
+        n.minimum = n.has_minimum ? std::max(n.minimum, *edge) : *edge;
+        n.has_minimum = true;
       } else {
-        n.maximum = std::min(n.maximum, int64_t(edge));
+        n.maximum = n.has_maximum ? std::min(n.maximum, *edge) : *edge;
+        n.has_maximum = true;
       }
     }
-    if (n.minimum > n.maximum) fail(pointer, "no integer lies within its minimum and maximum");
+    if (n.has_minimum && n.has_maximum && n.minimum > n.maximum)
+      fail(pointer, "no integer lies within its minimum and maximum");
+  }
+
+  // The first integer a lower bound leaves (or the last an upper one does), exactly for an
+  // integer bound; nullopt beyond 64 bits.
+  static std::optional<int64_t> integer_edge(const Json& bound, bool lower, bool exclusive) {
+    const int step = exclusive ? (lower ? 1 : -1) : 0;
+    if (bound.is_number_integer()) {
+      const std::optional<int64_t> value = json_int64(bound);
+      if (!value) return std::nullopt;  // above 2^63 - 1
+      if ((step == 1 && *value == INT64_MAX) || (step == -1 && *value == INT64_MIN))
+        return std::nullopt;
+      return *value + step;
+    }
+    const double value = bound.get<double>();
+    const double edge = lower ? (exclusive ? std::floor(value) + 1 : std::ceil(value))
+                              : (exclusive ? std::ceil(value) - 1 : std::floor(value));
+    constexpr double kTwoTo63 = 9223372036854775808.0;
+    if (!(edge >= -kTwoTo63 && edge < kTwoTo63)) return std::nullopt;
+    return int64_t(edge);
   }
 
   // enum and const: the values it may be, as compact JSON texts, those of another type left out.
   void compile_texts(const Json& schema, const std::string& pointer, int index) {
     const uint8_t kinds = read_type(schema, pointer);
     const bool is_enum = schema.contains("enum");
-    const Json& values = is_enum ? schema.at("enum") : Json::array({schema.at("const")});
-    if (!values.is_array() || values.empty())
-      fail(child_pointer(pointer, "enum"), "enum must be a list of at least one value");
+    std::vector<const Json*> values;
+    if (is_enum) {
+      const Json& listed = schema.at("enum");
+      if (!listed.is_array() || listed.empty())
+        fail(child_pointer(pointer, "enum"), "enum must be a list of at least one value");
+      for (const Json& value : listed) values.push_back(&value);
+    } else {
+      values.push_back(&schema.at("const"));
+    }
     JsonSchema::Node& texts_node = node(index);
     texts_node.kinds = 0;
-    for (const Json& value : values) {
+    for (const Json* listed : values) {
+      // Checked before anything walks it: nlohmann's copies and dump() recurse.
+      if (nests_deeper_than(*listed, JsonPrefix::kMaxDepth))
+        fail(pointer, std::string(is_enum ? "an enum" : "the const") + " value nests deeper than " +
+                          std::to_string(JsonPrefix::kMaxDepth) + " levels");
+      const Json& value = *listed;
       uint8_t kind = kind_of(value);
       if (kind == kNumberKind && (kinds & kIntegerKind) &&
           std::trunc(value.get<double>()) == value.get<double>())
@@ -334,7 +411,7 @@ class JsonSchemaCompiler {
                                            [&](const auto& p) { return p.key == key; });
         if (property == properties.end())
           fail(child_pointer(pointer, "required"),
-               "required lists " + name.dump() + ", which is not among its properties");
+               "required lists " + describe(name) + ", which is not among its properties");
         property->required = true;
       }
     }
@@ -512,7 +589,6 @@ class JsonSchemaCompiler {
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
   std::map<std::string, int> compiled_;  // pointer -> node
-  std::set<std::string> resolving_;      // $refs being followed
   int root_ = 0;
 };
 

@@ -82,18 +82,15 @@ class JsonSchema {
     static constexpr uint8_t kNever = 255;
     uint8_t min_depth = 0, object_depth = kNever, array_depth = kNever;
 
-    // Integers, inclusive; the limits of int64 stand for no bound.
-    int64_t minimum = std::numeric_limits<int64_t>::min();
-    int64_t maximum = std::numeric_limits<int64_t>::max();
+    // Integers' bounds, inclusive.
+    bool has_minimum = false, has_maximum = false;
+    int64_t minimum = 0, maximum = 0;
 
     // An object, an array or a string with any members at all: nothing to check inside.
     bool free_object() const { return properties.empty() && other_keys == 0; }
     bool free_array() const { return items == 0 && min_items == 0 && max_items == kUnlimited; }
     bool free_string() const { return min_length == 0 && max_length == kUnlimited; }
-    bool bounded() const {
-      return minimum != std::numeric_limits<int64_t>::min() ||
-             maximum != std::numeric_limits<int64_t>::max();
-    }
+    bool bounded() const { return has_minimum || has_maximum; }
   };
 
   // Throws JsonSchemaError for a schema it cannot hold a model to.

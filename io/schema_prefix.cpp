@@ -210,8 +210,8 @@ bool SchemaPrefix::integer_byte(const JsonSchema::Node& node, uint8_t byte) {
 bool SchemaPrefix::integer_reachable(const JsonSchema::Node& node) const {
   // The bounds, a side without one as far beyond 64 bits as the arithmetic below allows.
   constexpr __int128 kBeyond = __int128(1) << 126;
-  const __int128 lo = node.minimum == std::numeric_limits<int64_t>::min() ? -kBeyond : node.minimum;
-  const __int128 hi = node.maximum == std::numeric_limits<int64_t>::max() ? kBeyond : node.maximum;
+  const __int128 lo = node.has_minimum ? node.minimum : -kBeyond;
+  const __int128 hi = node.has_maximum ? node.maximum : kBeyond;
   if (matched_ == 0) return lo <= 0;                     // "-": -0, or any negative
   if (magnitude_ == 0) return lo <= 0 && 0 <= hi;        // "0" or "-0": nothing may follow
   if (matched_ > kMaxDigits) return integer_fits(node);  // beyond 64 bits: only unbounded
@@ -225,12 +225,10 @@ bool SchemaPrefix::integer_reachable(const JsonSchema::Node& node) const {
 }
 
 bool SchemaPrefix::integer_fits(const JsonSchema::Node& node) const {
-  if (!node.bounded()) return true;
-  if (matched_ > kMaxDigits)
-    return negative_ ? node.minimum == std::numeric_limits<int64_t>::min()
-                     : node.maximum == std::numeric_limits<int64_t>::max();
+  if (matched_ > kMaxDigits) return negative_ ? !node.has_minimum : !node.has_maximum;
   const __int128 value = negative_ ? -__int128(magnitude_) : __int128(magnitude_);
-  return value >= node.minimum && value <= node.maximum;
+  return (!node.has_minimum || value >= node.minimum) &&
+         (!node.has_maximum || value <= node.maximum);
 }
 
 bool SchemaPrefix::next_value(uint8_t byte) {

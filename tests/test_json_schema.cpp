@@ -223,6 +223,13 @@ const std::vector<Case>& cases() {
       {R"({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10})",
        {"1", "9"},
        {{"", "0"}, {"1", "0"}, {"", "-"}}},
+      {R"({"type": "integer", "minimum": -9223372036854775808, "maximum": 9223372036854775807})",
+       {"0", "9223372036854775807", "-9223372036854775808"},
+       {{"922337203685477580", "8"}, {"-922337203685477580", "9"}}},
+      {R"({"$ref": "#/$defs/n", "$defs": {"n": {"type": "array", "items": {"$ref": "#"}}}})",
+       {"[[],[[]]]", "[]"},
+       {{"[", "{"}}},
+      {R"({"type": "string", "minLength": 1.0, "maxLength": 2.0})", {R"("ab")"}, {{"\"ab", "c"}}},
       {R"({"type": "integer", "minimum": 10.5})",
        {"11", "99999999999999999999999"},
        {{"", "-"}, {"", "0"}}},
@@ -437,7 +444,18 @@ TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
       {R"({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2})",
        "no integer lies within"},
       {R"({"type": "integer", "exclusiveMinimum": true})", "exclusiveMinimum must be a number"},
-      {R"({"type": "integer", "maximum": 1e30})", "maximum must lie within 64-bit integers"},
+      {R"({"type": "integer", "maximum": 1e30})", "maximum must leave a 64-bit integer"},
+      {R"({"type": "integer", "minimum": 9223372036854775808})",
+       "minimum must leave a 64-bit integer"},
+      {R"({"type": "integer", "exclusiveMaximum": -9223372036854775808})",
+       "exclusiveMaximum must leave a 64-bit integer"},
+      {R"({"enum": [)" + std::string(70, '[') + std::string(70, ']') + "]}",
+       "at #: an enum value nests deeper than 64 levels"},
+      {R"({"const": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
+       "at #: the const value nests deeper than 64 levels"},
+      {R"({"type": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
+       "type is one of object, array, string, integer, number, boolean and null, or a list of "
+       "them, not an array"},
       {R"({"enum": []})", "enum must be a list of at least one value"},
       {R"({"enum": ["a"], "minLength": 2})", "enum beside other constraints"},
       {R"({"anyOf": [{}], "type": "object"})", "anyOf beside other constraints"},
@@ -458,6 +476,16 @@ TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
   }
+}
+
+// Integer bounds are held exactly, beyond the integers a double holds.
+TEST(JsonSchema, HoldsIntegerBoundsExactly) {
+  const auto above = compile(R"({"type": "integer", "minimum": 9007199254740993})");
+  EXPECT_FALSE(feed_all(*above, "9007199254740992").complete);
+  EXPECT_TRUE(feed_all(*above, "9007199254740993").complete);
+  const auto below = compile(R"({"type": "integer", "exclusiveMaximum": 9007199254740993})");
+  EXPECT_TRUE(feed_all(*below, "9007199254740992").complete);
+  EXPECT_FALSE(feed_all(*below, "9007199254740993").complete);
 }
 
 // Keys in the order properties are written (a JSON object's own order), optional ones skipped;
