@@ -420,7 +420,7 @@ void check_sampling_ranges(Endpoint endpoint, const SamplingParams& params) {
 }
 
 // {"token id": bias, ...}: JSON keys are strings, so the ids come as decimal text; two keys for
-// one id ("5", "05") are refused, their order being lost to the JSON object. The biases' range
+// one id ("5", "05") are refused rather than one of them winning. The biases' range
 // is the sampler's (validate()); the vocabulary's is tokenize's. An empty array is not given.
 std::vector<LogitBias> read_logit_bias(const JsonBody& body) {
   const JsonBody* value = find_field(body, "logit_bias");
