@@ -39,7 +39,7 @@ class JsonPrefix {
   bool in_key() const { return key_ && in_string(); }
   // Inside a string, between two characters (no escape or UTF-8 sequence begun).
   bool between_characters() const { return mode_ == Mode::String; }
-  // Inside a number (its end is the byte after it, which this has taken too).
+  // Inside a number. A number ends at the byte after it, so that byte leaves this false.
   bool in_number() const { return mode_ >= Mode::Minus && mode_ <= Mode::Exponent; }
   // Inside true, false or null.
   bool in_literal() const { return mode_ == Mode::Literal; }
