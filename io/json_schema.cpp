@@ -83,17 +83,20 @@ std::string describe(const Json& value) {
   return value.dump();
 }
 
-// Whether a value's containers nest deeper than `limit`, without recursing.
-bool nests_deeper_than(const Json& value, int limit) {
+// How deep a value's containers nest, counted no further than limit + 1. It walks without
+// recursing: nlohmann's copies and dump() recurse, so a value is measured before them.
+int nesting_of(const Json& value, int limit) {
+  int deepest = 0;
   std::vector<std::pair<const Json*, int>> pending = {{&value, 0}};
   while (!pending.empty()) {
     const auto [at, depth] = pending.back();
     pending.pop_back();
     if (!at->is_structured()) continue;
-    if (depth + 1 > limit) return true;
+    deepest = std::max(deepest, depth + 1);
+    if (deepest > limit) break;
     for (const Json& member : *at) pending.push_back({&member, depth + 1});
   }
-  return false;
+  return deepest;
 }
 
 // The kinds a value's first byte tells apart: an integer begins as any number does.
@@ -229,7 +232,8 @@ class JsonSchemaCompiler {
         if (!at) fail(pointer, "$ref '#" + target + "' names nothing in this schema");
         pointer = target;
       }
-      if (!at->is_object()) break;  // compile() says what is wrong with it
+      // The next link is checked here; what the chain ends at, by compile().
+      if (!at->is_object() || !is_alias(*at)) break;
       check_keywords(*at, pointer);
     }
     return {at, pointer};
@@ -355,18 +359,23 @@ class JsonSchemaCompiler {
     }
     JsonSchema::Node& texts_node = node(index);
     texts_node.kinds = 0;
+    texts_node.min_depth = JsonSchema::Node::kNever;  // its least nesting, as its texts have it
     for (const Json* listed : values) {
-      // Checked before anything walks it: nlohmann's copies and dump() recurse.
-      if (nests_deeper_than(*listed, JsonPrefix::kMaxDepth))
+      const Json& value = *listed;
+      const int nesting = nesting_of(value, JsonPrefix::kMaxDepth);
+      if (nesting > JsonPrefix::kMaxDepth)
         fail(pointer, std::string(is_enum ? "an enum" : "the const") + " value nests deeper than " +
                           std::to_string(JsonPrefix::kMaxDepth) + " levels");
-      const Json& value = *listed;
       uint8_t kind = kind_of(value);
       if (kind == kNumberKind && (kinds & kIntegerKind) &&
           std::trunc(value.get<double>()) == value.get<double>())
         kind = kIntegerKind;  // 1.0 is an integer
       if (!(kinds & kind)) continue;
       texts_node.kinds |= kind;
+      const uint8_t depth = uint8_t(nesting);
+      texts_node.min_depth = std::min(texts_node.min_depth, depth);
+      if (kind == kObjectKind) texts_node.object_depth = std::min(texts_node.object_depth, depth);
+      if (kind == kArrayKind) texts_node.array_depth = std::min(texts_node.array_depth, depth);
       try {
         texts_node.texts.push_back(value.dump());
       } catch (const nlohmann::json::exception&) {
@@ -521,13 +530,13 @@ class JsonSchemaCompiler {
             a = std::min(a, array[size_t(leaf)]);
             m = std::min(m, any[size_t(leaf)]);
           }
-        } else if (!n.texts.empty()) {
-          for (const std::string& text : n.texts) {
-            const int depth = nesting_of(text);
-            if (text[0] == '{') o = std::min(o, depth);
-            if (text[0] == '[') a = std::min(a, depth);
-            m = std::min(m, depth);
-          }
+        } else if (!n.texts.empty()) {  // compile_texts measured them
+          const auto unstored = [](uint8_t depth) {
+            return depth == JsonSchema::Node::kNever ? kInfinite : int(depth);
+          };
+          o = unstored(n.object_depth);
+          a = unstored(n.array_depth);
+          m = unstored(n.min_depth);
         } else {
           if (n.kinds & kObjectKind) {
             int deepest = 0;  // of the required properties
@@ -565,25 +574,6 @@ class JsonSchemaCompiler {
     if (node(root_).min_depth > JsonPrefix::kMaxDepth)
       fail(node(root_).pointer, "its values need more than " +
                                     std::to_string(JsonPrefix::kMaxDepth) + " levels of nesting");
-  }
-
-  // How deep a JSON text's containers nest.
-  static int nesting_of(const std::string& text) {
-    int depth = 0, deepest = 0;
-    bool in_string = false, escaped = false;
-    for (char c : text) {
-      if (in_string) {
-        in_string = escaped || c != '"';
-        escaped = !escaped && c == '\\';
-      } else if (c == '"') {
-        in_string = true;
-      } else if (c == '{' || c == '[') {
-        deepest = std::max(deepest, ++depth);
-      } else if (c == '}' || c == ']') {
-        --depth;
-      }
-    }
-    return deepest;
   }
 
   const Json& document_;
