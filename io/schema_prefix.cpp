@@ -77,7 +77,7 @@ bool SchemaPrefix::string_byte(uint8_t byte) {
 
 bool SchemaPrefix::complete() const {
   if (!syntax_.complete()) return false;
-  if (done_) return true;
+  if (used_ == 0) return true;  // the value has ended
   // A number that is the whole text, which ends with the text.
   if (used_ != 1) return false;
   const JsonSchema::Node& node = node_of(frames_[0]);
@@ -253,7 +253,7 @@ bool SchemaPrefix::close_container() {
 }
 
 bool SchemaPrefix::end_value() {
-  if (--used_ == 0) done_ = true;
+  --used_;
   return true;
 }
 

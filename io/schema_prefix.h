@@ -25,7 +25,6 @@ class SchemaPrefix {
   SchemaPrefix& operator=(const SchemaPrefix& other) {
     schema_ = other.schema_;
     syntax_ = other.syntax_;
-    done_ = other.done_;
     used_ = other.used_;
     lo_ = other.lo_;
     hi_ = other.hi_;
@@ -101,8 +100,9 @@ class SchemaPrefix {
 
   const JsonSchema* schema_;
   JsonPrefix syntax_;
-  bool done_ = false;  // the value has ended
-  uint8_t used_ = 0;   // frames in use
+  // Frames in use: none before the value begins (JsonPrefix still at its start) and none once it
+  // has ended (JsonPrefix complete).
+  uint8_t used_ = 0;
   // The top frame's progress through what it matches: a key or an enum's texts, [lo_, hi_)
   // being those that begin with the matched_ bytes written; a string's characters (matched_);
   // a bounded integer's digits (matched_), their value (while it fits 19 digits) and sign.
