@@ -15,7 +15,8 @@ namespace pipeline {
 using JsonBody = nlohmann::ordered_json;
 
 // The JSON text as a value, a repeated key's last value kept (as nlohmann's parser keeps it).
-// Throws nlohmann::json::parse_error where the text is not JSON.
+// Throws nlohmann::json::parse_error where the text is not JSON, out_of_range for a number
+// beyond a double.
 JsonBody read_json_body(std::string_view text);
 
 }  // namespace pipeline
