@@ -363,6 +363,14 @@ std::vector<int32_t> read_stop_token_ids(const JsonBody& body) {
   return ids;
 }
 
+// What a parameter that would keep a JSON-mode answer from ending gets.
+ApiError not_with_json_mode(const std::string& param) {
+  return invalid(param, param +
+                            " cannot be combined with JSON mode (response_format json_object or "
+                            "json_schema, guided_json): the answer ends when its JSON value is "
+                            "whole");
+}
+
 // vLLM's min_tokens: at most max_tokens, and not in JSON mode, whose answer ends when its value
 // is whole.
 int read_min_tokens(const JsonBody& body, const Request& request) {
@@ -373,10 +381,7 @@ int read_min_tokens(const JsonBody& body, const Request& request) {
                       (request.max_tokens_param.empty() ? std::string("the default max_tokens")
                                                         : request.max_tokens_param) +
                       " (" + std::to_string(request.max_tokens) + ")");
-  if (min_tokens > 0 && request.json_schema)
-    throw invalid("min_tokens",
-                  "min_tokens cannot be combined with JSON mode (response_format json_object "
-                  "or json_schema, guided_json): the answer ends when its JSON value is whole");
+  if (min_tokens > 0 && request.json_schema) throw not_with_json_mode("min_tokens");
   return min_tokens;
 }
 
@@ -579,10 +584,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
                     "json_schema: give one schema");
     request.json_schema = std::move(guided);
   }
-  if (request.json_schema && request.ignore_eos)
-    throw invalid("ignore_eos",
-                  "ignore_eos cannot be combined with JSON mode (response_format json_object "
-                  "or json_schema, guided_json): the answer ends when its JSON value is whole");
+  if (request.json_schema && request.ignore_eos) throw not_with_json_mode("ignore_eos");
   request.stop_token_ids = read_stop_token_ids(body);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.sampling.min_tokens = read_min_tokens(body, request);
