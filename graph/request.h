@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "io/chat_template.h"
@@ -33,11 +34,16 @@ struct Delta {
   std::vector<TokenOutput> prompt;
 };
 
+// vLLM's stop_reason: what the client named that ended an answer, the stop string that matched
+// or the stop token id generated; none for an end of sequence or a length limit.
+using StopReason = std::variant<std::monostate, std::string, int32_t>;
+
 struct Completion {
   FinishReason reason = FinishReason::Stop;
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_tokens = 0;  // of the prompt's, those the prefix cache held when it was admitted
+  StopReason stop_reason = {};
 };
 
 // An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.

@@ -35,6 +35,7 @@ StopStringMatcher::Result StopStringMatcher::push(std::string_view text) {
   // matches first.
   size_t stop_at = std::string::npos;
   size_t stop_end = 0;
+  const std::string* matched = nullptr;
   for (const std::string& stop : stops_) {
     const size_t from = unmatched_ >= stop.size() ? unmatched_ - stop.size() + 1 : 0;
     const size_t at = held_.find(stop, from);
@@ -42,12 +43,13 @@ StopStringMatcher::Result StopStringMatcher::push(std::string_view text) {
     if (at < stop_at || (at == stop_at && at + stop.size() < stop_end)) {
       stop_at = at;
       stop_end = at + stop.size();
+      matched = &stop;
     }
   }
-  if (stop_at != std::string::npos) {
+  if (matched) {
     stopped_ = true;
-    Result result{held_.substr(0, keep_stop_ ? stop_end : character_boundary(held_, stop_at)),
-                  true};
+    Result result{held_.substr(0, keep_stop_ ? stop_end : character_boundary(held_, stop_at)), true,
+                  *matched};
     held_.clear();
     return result;
   }

@@ -16,8 +16,9 @@ class StopStringMatcher {
   explicit StopStringMatcher(std::vector<std::string> stops, bool keep_stop = false);
 
   struct Result {
-    std::string text;      // safe to send now
-    bool stopped = false;  // a stop string matched; `text` ends just before it (or with it)
+    std::string text;       // safe to send now
+    bool stopped = false;   // a stop string matched; `text` ends just before it (or with it)
+    std::string stop = {};  // the stop string that matched, in the push that matched it
   };
 
   // After a stop has matched, every push returns no text and stopped = true.

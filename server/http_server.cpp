@@ -221,7 +221,7 @@ class EventStream {
       return sse_event(error_body(*error)) + std::string(kSseDone);
     }
     const auto& completion = std::get<Completion>(event.event);
-    std::string text = sse_event(builder_.finish_chunk(completion.reason, event.choice));
+    std::string text = sse_event(builder_.finish_chunk(completion, event.choice));
     if (!choices_->finish(event.choice, completion)) return text;
     ended_ = true;
     if (include_usage_) text += sse_event(builder_.usage_chunk(choices_->completions()));

@@ -649,6 +649,13 @@ const std::string& prompt_of(const ParsedRequest& parsed, int choice) {
   return parsed.prompts.at(size_t(choice / parsed.per_prompt));
 }
 
+// vLLM's stop_reason: the stop string or stop token id that ended the choice, else null.
+json stop_reason_json(const StopReason& reason) {
+  if (const auto* stop = std::get_if<std::string>(&reason)) return *stop;
+  if (const auto* token = std::get_if<int32_t>(&reason)) return *token;
+  return nullptr;
+}
+
 }  // namespace
 
 ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
@@ -708,19 +715,22 @@ json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
   json chunk = chunk_envelope();
   json entry = {
       {"index", choice}, {"logprobs", logprobs(delta, state)}, {"finish_reason", nullptr}};
-  if (chat_)
+  if (chat_) {
     entry["delta"] = {{"content", delta.text}};
-  else
+  } else {  // vLLM's completion chunks carry stop_reason throughout, its chat chunks at the end
     entry["text"] = take_text(delta, state);
+    entry["stop_reason"] = nullptr;
+  }
   chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
 
-json ResponseBuilder::finish_chunk(FinishReason reason, int choice) {
+json ResponseBuilder::finish_chunk(const Completion& completion, int choice) {
   json chunk = chunk_envelope();
   json entry = {{"index", choice},
                 {"logprobs", nullptr},
-                {"finish_reason", finish_reason_name(shown_reason(reason))}};
+                {"finish_reason", finish_reason_name(shown_reason(completion.reason))},
+                {"stop_reason", shown_stop_reason(completion)}};
   if (chat_)
     entry["delta"] = json::object();
   else  // an echo no delta carried (an answer with no text) comes here
@@ -756,7 +766,8 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
     const ChoiceText& state = choices_.at(i);
     json entry = {{"index", i},
                   {"logprobs", state.logprobs},
-                  {"finish_reason", finish_reason_name(shown_reason(choices[i].reason))}};
+                  {"finish_reason", finish_reason_name(shown_reason(choices[i].reason))},
+                  {"stop_reason", shown_stop_reason(choices[i])}};
     if (chat_)
       entry["message"] = {{"role", "assistant"}, {"content", state.text}, {"refusal", nullptr}};
     else  // an echo no delta carried: the prompt is the whole text
@@ -783,6 +794,10 @@ json ResponseBuilder::usage(std::span<const Completion> choices) const {
 // A prompt_only answer ends at its length limit of 0, whatever ended the token it dropped.
 FinishReason ResponseBuilder::shown_reason(FinishReason reason) const {
   return prompt_only_ ? FinishReason::Length : reason;
+}
+
+json ResponseBuilder::shown_stop_reason(const Completion& completion) const {
+  return prompt_only_ ? json(nullptr) : stop_reason_json(completion.stop_reason);
 }
 
 std::string ResponseBuilder::take_text(const Delta& delta, ChoiceText& choice) const {

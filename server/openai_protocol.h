@@ -159,7 +159,7 @@ class ResponseBuilder {
   nlohmann::json role_chunk(int choice = 0) const;
   bool shows(const Delta& delta, int choice = 0) const;
   nlohmann::json delta_chunk(const Delta& delta, int choice = 0);
-  nlohmann::json finish_chunk(FinishReason reason, int choice = 0);
+  nlohmann::json finish_chunk(const Completion& completion, int choice = 0);
   nlohmann::json usage_chunk(std::span<const Completion> choices) const;
 
   // Non-streaming: collect every delta, then build chat.completion or text_completion from
@@ -180,6 +180,7 @@ class ResponseBuilder {
   nlohmann::json chunk_envelope() const;
   nlohmann::json usage(std::span<const Completion> choices) const;
   FinishReason shown_reason(FinishReason reason) const;
+  nlohmann::json shown_stop_reason(const Completion& completion) const;
   // The text a delta adds to the answer: the echoed prompt first, if due (and then no longer).
   std::string take_text(const Delta& delta, ChoiceText& choice) const;
   nlohmann::json logprobs(const Delta& delta, ChoiceText& choice) const;

@@ -1,8 +1,21 @@
 #include "stages/detokenize.h"
 
+#include <algorithm>
 #include <string_view>
 
 namespace pipeline {
+namespace {
+
+// Whether `id`, which ended an answer, is one of the client's stop token ids rather than an end
+// of sequence: an end of sequence comes first unless ignored, as vLLM checks them.
+bool is_named_stop_token(const Request& request, const std::vector<int32_t>& eos_ids, int32_t id) {
+  const auto holds = [id](const std::vector<int32_t>& ids) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  return holds(request.stop_token_ids) && (request.ignore_eos || !holds(eos_ids));
+}
+
+}  // namespace
 
 StageInfo DetokenizeStage::info() {
   StageInfo info;
@@ -71,19 +84,26 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     auto tail = stops_in(state.decoder.flush());
     delta.text += tail.text;
     pushed.stopped = tail.stopped;
+    pushed.stop = std::move(tail.stop);
     if (!tail.stopped) delta.text += state.stops.flush();
   }
+  StopReason stop_reason;
   if (pushed.stopped) {
     finish = FinishReason::Stop;
+    stop_reason = std::move(pushed.stop);
     seq->stopped.store(true);
+  } else if (finish == FinishReason::Stop &&
+             is_named_stop_token(request, ctx_.model.eos_token_ids, id)) {
+    stop_reason = id;
   }
   if (!delta.text.empty() || !delta.tokens.empty() || !delta.prompt.empty())
     out.events.push_back({seq, state.next_event++, std::move(delta)});
   if (finish) {
     state.done = true;
-    out.events.push_back({seq, state.next_event++,
-                          Completion{*finish, seq->prompt_len, state.completion_tokens,
-                                     seq->cached_prompt_tokens.value_or(0)}});
+    out.events.push_back(
+        {seq, state.next_event++,
+         Completion{*finish, seq->prompt_len, state.completion_tokens,
+                    seq->cached_prompt_tokens.value_or(0), std::move(stop_reason)}});
   }
 }
 

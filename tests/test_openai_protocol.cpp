@@ -720,10 +720,15 @@ TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {
   EXPECT_EQ(chunk["choices"][0]["delta"], json({{"content", "Once"}}));
   EXPECT_TRUE(chunk["choices"][0]["logprobs"].is_null());
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(chunk["choices"][0].contains("stop_reason"));  // vLLM's: in the last chunk only
 
-  const json last = builder.finish_chunk(FinishReason::Length);
+  const json last = builder.finish_chunk({FinishReason::Length});
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(last["choices"][0].at("stop_reason").is_null());
+  Completion stopped{FinishReason::Stop};
+  stopped.stop_reason = std::string("The end");
+  EXPECT_EQ(builder.finish_chunk(stopped)["choices"][0]["stop_reason"], "The end");
 }
 
 TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
@@ -732,7 +737,7 @@ TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
   const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, body);
   ResponseBuilder builder(parsed, "stories260K", token_text);
   EXPECT_TRUE(builder.delta_chunk(delta("x")).at("usage").is_null());
-  EXPECT_TRUE(builder.finish_chunk(FinishReason::Stop).at("usage").is_null());
+  EXPECT_TRUE(builder.finish_chunk({FinishReason::Stop}).at("usage").is_null());
   const json usage = builder.usage_chunk(one({FinishReason::Stop, 10, 4}));
   EXPECT_EQ(usage["object"], "chat.completion.chunk");
   EXPECT_EQ(usage["choices"], json::array());
@@ -746,10 +751,14 @@ TEST(Responses, CompletionChunksAreTextCompletions) {
   EXPECT_EQ(chunk["object"], "text_completion");
   EXPECT_EQ(chunk["choices"][0]["text"], " there");
   EXPECT_FALSE(chunk["choices"][0].contains("delta"));
-  const json last = builder.finish_chunk(FinishReason::Stop);
+  EXPECT_TRUE(chunk["choices"][0].at("stop_reason").is_null());
+  Completion stopped{FinishReason::Stop};
+  stopped.stop_reason = int32_t(13);
+  const json last = builder.finish_chunk(stopped);
   EXPECT_EQ(last["object"], "text_completion");
   EXPECT_EQ(last["choices"][0]["text"], "");
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(last["choices"][0]["stop_reason"], 13);
 }
 
 TEST(Responses, WholeChatCompletion) {
@@ -769,6 +778,7 @@ TEST(Responses, WholeChatCompletion) {
   EXPECT_EQ(choice["message"]["content"], "Once upon");
   EXPECT_TRUE(choice["logprobs"].is_null());
   EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_TRUE(choice.at("stop_reason").is_null());  // an end of sequence
   EXPECT_EQ(response["usage"], usage_json(7, 2));
 }
 
@@ -780,7 +790,11 @@ TEST(Responses, WholeTextCompletion) {
   EXPECT_EQ(response["object"], "text_completion");
   EXPECT_EQ(response["choices"][0]["text"], " there was");
   EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(response["choices"][0].at("stop_reason").is_null());
   EXPECT_EQ(response["usage"]["total_tokens"], 8);
+  EXPECT_EQ(
+      builder.whole_response(one({FinishReason::Stop, 5, 3, 0, "\n"}))["choices"][0]["stop_reason"],
+      "\n");
 }
 
 std::vector<TokenOutput> two_tokens() {
@@ -838,7 +852,7 @@ TEST(Responses, ChoicesAreNumberedAndTheirUsageAddsUp) {
   ResponseBuilder builder(parsed, "stories260K", token_text);
   EXPECT_EQ(builder.role_chunk(1)["choices"][0]["index"], 1);
   EXPECT_EQ(builder.delta_chunk(delta("b"), 1)["choices"][0]["index"], 1);
-  EXPECT_EQ(builder.finish_chunk(FinishReason::Stop, 1)["choices"][0]["index"], 1);
+  EXPECT_EQ(builder.finish_chunk({FinishReason::Stop}, 1)["choices"][0]["index"], 1);
   const std::vector<Completion> ends = {{FinishReason::Length, 6, 3}, {FinishReason::Stop, 6, 2}};
   EXPECT_EQ(builder.usage_chunk(ends)["usage"], usage_json(6, 5));
 
@@ -981,7 +995,7 @@ TEST(Responses, AnEchoNoDeltaCarriedComesWithTheEnd) {
   const ParsedRequest parsed =
       parsed_from(Endpoint::Completions, with(completion_body(), "echo", true));
   ResponseBuilder stream(parsed, "stories260K", token_text);
-  EXPECT_EQ(stream.finish_chunk(FinishReason::Stop)["choices"][0]["text"], "Once upon a time");
+  EXPECT_EQ(stream.finish_chunk({FinishReason::Stop})["choices"][0]["text"], "Once upon a time");
   ResponseBuilder whole(parsed, "stories260K", token_text);
   EXPECT_EQ(whole.whole_response(one({FinishReason::Stop, 5, 1}))["choices"][0]["text"],
             "Once upon a time");
@@ -998,9 +1012,10 @@ TEST(Responses, EchoWithNoNewTokensShowsThePromptAlone) {
   EXPECT_EQ(choice["logprobs"]["tokens"].size(), 5u);
   EXPECT_FALSE(builder.shows(delta(" more", dropped)));
   // Whatever ended the dropped token, the answer ends at its length of 0.
-  EXPECT_EQ(builder.finish_chunk(FinishReason::Stop)["choices"][0]["finish_reason"], "length");
-  const json response = builder.whole_response(one({FinishReason::Stop, 5, 1}));
+  EXPECT_EQ(builder.finish_chunk({FinishReason::Stop})["choices"][0]["finish_reason"], "length");
+  const json response = builder.whole_response(one({FinishReason::Stop, 5, 1, 0, int32_t(2)}));
   EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(response["choices"][0].at("stop_reason").is_null());
   EXPECT_EQ(response["usage"], usage_json(5, 0));
 }
 

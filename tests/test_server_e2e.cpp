@@ -103,6 +103,7 @@ struct Stream {
   bool done = false;  // ended with data: [DONE]
   std::string text;
   std::string finish_reason;
+  json stop_reason;                         // the finishing chunk's (vLLM's stop_reason)
   std::map<int, std::string> choice_texts;  // by choice index
   std::map<int, std::string> choice_finish_reasons;
   Clock::time_point first_content_time{};
@@ -128,6 +129,7 @@ void parse_events(Stream& stream, std::string& pending, Clock::time_point now) {
       stream.choice_texts[choice["index"].get<int>()] += piece;
       if (!choice["finish_reason"].is_null()) {
         stream.finish_reason = choice["finish_reason"];
+        stream.stop_reason = choice.at("stop_reason");
         stream.choice_finish_reasons[choice["index"].get<int>()] = choice["finish_reason"];
       }
     }
@@ -506,17 +508,21 @@ TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
     json body = with(completion_body("Once upon a time", 40), "stop", {stop, "unused"});
     std::string text, finish_reason;
+    json stop_reason;
     if (stream) {
       const Stream answer = post_stream(port(), "/v1/completions", body);
       text = answer.text;
       finish_reason = answer.finish_reason;
+      stop_reason = answer.stop_reason;
     } else {
       const Reply answer = post(port(), "/v1/completions", body);
       text = answer.body["choices"][0]["text"];
       finish_reason = answer.body["choices"][0]["finish_reason"];
+      stop_reason = answer.body["choices"][0]["stop_reason"];
     }
     EXPECT_EQ(text, full.substr(0, full.find(stop)));
     EXPECT_EQ(finish_reason, "stop");
+    EXPECT_EQ(stop_reason, stop);  // vLLM's stop_reason: which stop string matched
     // vLLM's include_stop_str_in_output: the answer ends with the stop string instead.
     body["include_stop_str_in_output"] = true;
     const std::string with_stop =
@@ -586,6 +592,7 @@ TEST_F(ServerE2E, StopTokenIdsEndTheAnswerAndMinTokensHoldsEveryEndingBack) {
   ASSERT_EQ(stopped.status, 200) << stopped.raw;
   const std::string stopped_text = stopped.body["choices"][0]["text"];
   EXPECT_EQ(stopped.body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped.body["choices"][0]["stop_reason"], stop_id);
   EXPECT_EQ(stopped.body["usage"]["completion_tokens"], first + 1);
   // The text of the tokens before the stop token, without the stop token's own (as in vLLM).
   ASSERT_EQ(reference_text.rfind(stopped_text, 0), 0u) << stopped_text;
@@ -598,6 +605,14 @@ TEST_F(ServerE2E, StopTokenIdsEndTheAnswerAndMinTokensHoldsEveryEndingBack) {
                                    "include_stop_str_in_output", true));
   ASSERT_EQ(included.status, 200) << included.raw;
   EXPECT_EQ(included.body["choices"][0]["text"], stopped_text + stop_text);
+  // Streamed, the finishing chunk names it; ignore_eos leaves stop token ids at work.
+  const Stream streamed = post_stream(
+      port(), "/v1/completions",
+      with(with(completion_body(prompt, 30), "stop_token_ids", {stop_id}), "ignore_eos", true));
+  ASSERT_EQ(streamed.status, 200) << streamed.raw;
+  EXPECT_EQ(streamed.text, stopped_text);
+  EXPECT_EQ(streamed.finish_reason, "stop");
+  EXPECT_EQ(streamed.stop_reason, stop_id);
 
   // The end of sequence all but forced: the answer is empty, unless min_tokens holds it back.
   json eager =
@@ -606,6 +621,11 @@ TEST_F(ServerE2E, StopTokenIdsEndTheAnswerAndMinTokensHoldsEveryEndingBack) {
   ASSERT_EQ(empty.status, 200) << empty.raw;
   EXPECT_EQ(empty.body["choices"][0]["text"], "");
   EXPECT_EQ(empty.body["usage"]["completion_tokens"], 1);
+  // An end of sequence is no stop the client named, even one listed in stop_token_ids.
+  EXPECT_TRUE(empty.body["choices"][0].at("stop_reason").is_null());
+  const Reply listed =
+      post(port(), "/v1/completions", with(eager, "stop_token_ids", {tokenizer.eos_id()}));
+  EXPECT_TRUE(listed.body["choices"][0].at("stop_reason").is_null()) << listed.raw;
   eager["min_tokens"] = 5;
   for (const json& stop : {json(), json(" ")}) {
     // A stop string in the first five tokens' text does not count either.

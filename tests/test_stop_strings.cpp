@@ -39,6 +39,7 @@ TEST(StopStrings, StopInsideOnePush) {
   const Result result = matcher.push("Hello STOP world");
   EXPECT_EQ(result.text, "Hello ");
   EXPECT_TRUE(result.stopped);
+  EXPECT_EQ(result.stop, "STOP");
 }
 
 TEST(StopStrings, StopSpanningManyPushesIsNeverSentInPart) {
@@ -67,6 +68,7 @@ TEST(StopStrings, EarliestOfSeveralStopsWins) {
   const Result result = matcher.push("Hello World");
   EXPECT_EQ(result.text, "Hel");
   EXPECT_TRUE(result.stopped);
+  EXPECT_EQ(result.stop, "lo");
 }
 
 TEST(StopStrings, OverlappingPrefixes) {
@@ -76,6 +78,7 @@ TEST(StopStrings, OverlappingPrefixes) {
   const Result result = matcher.push("c");
   EXPECT_EQ(result.text, "a");
   EXPECT_TRUE(result.stopped);
+  EXPECT_EQ(result.stop, "bc");
 
   // A stop that overlaps itself: "aaab" holds back only the last "aa".
   StopStringMatcher repeated({"aab"});
@@ -90,6 +93,7 @@ TEST(StopStrings, NothingIsSentAfterAStop) {
   const Result later = matcher.push("more text");
   EXPECT_EQ(later.text, "");
   EXPECT_TRUE(later.stopped);
+  EXPECT_EQ(later.stop, "");  // named once, by the push that matched it
   EXPECT_EQ(matcher.flush(), "");
 }
 
@@ -147,7 +151,9 @@ TEST(StopStrings, KeptStopEndsTheText) {
   const Sent sent = push_all(split, {"Hel", "lo S", "T", "O", "P more"});
   EXPECT_EQ(sent.chunks, (std::vector<std::string>{"Hel", "lo ", "", "", "STOP"}));
   StopStringMatcher nested({"abc", "ab"}, true);
-  EXPECT_EQ(nested.push("x abc").text, "x ab");
+  const Result shorter = nested.push("x abc");
+  EXPECT_EQ(shorter.text, "x ab");
+  EXPECT_EQ(shorter.stop, "ab");
 }
 
 TEST(StopStrings, EmptyStopStringIsRejected) {
@@ -155,7 +161,7 @@ TEST(StopStrings, EmptyStopStringIsRejected) {
 }
 
 // However a text is cut into pushes, what is sent is the text up to the first stop (or all
-// of it), and everything sent along the way is a prefix of that.
+// of it), everything sent along the way is a prefix of that, and the stop named is the same.
 TEST(StopStrings, SplitDoesNotChangeTheResult) {
   const std::vector<std::string> stops = {"User:", "\n\n", "ab"};
   const std::vector<std::string> texts = {"Sure! Here you go.\n\nUser: next",
@@ -167,23 +173,32 @@ TEST(StopStrings, SplitDoesNotChangeTheResult) {
   std::mt19937 rng(7);
   for (const std::string& text : texts) {
     size_t first = std::string::npos;
-    for (const auto& stop : stops) first = std::min(first, text.find(stop));
+    std::string first_stop;
+    for (const auto& stop : stops) {
+      const size_t at = text.find(stop);
+      if (at < first || (at == first && stop.size() < first_stop.size())) {
+        first = at;
+        first_stop = stop;
+      }
+    }
     const std::string expected = text.substr(0, first);
     for (int trial = 0; trial < 200; ++trial) {
       StopStringMatcher matcher(stops);
-      std::string sent;
+      std::string sent, stop;
       bool stopped = false;
       for (size_t at = 0; at < text.size() && !stopped;) {
         const size_t length = std::uniform_int_distribution<size_t>(1, 4)(rng);
         const Result result = matcher.push(text.substr(at, length));
         sent += result.text;
         stopped = result.stopped;
+        stop = result.stop;
         at += length;
         EXPECT_EQ(expected.compare(0, sent.size(), sent), 0) << "sent text that is not a prefix";
       }
       if (!stopped) sent += matcher.flush();
       EXPECT_EQ(sent, expected) << text;
       EXPECT_EQ(stopped, first != std::string::npos) << text;
+      EXPECT_EQ(stop, first_stop) << text;
     }
   }
 }
