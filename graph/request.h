@@ -68,9 +68,10 @@ class RequestSink {
 struct Request {
   std::string id;  // chatcmpl-… or cmpl-…
   bool chat = true;
-  std::vector<ChatMessage> messages;  // chat requests
-  std::string prompt;                 // text completions
-  std::vector<int32_t> prompt_ids;    // a completions prompt given as token ids: used as they are
+  std::vector<ChatMessage> messages;            // chat requests
+  PromptEnd prompt_end = PromptEnd::NewAnswer;  // chat requests: vLLM's continue_final_message
+  std::string prompt;                           // text completions
+  std::vector<int32_t> prompt_ids;  // a completions prompt given as token ids: used as they are
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
   // The field the client limited max_tokens with ("max_tokens", "max_completion_tokens"), or

@@ -62,7 +62,7 @@ std::string_view strip(std::string_view text) {
   return text;
 }
 
-void check_roles(const std::vector<ChatMessage>& messages) {
+void check_roles(const std::vector<ChatMessage>& messages, PromptEnd end) {
   if (messages.empty()) throw std::invalid_argument("messages must not be empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
@@ -70,6 +70,9 @@ void check_roles(const std::vector<ChatMessage>& messages) {
       throw std::invalid_argument("messages[" + std::to_string(i) + "]: unknown role '" + role +
                                   "' (expected system, user or assistant)");
   }
+  if (end == PromptEnd::ContinueFinalMessage && messages.back().role != "assistant")
+    throw std::invalid_argument(
+        "messages: continue_final_message needs the last message to have role 'assistant'");
 }
 
 void append(std::vector<int32_t>& ids, const std::vector<int32_t>& more) {
@@ -78,9 +81,11 @@ void append(std::vector<int32_t>& ids, const std::vector<int32_t>& more) {
 
 // Meta's chat_completion(): an optional system message folded into the first user turn,
 // then user/assistant pairs, each "<s>[INST] {user} [/INST] {assistant} </s>", then the last
-// user turn "<s>[INST] {user} [/INST]".
+// user turn "<s>[INST] {user} [/INST]". A final assistant message to continue ends the prompt
+// as "<s>[INST] {user} [/INST] {assistant}", its pair cut before the space and EOS that close it
+// (what Hugging Face's continue_final_message cuts from the rendered template).
 std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
-                                  const std::vector<ChatMessage>& messages) {
+                                  const std::vector<ChatMessage>& messages, PromptEnd end) {
   size_t first = 0;
   std::string system_prefix;
   if (messages.front().role == "system") {
@@ -97,8 +102,10 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
                                   "' was expected: after an optional system message, roles "
                                   "must alternate user/assistant");
   }
-  if (messages.back().role != "user")
-    throw std::invalid_argument("messages: the last message must have role 'user'");
+  if (end == PromptEnd::NewAnswer && messages.back().role != "user")
+    throw std::invalid_argument(
+        "messages: the last message must have role 'user' (or 'assistant' with "
+        "continue_final_message)");
 
   const auto user_content = [&](size_t i) {
     return i == first ? system_prefix + messages[i].content : messages[i].content;
@@ -109,13 +116,17 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
   };
   if (tokenizer.eos_id() < 0)
     throw std::runtime_error("the llama2 chat template needs a tokenizer with an EOS piece");
+  const size_t last_user = end == PromptEnd::NewAnswer ? messages.size() - 1 : messages.size() - 2;
   std::vector<int32_t> ids;
-  for (size_t i = first; i + 1 < messages.size(); i += 2) {
+  for (size_t i = first; i < last_user; i += 2) {
     const std::string turn = inst(i) + " " + std::string(strip(messages[i + 1].content)) + " ";
     append(ids, tokenizer.encode(turn, /*add_bos=*/true));
     ids.push_back(tokenizer.eos_id());
   }
-  append(ids, tokenizer.encode(inst(messages.size() - 1), /*add_bos=*/true));
+  std::string open_answer;  // an empty one adds nothing, not even its space
+  if (end == PromptEnd::ContinueFinalMessage && !strip(messages.back().content).empty())
+    open_answer = " " + std::string(strip(messages.back().content));
+  append(ids, tokenizer.encode(inst(last_user) + open_answer, /*add_bos=*/true));
   return ids;
 }
 
@@ -138,11 +149,11 @@ std::optional<ChatTemplate> parse_chat_template(std::string_view name) {
 }
 
 std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
-                                         const std::vector<ChatMessage>& messages) {
-  check_roles(messages);
+                                         const std::vector<ChatMessage>& messages, PromptEnd end) {
+  check_roles(messages, end);
   switch (chat_template) {
     case ChatTemplate::Llama2:
-      return apply_llama2(tokenizer, messages);
+      return apply_llama2(tokenizer, messages, end);
     case ChatTemplate::Raw:
       return apply_raw(tokenizer, messages);
   }

@@ -22,11 +22,19 @@ enum class ChatTemplate {
   Raw,     // contents joined by newlines after BOS, for models without a chat format
 };
 
+// Where a chat prompt ends.
+enum class PromptEnd {
+  NewAnswer,             // after the last message, a user's: the assistant's answer begins
+  ContinueFinalMessage,  // inside the last message, the assistant's, which the answer continues
+                         // (vLLM's continue_final_message: the client writes its beginning)
+};
+
 std::optional<ChatTemplate> parse_chat_template(std::string_view name);
 
 // Throws std::invalid_argument with a message fit for a 400 answer on a dialog the template
-// cannot express (unknown role, no user message last, roles out of order).
+// cannot express (unknown role, the wrong role last, roles out of order).
 std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
-                                         const std::vector<ChatMessage>& messages);
+                                         const std::vector<ChatMessage>& messages,
+                                         PromptEnd end = PromptEnd::NewAnswer);
 
 }  // namespace pipeline

@@ -117,6 +117,21 @@ std::vector<ChatMessage> read_messages(const JsonBody& body) {
   return messages;
 }
 
+// add_generation_prompt asks for the template's opening of the assistant's turn after the last
+// message. Neither of our templates has one: a LLaMA-2 prompt ends with "[/INST]", where the
+// answer begins, either way (and the raw template adds nothing), so false changes nothing. It
+// is read so that a value that is not a boolean is refused, and so that it is not given with
+// continue_final_message, which ends the prompt inside the assistant's turn instead.
+PromptEnd read_prompt_end(const JsonBody& body) {
+  const bool generation_prompt = read_bool(body, "add_generation_prompt", true);
+  if (!read_bool(body, "continue_final_message", false)) return PromptEnd::NewAnswer;
+  if (generation_prompt)
+    throw invalid("continue_final_message",
+                  "continue_final_message and add_generation_prompt cannot both be true: set "
+                  "add_generation_prompt to false to continue the final message");
+  return PromptEnd::ContinueFinalMessage;
+}
+
 std::vector<int32_t> read_token_ids(const JsonBody& ids, const Tokenizer& tokenizer,
                                     const std::string& param, const char* expected) {
   std::vector<int32_t> tokens;
@@ -559,6 +574,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   parsed.per_prompt = read_int(body, "n", 1, 1, model.max_choices);
   if (request.chat) {
     request.messages = read_messages(body);
+    request.prompt_end = read_prompt_end(body);
   } else {
     read_prompts(body, model, parsed);
     request.prompt = parsed.prompts.front();

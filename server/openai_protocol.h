@@ -126,6 +126,8 @@ bool read_bool(const JsonBody& body, const char* name, bool fallback);
 void check_model(const JsonBody& body, const ServedModel& model);
 // `messages`: at least one, each a system, user or assistant message with text content.
 std::vector<ChatMessage> read_messages(const JsonBody& body);
+// Where a chat prompt ends, from vLLM's continue_final_message and add_generation_prompt.
+PromptEnd read_prompt_end(const JsonBody& body);
 // The integers of the array `ids`, each a token of the tokenizer's vocabulary; the errors name
 // `param`, and `expected` says which forms it takes.
 std::vector<int32_t> read_token_ids(const JsonBody& ids, const Tokenizer& tokenizer,

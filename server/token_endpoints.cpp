@@ -33,18 +33,10 @@ std::vector<int32_t> chat_tokens(const JsonBody& body, const Tokenizer& tokenize
     throw invalid("add_special_tokens",
                   "add_special_tokens must be false with messages: the chat template places BOS "
                   "itself");
-  // vLLM's add_generation_prompt asks for the template's opening of the assistant's turn after
-  // the last message. Neither of our templates has one: a LLaMA-2 prompt ends with "[/INST]",
-  // where the answer begins, either way (and the raw template adds nothing). So it changes
-  // nothing; it is read only so that a value that is not a boolean is refused.
-  read_bool(body, "add_generation_prompt", true);
-  if (read_bool(body, "continue_final_message", false))
-    throw invalid("continue_final_message",
-                  "continue_final_message is not supported: a chat prompt here always ends after "
-                  "a user message");
   const std::vector<ChatMessage> messages = read_messages(body);
+  const PromptEnd end = read_prompt_end(body);
   try {
-    return apply_chat_template(tokenizer, chat_template, messages);
+    return apply_chat_template(tokenizer, chat_template, messages, end);
   } catch (const std::invalid_argument& e) {  // a dialog the template cannot express
     throw invalid("messages", e.what());
   }

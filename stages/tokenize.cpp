@@ -24,7 +24,8 @@ StageInfo TokenizeStage::info() {
 // The chat template's tokens, a prompt's own ids (checked against the model's vocabulary, which
 // the API checked against the tokenizer's), or the prompt's text encoded after BOS.
 std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req) const {
-  if (req.chat) return apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages);
+  if (req.chat)
+    return apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages, req.prompt_end);
   if (req.prompt_ids.empty()) return ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);
   for (int32_t id : req.prompt_ids)
     if (id < 0 || id >= ctx_.model.vocab_size)

@@ -81,6 +81,35 @@ TEST(ChatTemplate, Llama2MessageTextCannotForgeBosOrEos) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), tokenizer.eos_id()), 1);
 }
 
+// vLLM's continue_final_message: the prompt ends inside the assistant's last message, as the
+// dialog's text would go on were the answer longer.
+TEST(ChatTemplate, Llama2ContinuesAFinalAssistantMessage) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  const auto continued = [&](const std::vector<ChatMessage>& messages) {
+    return apply_chat_template(tokenizer, ChatTemplate::Llama2, messages,
+                               PromptEnd::ContinueFinalMessage);
+  };
+  EXPECT_EQ(continued({{"user", "Tell me a story."}, {"assistant", " Once upon\n"}}),
+            tokenizer.encode("[INST] Tell me a story. [/INST] Once upon", /*add_bos=*/true));
+  // Earlier turns are closed as in any dialog; the system message stays in the first.
+  const auto first_turn =
+      tokenizer.encode("[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! ", true);
+  EXPECT_EQ(continued({{"system", "Be brief."},
+                       {"user", "Hi"},
+                       {"assistant", "Hello!"},
+                       {"user", "A story?"},
+                       {"assistant", "Once"}}),
+            concat(concat(first_turn, {tokenizer.eos_id()}),
+                   tokenizer.encode("[INST] A story? [/INST] Once", true)));
+  // An empty final message adds nothing: the answer begins where it would without it.
+  EXPECT_EQ(continued({{"user", "Hi"}, {"assistant", " "}}),
+            apply_chat_template(tokenizer, ChatTemplate::Llama2, {{"user", "Hi"}}));
+  // The raw template joins the contents as ever.
+  EXPECT_EQ(apply_chat_template(tokenizer, ChatTemplate::Raw, {{"user", "Hi"}, {"assistant", "Ho"}},
+                                PromptEnd::ContinueFinalMessage),
+            concat({tokenizer.bos_id()}, tokenizer.encode("Hi\nHo", false)));
+}
+
 TEST(ChatTemplate, RawJoinsContentsWithNewlinesAfterBos) {
   const Tokenizer tokenizer = llama2_tokenizer();
   const auto ids = apply_chat_template(tokenizer, ChatTemplate::Raw,
@@ -91,10 +120,11 @@ TEST(ChatTemplate, RawJoinsContentsWithNewlinesAfterBos) {
 }
 
 // Runs the template on `messages` and returns the std::invalid_argument message.
-std::string rejection(ChatTemplate chat_template, const std::vector<ChatMessage>& messages) {
+std::string rejection(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
+                      PromptEnd end = PromptEnd::NewAnswer) {
   const Tokenizer tokenizer = llama2_tokenizer();
   try {
-    apply_chat_template(tokenizer, chat_template, messages);
+    apply_chat_template(tokenizer, chat_template, messages, end);
   } catch (const std::invalid_argument& error) {
     return error.what();
   }
@@ -137,6 +167,16 @@ TEST(ChatTemplate, RejectsADialogNotEndingWithUser) {
   EXPECT_TRUE(contains(message, "last message")) << message;
   const auto only_system = rejection(ChatTemplate::Llama2, {{"system", "a"}});
   EXPECT_TRUE(contains(only_system, "user")) << only_system;
+}
+
+TEST(ChatTemplate, RejectsContinuingAMessageNotTheAssistants) {
+  for (ChatTemplate chat_template : {ChatTemplate::Llama2, ChatTemplate::Raw}) {
+    const auto message = rejection(chat_template, {{"user", "a"}}, PromptEnd::ContinueFinalMessage);
+    EXPECT_TRUE(contains(message, "continue_final_message")) << message;
+  }
+  const auto order =
+      rejection(ChatTemplate::Llama2, {{"assistant", "a"}}, PromptEnd::ContinueFinalMessage);
+  EXPECT_TRUE(contains(order, "alternate")) << order;
 }
 
 }  // namespace

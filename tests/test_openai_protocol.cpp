@@ -99,6 +99,15 @@ TEST(ParseRequest, ChatContentMayBeTextParts) {
   EXPECT_EQ(parse_chat(body).request->messages[0].content, "Hello there");
 }
 
+TEST(ParseRequest, ContinueFinalMessageEndsThePromptInsideTheLastMessage) {
+  EXPECT_EQ(parse_chat(chat_body()).request->prompt_end, PromptEnd::NewAnswer);
+  json body = with(chat_body(), "continue_final_message", true);
+  body["add_generation_prompt"] = false;
+  EXPECT_EQ(parse_chat(body).request->prompt_end, PromptEnd::ContinueFinalMessage);
+  EXPECT_EQ(parse_chat(with(body, "continue_final_message", false)).request->prompt_end,
+            PromptEnd::NewAnswer);
+}
+
 TEST(ParseRequest, CompletionTakesAStringOrAListOfOne) {
   const ParsedRequest parsed = parse_completion(completion_body());
   EXPECT_FALSE(parsed.request->chat);
@@ -388,6 +397,10 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "stop", {"a", 1}), "stop", "string"},
       {chat, with(chat_body(), "stop", {"a", "b", "c", "d", "e"}), "stop", "at most 4"},
       {chat, with(chat_body(), "stop", ""), "stop", "empty"},
+      {chat, with(chat_body(), "continue_final_message", true), "continue_final_message",
+       "cannot both be true"},
+      {chat, with(chat_body(), "continue_final_message", 1), "continue_final_message", "boolean"},
+      {chat, with(chat_body(), "add_generation_prompt", "no"), "add_generation_prompt", "boolean"},
       {chat, with(chat_body(), "stop_token_ids", 2), "stop_token_ids", "an array of token ids"},
       {chat, with(chat_body(), "include_stop_str_in_output", 1), "include_stop_str_in_output",
        "a boolean"},

@@ -436,6 +436,40 @@ TEST_F(ServerE2E, TokenizeGivesThePromptTokensOfTheCompletionEndpoints) {
         << metrics;
 }
 
+// vLLM's continue_final_message: the answer continues the assistant's last message, as a
+// completion of the same tokens does; streamed or not.
+TEST_F(ServerE2E, AChatAnswerContinuesTheFinalAssistantMessageWhenAsked) {
+  json chat = chat_body("Tell me a story.", 12);
+  chat["messages"].push_back({{"role", "assistant"}, {"content", "Once upon a time, a little"}});
+  chat["continue_final_message"] = true;
+  chat["add_generation_prompt"] = false;
+  const Reply tokens = post(port(), "/tokenize",
+                            {{"model", kModel},
+                             {"messages", chat["messages"]},
+                             {"continue_final_message", true},
+                             {"add_generation_prompt", false}});
+  ASSERT_EQ(tokens.status, 200) << tokens.raw;
+  const Reply same = post(port(), "/v1/completions",
+                          with(completion_body("", 12), "prompt", tokens.body["tokens"]));
+  ASSERT_EQ(same.status, 200) << same.raw;
+  const std::string expected = same.body["choices"][0]["text"];
+  ASSERT_FALSE(expected.empty());
+  const Reply whole = post(port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  EXPECT_EQ(chat_text(whole), expected);
+  EXPECT_EQ(whole.body["usage"]["prompt_tokens"], tokens.body["count"]);
+  EXPECT_EQ(post_stream(port(), "/v1/chat/completions", chat).text, expected);
+
+  // Without it, a dialog may not end with the assistant; and both ends at once are refused.
+  chat.erase("continue_final_message");
+  EXPECT_EQ(post(port(), "/v1/chat/completions", chat).status, 400);
+  chat["continue_final_message"] = true;
+  chat["add_generation_prompt"] = true;
+  const Reply both = post(port(), "/v1/chat/completions", chat);
+  EXPECT_EQ(both.status, 400);
+  EXPECT_EQ(both.body["error"]["param"], "continue_final_message") << both.raw;
+}
+
 // lm-eval's loglikelihood requests: prompts of token ids, echo, logprobs 1, one new token. Each
 // choice's logprobs list its prompt's tokens (the first with null: nothing predicts it) and the
 // new token, which is the one a plain request generates, with the same logprob.

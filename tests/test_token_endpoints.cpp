@@ -60,6 +60,13 @@ json messages_body() {
   return {{"model", "stories260K"}, {"messages", messages}};
 }
 
+// A dialog whose last message is the assistant's.
+json assistant_last_body() {
+  return with(
+      messages_body(), "messages",
+      {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Hello"}}});
+}
+
 json ids_body(json tokens) {
   return {{"model", "stories260K"}, {"tokens", std::move(tokens)}};
 }
@@ -104,6 +111,17 @@ TEST(Tokenize, AddGenerationPromptChangesNothingForOurTemplates) {
   }
 }
 
+// vLLM's continue_final_message: the tokens end inside the assistant's last message.
+TEST(Tokenize, ContinueFinalMessageEndsInsideTheAssistantsMessage) {
+  json body = with(with(assistant_last_body(), "continue_final_message", true),
+                   "add_generation_prompt", false);
+  const std::vector<ChatMessage> dialog = {{"user", "Hi"}, {"assistant", "Hello"}};
+  for (const ChatTemplate chat_template : {ChatTemplate::Llama2, ChatTemplate::Raw})
+    EXPECT_EQ(tokenize(body, chat_template)["tokens"],
+              json(apply_chat_template(stories_tokenizer(), chat_template, dialog,
+                                       PromptEnd::ContinueFinalMessage)));
+}
+
 TEST(Tokenize, TokenStrsAreEachTokensTextWhenAskedFor) {
   for (const json& body : {prompt_body("Once upon a time\n"), messages_body()}) {
     const json answer = tokenize(with(body, "return_token_strs", true));
@@ -140,9 +158,7 @@ std::vector<BadInput> bad_inputs() {
   json both = messages_body();
   both["prompt"] = "Hi";
   const json neither = {{"model", "stories260K"}};
-  const json assistant_last =
-      with(messages_body(), "messages",
-           {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Hello"}}});
+  const json assistant_last = assistant_last_body();
   return {
       {true, json::array({1, 2}), "", "JSON object"},
       {false, "text", "", "JSON object"},
@@ -158,7 +174,12 @@ std::vector<BadInput> bad_inputs() {
       {true, with(messages_body(), "add_generation_prompt", "yes"), "add_generation_prompt",
        "boolean"},
       {true, with(messages_body(), "continue_final_message", true), "continue_final_message",
-       "not supported"},
+       "cannot both be true"},
+      {true,
+       with(with(messages_body(), "continue_final_message", true), "add_generation_prompt", false),
+       "messages", "continue_final_message needs the last message to have role 'assistant'"},
+      {true, with(messages_body(), "continue_final_message", "yes"), "continue_final_message",
+       "boolean"},
       {true, with(messages_body(), "messages", json::array()), "messages", "at least one"},
       {true, with(messages_body(), "messages", "Hi"), "messages", "array"},
       {true, with(messages_body(), "messages", {{{"role", "tool"}, {"content", "x"}}}),
