@@ -14,6 +14,7 @@
 // they do in a server (tokenize: a line per request): send stderr to a file.
 #include <benchmark/benchmark.h>
 #include <concurrentqueue/blockingconcurrentqueue.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>

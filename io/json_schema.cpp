@@ -8,6 +8,8 @@
 #include <optional>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "io/json_integer.h"
 #include "io/json_prefix.h"
 
