@@ -92,6 +92,17 @@ TEST(ParseRequest, IdsAreUnique) {
   EXPECT_NE(parse_chat(chat_body()).request->id, parse_chat(chat_body()).request->id);
 }
 
+TEST(ParseRequest, ADeveloperMessageIsASystemMessage) {
+  json body = chat_body();
+  const json developer = {{"role", "developer"}, {"content", "Be brief."}};
+  body["messages"].insert(body["messages"].begin(), developer);
+  const ParsedRequest parsed = parse_chat(body);
+  const auto& messages = parsed.request->messages;
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_EQ(messages[0].role, "system");
+  EXPECT_EQ(messages[0].content, "Be brief.");
+}
+
 TEST(ParseRequest, ChatContentMayBeTextParts) {
   json body = chat_body();
   body["messages"][0]["content"] = {{{"type", "text"}, {"text", "Hello "}},
