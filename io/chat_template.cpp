@@ -62,13 +62,17 @@ std::string_view strip(std::string_view text) {
   return text;
 }
 
+bool is_system(std::string_view role) {
+  return role == "system" || role == "developer";
+}
+
 void check_roles(const std::vector<ChatMessage>& messages, PromptEnd end) {
   if (messages.empty()) throw std::invalid_argument("messages must not be empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant")
+    if (!is_chat_role(role))
       throw std::invalid_argument("messages[" + std::to_string(i) + "]: unknown role '" + role +
-                                  "' (expected system, user or assistant)");
+                                  "' (expected system, developer, user or assistant)");
   }
   if (end == PromptEnd::ContinueFinalMessage && messages.back().role != "assistant")
     throw std::invalid_argument(
@@ -88,7 +92,7 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
                                   const std::vector<ChatMessage>& messages, PromptEnd end) {
   size_t first = 0;
   std::string system_prefix;
-  if (messages.front().role == "system") {
+  if (is_system(messages.front().role)) {
     system_prefix = std::string(kBeginSys) + messages.front().content + std::string(kEndSys);
     first = 1;
   }
@@ -141,6 +145,10 @@ std::vector<int32_t> apply_raw(const Tokenizer& tokenizer,
 }
 
 }  // namespace
+
+bool is_chat_role(std::string_view role) {
+  return is_system(role) || role == "user" || role == "assistant";
+}
 
 std::optional<ChatTemplate> parse_chat_template(std::string_view name) {
   if (name == "llama2") return ChatTemplate::Llama2;

@@ -13,9 +13,11 @@
 namespace pipeline {
 
 struct ChatMessage {
-  std::string role;  // system | user | assistant
+  std::string role;  // system (or developer, OpenAI's newer name for it) | user | assistant
   std::string content;
 };
+
+bool is_chat_role(std::string_view role);
 
 enum class ChatTemplate {
   Llama2,  // Meta's: <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>...

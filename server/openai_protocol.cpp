@@ -109,12 +109,10 @@ std::vector<ChatMessage> read_messages(const JsonBody& body) {
     if (role == item.end() || !role->is_string())
       throw invalid(param + ".role", param + ".role must be a string");
     const auto& role_name = role->get_ref<const std::string&>();
-    // OpenAI's newer models take "developer" messages where older ones took "system" ones.
-    const std::string role_taken = role_name == "developer" ? "system" : role_name;
-    if (role_taken != "system" && role_taken != "user" && role_taken != "assistant")
+    if (!is_chat_role(role_name))
       throw invalid(param + ".role", "unsupported role '" + role_name + "' in " + param +
                                          " (system, developer, user and assistant are supported)");
-    messages.push_back({role_taken, read_content(item, param + ".content")});
+    messages.push_back({role_name, read_content(item, param + ".content")});
   }
   return messages;
 }

@@ -179,5 +179,17 @@ TEST(ChatTemplate, RejectsContinuingAMessageNotTheAssistants) {
   EXPECT_TRUE(contains(order, "alternate")) << order;
 }
 
+// OpenAI's newer models take "developer" messages where older ones took "system" ones.
+TEST(ChatTemplate, ADeveloperMessageIsASystemMessage) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  for (ChatTemplate chat_template : {ChatTemplate::Llama2, ChatTemplate::Raw})
+    EXPECT_EQ(
+        apply_chat_template(tokenizer, chat_template, {{"developer", "Be brief."}, {"user", "Hi"}}),
+        apply_chat_template(tokenizer, chat_template, {{"system", "Be brief."}, {"user", "Hi"}}));
+  const auto twice =
+      rejection(ChatTemplate::Llama2, {{"developer", "a"}, {"developer", "b"}, {"user", "c"}});
+  EXPECT_TRUE(contains(twice, "messages[1] has role 'developer'")) << twice;
+}
+
 }  // namespace
 }  // namespace pipeline

@@ -92,14 +92,14 @@ TEST(ParseRequest, IdsAreUnique) {
   EXPECT_NE(parse_chat(chat_body()).request->id, parse_chat(chat_body()).request->id);
 }
 
-TEST(ParseRequest, ADeveloperMessageIsASystemMessage) {
+TEST(ParseRequest, ADeveloperMessageIsKeptForTheTemplate) {
   json body = chat_body();
   const json developer = {{"role", "developer"}, {"content", "Be brief."}};
   body["messages"].insert(body["messages"].begin(), developer);
   const ParsedRequest parsed = parse_chat(body);
   const auto& messages = parsed.request->messages;
   ASSERT_EQ(messages.size(), 2u);
-  EXPECT_EQ(messages[0].role, "system");
+  EXPECT_EQ(messages[0].role, "developer");
   EXPECT_EQ(messages[0].content, "Be brief.");
 }
 
@@ -117,6 +117,13 @@ TEST(ParseRequest, ContinueFinalMessageEndsThePromptInsideTheLastMessage) {
   EXPECT_EQ(parse_chat(body).request->prompt_end, PromptEnd::ContinueFinalMessage);
   EXPECT_EQ(parse_chat(with(body, "continue_final_message", false)).request->prompt_end,
             PromptEnd::NewAnswer);
+}
+
+TEST(ParseRequest, TruncatePromptTokensReachesTheRequest) {
+  EXPECT_EQ(parse_chat(chat_body()).request->truncate_prompt_tokens, 0);
+  EXPECT_EQ(
+      parse_chat(with(chat_body(), "truncate_prompt_tokens", 64)).request->truncate_prompt_tokens,
+      64);
 }
 
 TEST(ParseRequest, CompletionTakesAStringOrAListOfOne) {
