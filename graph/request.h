@@ -72,6 +72,9 @@ struct Request {
   PromptEnd prompt_end = PromptEnd::NewAnswer;  // chat requests: vLLM's continue_final_message
   std::string prompt;                           // text completions
   std::vector<int32_t> prompt_ids;  // a completions prompt given as token ids: used as they are
+  // vLLM's truncate_prompt_tokens: only the prompt's last k tokens (after the chat template or
+  // BOS, which may be cut) reach the model; 0: the whole prompt.
+  int truncate_prompt_tokens = 0;
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
   // The field the client limited max_tokens with ("max_tokens", "max_completion_tokens"), or

@@ -499,6 +499,17 @@ bool read_echo(Endpoint endpoint, const JsonBody& body) {
   return echo;
 }
 
+// vLLM's truncate_prompt_tokens (the tokenize stage checks it against the context). Not with
+// echo, which would show a prompt the model did not see.
+int read_truncate_prompt_tokens(const JsonBody& body, bool echo) {
+  const int keep = read_int(body, "truncate_prompt_tokens", 0, 1, INT_MAX);
+  if (keep > 0 && echo)
+    throw invalid("truncate_prompt_tokens",
+                  "truncate_prompt_tokens cannot be combined with echo: the prompt echoed would "
+                  "not be the one the model saw");
+  return keep;
+}
+
 // The answer starts with the prompt, and with logprobs, the prompt's tokens are scored too.
 // With max_tokens 0 the prompt is the whole answer; one token is still generated (the engine
 // always samples after a prompt) and dropped, as vLLM does.
@@ -585,6 +596,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   refuse_unsupported(endpoint, body);
   parsed.options = read_response_options(body);
   const bool echo = read_echo(endpoint, body);
+  request.truncate_prompt_tokens = read_truncate_prompt_tokens(body, echo);
   read_max_tokens(endpoint, body, model.defaults.max_tokens, echo, request);
   request.sampling = read_sampling(body, model.defaults.params);
   read_logprobs(endpoint, body, request);

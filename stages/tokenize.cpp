@@ -62,6 +62,16 @@ void TokenizeStage::check_in_vocabulary(int32_t token, const char* param) const 
                   param};
 }
 
+// Keeps the last `keep` tokens (vLLM's left truncation); 0 keeps them all.
+void TokenizeStage::truncate(std::vector<int32_t>& tokens, int keep) const {
+  const int context = ctx_.model.max_position_embeddings;
+  if (keep > context)
+    throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
+                      " but the model's context is " + std::to_string(context) + " tokens",
+                  "truncate_prompt_tokens"};
+  if (keep > 0 && size_t(keep) < tokens.size()) tokens.erase(tokens.begin(), tokens.end() - keep);
+}
+
 void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
@@ -73,6 +83,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
   } catch (const std::invalid_argument& e) {
     throw Refusal{e.what(), prompt_param};
   }
+  truncate(seq.tokens, req.truncate_prompt_tokens);
   try {
     seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop,
                                            req.include_stop_str_in_output);

@@ -28,6 +28,7 @@ class TokenizeStage : public Stage {
     std::string param;  // the request field at fault; empty: none in particular
   };
   std::vector<int32_t> prompt_tokens(const Request& req) const;
+  void truncate(std::vector<int32_t>& tokens, int keep) const;
   static void check_room(int prompt, int max_tokens, int context, int64_t pool,
                          const std::string& prompt_param, const std::string& max_tokens_param);
   // A token id a parameter names (logit_bias, stop_token_ids) must be in the model's vocabulary.

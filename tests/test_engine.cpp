@@ -487,6 +487,34 @@ TEST(Engine, RefusesAPromptLongerThanTheContext) {
       << sink_of(request).error()->message;
 }
 
+// vLLM's truncate_prompt_tokens: the model sees the prompt's last k tokens, as if they were the
+// prompt given as ids; k beyond the context is refused.
+TEST(Engine, TruncatePromptTokensKeepsThePromptsLastTokens) {
+  Engine engine(make_config("{window_ms: 0}"));
+  std::string prompt;
+  for (int i = 0; i < 300; ++i) prompt += i % 7 == 0 ? "a dog " : "the cat ";
+  const std::vector<int32_t> ids =
+      Tokenizer(model_dir() / "tokenizer.model").encode(prompt, /*add_bos=*/true);
+  ASSERT_GT(ids.size(), 512u);
+  auto truncated = make_request(prompt, 16, /*ignore_eos=*/true);
+  truncated->truncate_prompt_tokens = 100;
+  auto as_ids = make_request("", 16, /*ignore_eos=*/true);
+  as_ids->prompt_ids.assign(ids.end() - 100, ids.end());
+  auto too_many = make_request(prompt, 16);
+  too_many->truncate_prompt_tokens = 513;
+  for (const auto& request : {truncated, as_ids, too_many}) {
+    ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+    ASSERT_TRUE(sink_of(request).wait());
+  }
+  ASSERT_TRUE(sink_of(truncated).completion().has_value()) << sink_of(truncated).error()->message;
+  EXPECT_EQ(sink_of(truncated).completion()->prompt_tokens, 100);
+  EXPECT_EQ(sink_of(truncated).text(), sink_of(as_ids).text());
+  ASSERT_TRUE(sink_of(too_many).error().has_value());
+  EXPECT_EQ(sink_of(too_many).error()->param, "truncate_prompt_tokens");
+  EXPECT_NE(sink_of(too_many).error()->message.find("context is 512 tokens"), std::string::npos)
+      << sink_of(too_many).error()->message;
+}
+
 // A max_tokens the client gave must fit beside the prompt in the context (512 tokens).
 TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
   Engine engine(make_config("{window_ms: 0}"));

@@ -470,6 +470,21 @@ TEST_F(ServerE2E, AChatAnswerContinuesTheFinalAssistantMessageWhenAsked) {
   EXPECT_EQ(both.body["error"]["param"], "continue_final_message") << both.raw;
 }
 
+// vLLM's truncate_prompt_tokens: a prompt beyond the context is answered from its last tokens.
+TEST_F(ServerE2E, TruncatePromptTokensAnswersAPromptBeyondTheContext) {
+  std::string prompt;
+  for (int i = 0; i < 300; ++i) prompt += "the cat ";
+  const json body = completion_body(prompt, 4);
+  EXPECT_EQ(post(port(), "/v1/completions", body).status, 400);
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    json truncated = std::string(path) == "/v1/completions" ? body : chat_body(prompt, 4);
+    truncated["truncate_prompt_tokens"] = 200;
+    const Reply reply = post(port(), path, truncated);
+    ASSERT_EQ(reply.status, 200) << path << ": " << reply.raw;
+    EXPECT_EQ(reply.body["usage"]["prompt_tokens"], 200) << path;
+  }
+}
+
 // lm-eval's loglikelihood requests: prompts of token ids, echo, logprobs 1, one new token. Each
 // choice's logprobs list its prompt's tokens (the first with null: nothing predicts it) and the
 // new token, which is the one a plain request generates, with the same logprob.
