@@ -17,6 +17,7 @@ struct ChatMessage {
   std::string content;
 };
 
+// Whether a message may have this role (a template may still refuse where it stands).
 bool is_chat_role(std::string_view role);
 
 enum class ChatTemplate {
