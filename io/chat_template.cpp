@@ -127,10 +127,13 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
     append(ids, tokenizer.encode(turn, /*add_bos=*/true));
     ids.push_back(tokenizer.eos_id());
   }
-  std::string open_answer;  // an empty one adds nothing, not even its space
-  if (end == PromptEnd::ContinueFinalMessage && !strip(messages.back().content).empty())
-    open_answer = " " + std::string(strip(messages.back().content));
-  append(ids, tokenizer.encode(inst(last_user) + open_answer, /*add_bos=*/true));
+  std::string last_turn = inst(last_user);
+  const std::string_view open_answer = strip(messages.back().content);
+  if (end == PromptEnd::ContinueFinalMessage && !open_answer.empty()) {
+    last_turn += ' ';  // an empty answer adds nothing, not even its space
+    last_turn += open_answer;
+  }
+  append(ids, tokenizer.encode(last_turn, /*add_bos=*/true));
   return ids;
 }
 
