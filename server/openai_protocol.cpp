@@ -202,6 +202,8 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
   refuse_unless("functions", empty, " (no function calling)");
   refuse_unless("tool_choice", no_call, " (no function calling)");
   refuse_unless("function_call", no_call, " (no function calling)");
+  // vLLM's per-request Jinja template: the server applies the one its config names.
+  refuse_unless("chat_template", empty, " (the server applies its configured chat template)");
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
     throw invalid("top_logprobs",
                   "top_logprobs is a chat parameter; /v1/completions takes the number of "

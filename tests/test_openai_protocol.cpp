@@ -418,6 +418,8 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "continue_final_message", true), "continue_final_message",
        "cannot both be true"},
       {chat, with(chat_body(), "continue_final_message", 1), "continue_final_message", "boolean"},
+      {chat, with(chat_body(), "chat_template", "{{ messages }}"), "chat_template",
+       "configured chat template"},
       {chat, with(chat_body(), "truncate_prompt_tokens", 0), "truncate_prompt_tokens", "between 1"},
       {chat, with(chat_body(), "truncate_prompt_tokens", "9"), "truncate_prompt_tokens", "integer"},
       {completion, with(with(completion_body(), "truncate_prompt_tokens", 9), "echo", true),
