@@ -128,10 +128,12 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
     ids.push_back(tokenizer.eos_id());
   }
   std::string last_turn = inst(last_user);
-  const std::string_view open_answer = strip(messages.back().content);
-  if (end == PromptEnd::ContinueFinalMessage && !open_answer.empty()) {
-    last_turn += ' ';  // an empty answer adds nothing, not even its space
-    last_turn += open_answer;
+  if (end == PromptEnd::ContinueFinalMessage) {
+    const std::string_view open_answer = strip(messages.back().content);
+    if (!open_answer.empty()) {  // an empty one adds nothing, not even its space
+      last_turn += ' ';
+      last_turn += open_answer;
+    }
   }
   append(ids, tokenizer.encode(last_turn, /*add_bos=*/true));
   return ids;

@@ -124,7 +124,8 @@ const JsonBody* find_field(const JsonBody& body, const char* name);
 bool read_bool(const JsonBody& body, const char* name, bool fallback);
 // `model` must be given and name the served model: 404 model_not_found for any other name.
 void check_model(const JsonBody& body, const ServedModel& model);
-// `messages`: at least one, each a system, user or assistant message with text content.
+// `messages`: at least one, each a system (or developer), user or assistant message with text
+// content.
 std::vector<ChatMessage> read_messages(const JsonBody& body);
 // Where a chat prompt ends, from vLLM's continue_final_message and add_generation_prompt.
 PromptEnd read_prompt_end(const JsonBody& body);
