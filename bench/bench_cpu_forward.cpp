@@ -4,7 +4,10 @@
 //   Decode/<shape>/<B>    one decode step of B sequences (B = 1, 4, 16, 64), each with a
 //                         128-token context already in the KV cache. Every step decodes position
 //                         128 again (overwriting that KV slot), so the context stays 128 tokens.
+//                         The KV cache is bf16, the runner's choice for these bf16 models.
 //   Prefill/<shape>/<T>   one prompt of T tokens (T = 128, 512) from position 0.
+//   DecodeF32Kv/<shape>/<B>  Decode with the KV cache in float32 instead (B = 16, 64), for the
+//                         comparison in one run.
 //
 // Models: $PIPELINE_BENCH_MODELS/llama2-110m and $PIPELINE_BENCH_MODELS/tinyllama-1.1b.
 // Threads: $PIPELINE_BENCH_THREADS (default 2), for the runner's kernels and the probes alike.
@@ -14,7 +17,7 @@
 //   weight_MB     weight bytes one forward pass must read: every layer tensor, the final norm,
 //                 the whole lm_head, and one embedding row per token
 //   kv_MB         (decode) KV-cache bytes one step reads: each sequence's 129 positions of K and
-//                 V in every layer, float32 as the CPU runner stores them
+//                 V in every layer, in the cache's element type
 //   bw_floor      (decode) fraction of the bandwidth floor: (weight bytes / probed read bandwidth)
 //                 / measured time, the bandwidth probed beside this repetition's own iterations
 //                 (bench_support.h, time_passes_beside_probe). The floor: weights only,
@@ -34,6 +37,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -102,7 +106,7 @@ struct PassWork {
 
 // `seqs` sequences, each bringing `new_tokens` tokens after `start_pos` cached ones; one logit
 // row per sequence.
-PassWork pass_work(const LlamaWeights& w, int seqs, int new_tokens, int start_pos) {
+PassWork pass_work(const LlamaWeights& w, DType kv_dtype, int seqs, int new_tokens, int start_pos) {
   const LlamaConfig& c = w.config;
   PassWork work;
   work.tokens = seqs * new_tokens;
@@ -111,7 +115,7 @@ PassWork pass_work(const LlamaWeights& w, int seqs, int new_tokens, int start_po
   // Query at position p attends to p + 1 positions: sum over the new tokens' positions.
   const double first = start_pos + 1.0, last = start_pos + double(new_tokens);
   const double attended = seqs * (first + last) * new_tokens / 2.0;
-  work.kv_bytes = attended * c.num_layers * c.kv_dim() * 2.0 /*K and V*/ * sizeof(float);
+  work.kv_bytes = attended * c.num_layers * c.kv_dim() * 2.0 /*K and V*/ * dtype_size(kv_dtype);
   work.flops = 2.0 * layer_matrix_params(w) * work.tokens + 2.0 * double(w.lm_head.numel()) * seqs +
                4.0 * c.q_dim() * attended * c.num_layers;
   return work;
@@ -131,7 +135,9 @@ int64_t safetensors_bytes(const fs::path& dir) {
 // prefill benchmarks, which has its own blocks so it never disturbs the contexts.
 class ShapeBench {
  public:
-  ShapeBench(std::string shape, const fs::path& dir) : shape_(std::move(shape)) {
+  // `kv_dtype` unset: the runner's own choice.
+  ShapeBench(std::string shape, const fs::path& dir, std::optional<DType> kv_dtype)
+      : shape_(std::move(shape)), asked_kv_dtype_(kv_dtype) {
     weights_ = std::make_shared<const LlamaWeights>(LlamaWeights::load(dir));
     file_bytes_ = safetensors_bytes(dir);
     const int context_blocks = (kContext + 1 + kBlockSize - 1) / kBlockSize;
@@ -141,9 +147,11 @@ class ShapeBench {
     options.kv_cache_blocks = kMaxDecodeBatch * context_blocks + prompt_blocks;
     options.max_num_seqs = kMaxDecodeBatch;
     options.threads = machine().threads;
+    options.kv_cache_dtype = kv_dtype;
     runner_ = make_cpu_runner(weights_, options);
     const KvCacheShape& kv = runner_->kv_shape();
-    kv_pool_bytes_ = int64_t(kv.num_layers) * kv.num_blocks * kv.block_elems() * 2 * 4;
+    kv_pool_bytes_ = int64_t(kv.num_layers) * kv.num_blocks * kv.block_elems() * 2 *
+                     int64_t(dtype_size(kv.dtype));
 
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> token(3, config().vocab_size - 1);
@@ -160,6 +168,8 @@ class ShapeBench {
   }
 
   const std::string& shape() const { return shape_; }
+  const std::optional<DType>& asked_kv_dtype() const { return asked_kv_dtype_; }
+  DType kv_dtype() const { return runner_->kv_shape().dtype; }
   const LlamaWeights& weights() const { return *weights_; }
   const LlamaConfig& config() const { return weights_->config; }
   double memory_budget_bytes() const { return double(file_bytes_ + kv_pool_bytes_); }
@@ -211,6 +221,7 @@ class ShapeBench {
   }
 
   std::string shape_;
+  std::optional<DType> asked_kv_dtype_;
   std::shared_ptr<const LlamaWeights> weights_;
   std::unique_ptr<ModelRunner> runner_;
   int64_t file_bytes_ = 0;
@@ -223,17 +234,17 @@ class ShapeBench {
 
 fs::path models_dir;
 
-// The model of `shape`, loaded on first use. Benchmarks run shape by shape, so only one model
-// is held at a time: the previous one is dropped, the FMA rate probed again (the floor keeps the
-// best figure seen, so one probe starved by other load cannot lower it), and the peak RSS reset
-// before the next model loads.
-ShapeBench& shape_bench(const std::string& shape) {
+// The model of `shape` with its KV cache in `kv_dtype` (unset: the runner's choice), loaded on
+// first use. Benchmarks run shape by shape, so only one model is held at a time: the previous
+// one is dropped, the FMA rate probed again (the floor keeps the best figure seen, so one probe
+// starved by other load cannot lower it), and the peak RSS reset before the next model loads.
+ShapeBench& shape_bench(const std::string& shape, std::optional<DType> kv_dtype = std::nullopt) {
   static std::unique_ptr<ShapeBench> current;
-  if (!current || current->shape() != shape) {
+  if (!current || current->shape() != shape || current->asked_kv_dtype() != kv_dtype) {
     current.reset();
     reprobe_fma_floor(machine());
     reset_peak_rss();
-    current = std::make_unique<ShapeBench>(shape, models_dir / shape);
+    current = std::make_unique<ShapeBench>(shape, models_dir / shape, kv_dtype);
   }
   return *current;
 }
@@ -250,16 +261,17 @@ void set_common_counters(benchmark::State& state, const ShapeBench& bench, const
   state.counters["mem_budget"] = peak / bench.memory_budget_bytes();
 }
 
-void BM_Decode(benchmark::State& state, const std::string& shape, int batch_size) {
+void BM_Decode(benchmark::State& state, const std::string& shape, int batch_size,
+               std::optional<DType> kv_dtype) {
   try {
-    ShapeBench& bench = shape_bench(shape);
+    ShapeBench& bench = shape_bench(shape, kv_dtype);
     const Batch batch = bench.decode_batch(batch_size);
     Logits logits;
     bench.warm_up_decode(batch);
     const ProbedTiming timing =
         time_passes_beside_probe(state, [&] { bench.forward(batch, logits); });
 
-    const PassWork work = pass_work(bench.weights(), batch_size, 1, kContext);
+    const PassWork work = pass_work(bench.weights(), bench.kv_dtype(), batch_size, 1, kContext);
     set_common_counters(state, bench, work, timing.seconds_per_pass);
     state.counters["kv_MB"] = work.kv_bytes * 1e-6;
     state.counters["bw_floor"] =
@@ -279,7 +291,8 @@ void BM_Prefill(benchmark::State& state, const std::string& shape, int tokens) {
     Logits logits;
     const double seconds = time_passes(state, [&] { bench.forward(batch, logits); });
 
-    set_common_counters(state, bench, pass_work(bench.weights(), 1, tokens, 0), seconds);
+    set_common_counters(state, bench, pass_work(bench.weights(), bench.kv_dtype(), 1, tokens, 0),
+                        seconds);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -308,13 +321,20 @@ void register_benchmarks() {
     const std::string name = shape;
     for (int batch_size : kDecodeBatches) {
       benchmark::RegisterBenchmark(("Decode/" + name + "/" + std::to_string(batch_size)).c_str(),
-                                   BM_Decode, name, batch_size)
+                                   BM_Decode, name, batch_size, std::nullopt)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
     for (int tokens : kPrefillLengths) {
       benchmark::RegisterBenchmark(("Prefill/" + name + "/" + std::to_string(tokens)).c_str(),
                                    BM_Prefill, name, tokens)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+    for (int batch_size : {16, 64}) {
+      benchmark::RegisterBenchmark(
+          ("DecodeF32Kv/" + name + "/" + std::to_string(batch_size)).c_str(), BM_Decode, name,
+          batch_size, std::optional<DType>(DType::F32))
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }

@@ -7,10 +7,12 @@
 //                                     of 1 or 16 rows. Each call takes the next packed copy of W
 //                                     from a pool of at least 1 GiB, so W comes from DRAM, as it
 //                                     does in decode.
-//   AttentionDecode/<layout>/<batch>  one query per sequence over a 1024-token context in the
-//                                     paged KV pool (blocks scattered at random), q read with the
-//                                     fused q/k/v projection's row stride as in the runner; each
-//                                     call reads the next "layer" of a KV pool of at least 1 GiB.
+//   AttentionDecode/<dtype>/<layout>/<batch>
+//                                     one query per sequence over a 1024-token context in the
+//                                     paged KV pool (blocks scattered at random), its keys and
+//                                     values in f32 or bf16, q read with the fused q/k/v
+//                                     projection's row stride as in the runner; each call reads
+//                                     the next "layer" of a KV pool of at least 1 GiB.
 //
 // Threads: $PIPELINE_BENCH_THREADS (default 2), in a oneTBB arena of that size.
 // Counters: GB/s (operand bytes read per second), GFLOP/s, bw_floor: the fraction of the read
@@ -194,18 +196,24 @@ struct AttentionLayout {
 };
 constexpr AttentionLayout kLayouts[] = {{"llama2-110m", 12, 12, 64}, {"tinyllama-1.1b", 32, 4, 64}};
 
-void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int batch) {
+void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int batch, DType dtype) {
   try {
     const int blocks_per_seq = kContext / kBlockSize;
     const int num_blocks = batch * blocks_per_seq;
-    const size_t layer_floats =
+    const size_t layer_elements =
         size_t(num_blocks) * kBlockSize * layout.num_kv_heads * layout.head_dim;
-    const size_t layers = std::max<size_t>(1, kStreamBytes / (2 * layer_floats * sizeof(float)));
+    const size_t layer_bytes = layer_elements * dtype_size(dtype);
+    const size_t layers = std::max<size_t>(1, kStreamBytes / (2 * layer_bytes));
     // Allocated as the CPU runner allocates its KV pool.
-    const cpu::HugePageBuffer memory =
-        cpu::allocate_page_buffer(layers * 2 * layer_floats * sizeof(float));
-    float* const pool = reinterpret_cast<float*>(memory.get());
-    fill_uniform(pool, layers * 2 * layer_floats);
+    const cpu::HugePageBuffer memory = cpu::allocate_page_buffer(layers * 2 * layer_bytes);
+    std::byte* const pool = memory.get();
+    if (dtype == DType::F32) {
+      fill_uniform(reinterpret_cast<float*>(pool), layers * 2 * layer_elements);
+    } else {
+      uint16_t* const bf16 = reinterpret_cast<uint16_t*>(pool);
+      parallel_fill(layers * 2 * layer_elements,
+                    [&](size_t i) { bf16[i] = f32_to_bf16(hashed_uniform(i)); });
+    }
 
     // Each sequence's blocks are scattered over the pool, as a block manager's would be.
     std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
@@ -228,16 +236,16 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     ProbedTiming timing;
     arena().execute([&] {
       timing = time_passes_beside_probe(state, [&] {
-        float* k = pool + layer * 2 * layer_floats;
-        const cpu::PagedKvLayer kv{k, k + layer_floats, kBlockSize, layout.num_kv_heads,
-                                   layout.head_dim};
+        std::byte* k = pool + layer * 2 * layer_bytes;
+        const cpu::PagedKvLayer kv{
+            k, k + layer_bytes, kBlockSize, layout.num_kv_heads, layout.head_dim, dtype};
         cpu::paged_attention(kv, seqs, layout.num_heads, qkv.data(), ld_qkv, out.data());
         layer = (layer + 1) % layers;
       });
     });
     benchmark::DoNotOptimize(out.data());
-    set_floor_counters(state, 2.0 * double(layer_floats) * sizeof(float),
-                       4.0 * q_dim * double(kContext) * batch, timing);
+    set_floor_counters(state, 2.0 * double(layer_bytes), 4.0 * q_dim * double(kContext) * batch,
+                       timing);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -255,13 +263,15 @@ void register_benchmarks() {
       }
     }
   }
-  for (const AttentionLayout& layout : kLayouts) {
-    for (int batch : {1, 16}) {
-      const std::string name =
-          std::string("AttentionDecode/") + layout.name + "/" + std::to_string(batch);
-      benchmark::RegisterBenchmark(name.c_str(), BM_AttentionDecode, layout, batch)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    for (const AttentionLayout& layout : kLayouts) {
+      for (int batch : {1, 16}) {
+        const std::string name = std::string("AttentionDecode/") + dtype_name(dtype) + "/" +
+                                 layout.name + "/" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), BM_AttentionDecode, layout, batch, dtype)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
 }

@@ -65,6 +65,7 @@ Engine::Impl::Impl(const ServeConfig& cfg)
   options.kv_block_size = config.scheduler.kv_block_size;
   options.kv_cache_blocks = config.scheduler.kv_cache_blocks;
   options.kv_cache_fraction = config.scheduler.kv_cache_fraction;
+  options.kv_cache_dtype = config.scheduler.kv_cache_dtype;
   options.max_num_seqs = config.scheduler.max_num_seqs;
   options.threads = config.threads;
   runner = make_runner(config.device, weights, options);
@@ -78,9 +79,9 @@ Engine::Impl::Impl(const ServeConfig& cfg)
   graph = std::make_unique<FlowGraph>(plan, *context, metrics);
   for (const auto& line : runner->setup_report())
     log_line("engine: %s: %s", runner->device_name().c_str(), line.c_str());
-  log_line("engine: model %s on %s, KV cache %d blocks of %d tokens, %zu graph nodes",
+  log_line("engine: model %s on %s, KV cache %d blocks of %d tokens in %s, %zu graph nodes",
            model_name.c_str(), runner->device_name().c_str(), kv.num_blocks, kv.block_size,
-           plan.nodes.size());
+           dtype_name(kv.dtype), plan.nodes.size());
   const int64_t kv_tokens = int64_t(kv.num_blocks) * kv.block_size;
   if (kv_tokens < runner->config().max_position_embeddings)
     log_line(

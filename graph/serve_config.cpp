@@ -155,9 +155,10 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
 
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
   r.require_map(node, "scheduler");
-  r.check_keys(node, "scheduler",
-               {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens",
-                "enable_prefix_caching", "kv_block_size", "kv_cache_fraction", "kv_cache_blocks"});
+  r.check_keys(
+      node, "scheduler",
+      {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "enable_prefix_caching",
+       "kv_block_size", "kv_cache_fraction", "kv_cache_blocks", "kv_cache_dtype"});
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
@@ -177,6 +178,11 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
   }
   if (node["kv_cache_blocks"])
     s.kv_cache_blocks = r.integer(node["kv_cache_blocks"], "scheduler.kv_cache_blocks", 0);
+  if (node["kv_cache_dtype"]) {
+    const std::string dtype =
+        r.one_of(node["kv_cache_dtype"], "scheduler.kv_cache_dtype", {"auto", "bf16", "f32"});
+    s.kv_cache_dtype = dtype == "auto" ? std::nullopt : parse_dtype(dtype);
+  }
 }
 
 void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefaults& sampling) {

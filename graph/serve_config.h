@@ -3,11 +3,13 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
 
+#include "io/dtype.h"
 #include "model/sampling.h"
 
 namespace pipeline {
@@ -35,6 +37,8 @@ struct SchedulerSection {
   int kv_block_size = 16;
   double kv_cache_fraction = 0.9;  // of free device memory (CUDA)
   int kv_cache_blocks = 0;  // explicit pool size; 0 = derive (CPU: max_num_seqs full contexts)
+  // bf16 | f32; unset (auto): f32 for a float32 checkpoint, else bf16 (CUDA: bf16 only)
+  std::optional<DType> kv_cache_dtype;
 };
 
 struct SamplingDefaults {

@@ -104,7 +104,20 @@ void check_pool_fits_memory(const KvCacheShape& shape, double block_bytes) {
         " of memory: lower scheduler.kv_cache_blocks or scheduler.kv_block_size");
 }
 
-KvCacheShape derive_kv_shape(const LlamaConfig& c, const RunnerOptions& options) {
+// The KV cache's element type: the one asked for, else float32 for float32 weights and bf16 for
+// 16-bit ones (whose model was trained to tolerate bf16 activations).
+DType kv_dtype(const LlamaWeights& weights, const RunnerOptions& options) {
+  const DType dtype = options.kv_cache_dtype.value_or(
+      weights.layers.empty() || weights.layers[0].wk.dtype == DType::F32 ? DType::F32
+                                                                         : DType::BF16);
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    throw std::invalid_argument(std::string("RunnerOptions: kv_cache_dtype ") + dtype_name(dtype) +
+                                " is not supported by the CPU runner (F32 or BF16)");
+  return dtype;
+}
+
+KvCacheShape derive_kv_shape(const LlamaWeights& weights, const RunnerOptions& options) {
+  const LlamaConfig& c = weights.config;
   if (options.kv_block_size <= 0) {
     throw std::invalid_argument("RunnerOptions: kv_block_size must be positive, got " +
                                 std::to_string(options.kv_block_size));
@@ -122,9 +135,10 @@ KvCacheShape derive_kv_shape(const LlamaConfig& c, const RunnerOptions& options)
   shape.num_kv_heads = c.num_kv_heads;
   shape.head_dim = c.head_dim;
   shape.block_size = options.kv_block_size;
+  shape.dtype = kv_dtype(weights, options);
   // In floating point: a block size from the config times the head layout can pass 2^63.
   const double block_bytes = 2.0 * c.num_layers * double(shape.block_size) * c.num_kv_heads *
-                             c.head_dim * double(sizeof(float));
+                             c.head_dim * double(dtype_size(shape.dtype));
   if (options.kv_cache_blocks > 0) {
     shape.num_blocks = options.kv_cache_blocks;
   } else {
@@ -199,7 +213,7 @@ class CpuRunner final : public ModelRunner {
 CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
     : weights_(checked(std::move(weights))),
       config_(weights_->config),
-      shape_(derive_kv_shape(config_, options)),
+      shape_(derive_kv_shape(*weights_, options)),
       rope_(config_.head_dim, config_.max_position_embeddings, config_.rope_theta) {
   if (options.threads > 0) arena_.emplace(options.threads);
   const LlamaConfig& c = config_;
@@ -234,8 +248,8 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
   const size_t pool =
       size_t(c.num_layers) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
   // Pages are touched only as blocks are written: attention reads only written slots.
-  k_pool_ = cpu::allocate_page_buffer(pool * sizeof(float));
-  v_pool_ = cpu::allocate_page_buffer(pool * sizeof(float));
+  k_pool_ = cpu::allocate_page_buffer(pool * dtype_size(shape_.dtype));
+  v_pool_ = cpu::allocate_page_buffer(pool * dtype_size(shape_.dtype));
 }
 
 PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tensors,
@@ -252,10 +266,10 @@ PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tenso
 }
 
 cpu::PagedKvLayer CpuRunner::kv_layer(int layer) {
-  const size_t offset = size_t(layer) * size_t(shape_.num_blocks) * size_t(shape_.block_elems());
-  return cpu::PagedKvLayer{reinterpret_cast<float*>(k_pool_.get()) + offset,
-                           reinterpret_cast<float*>(v_pool_.get()) + offset, shape_.block_size,
-                           shape_.num_kv_heads, shape_.head_dim};
+  const size_t offset = size_t(layer) * size_t(shape_.num_blocks) * size_t(shape_.block_elems()) *
+                        dtype_size(shape_.dtype);
+  return cpu::PagedKvLayer{k_pool_.get() + offset, v_pool_.get() + offset, shape_.block_size,
+                           shape_.num_kv_heads,    shape_.head_dim,        shape_.dtype};
 }
 
 void CpuRunner::check_batch(const Batch& batch) const {

@@ -10,6 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "io/dtype.h"
+
 namespace pipeline {
 
 struct KvCacheShape {
@@ -18,8 +20,9 @@ struct KvCacheShape {
   int head_dim = 0;
   int block_size = 16;
   int num_blocks = 0;
+  DType dtype = DType::F32;  // of K and V: F32 or BF16
 
-  // Floats of K (or of V) one block holds in one layer.
+  // Elements of K (or of V) one block holds in one layer.
   int64_t block_elems() const { return int64_t(block_size) * num_kv_heads * head_dim; }
   int blocks_for(int tokens) const { return int((int64_t(tokens) + block_size - 1) / block_size); }
 };

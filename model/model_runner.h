@@ -2,6 +2,7 @@
 // Batch on one device, reading and writing KV blocks that the caller's BlockManager allocated.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct RunnerOptions {
   double kv_cache_fraction = 0.9;  // CUDA: share of free device memory after the weights
   int max_num_seqs = 64;           // CPU: derive the pool from this many full contexts (capped)
   int threads = 0;                 // CPU kernels' threads; 0: all cores
+  // The KV cache's element type, F32 or BF16 (CUDA: BF16 only). Unset (auto): float32 for a
+  // float32 checkpoint, else bf16, as vLLM's "auto" follows the model's dtype.
+  std::optional<DType> kv_cache_dtype;
 };
 
 class ModelRunner {

@@ -350,17 +350,43 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
   return out;
 }
 
-// One batch of paged attention against the dense reference, for one layout.
-void check_paged_attention(int head_dim, int block_size, int num_heads, int num_kv_heads) {
+// The values a KV pool of `dtype` holds for `x`.
+std::vector<float> as_stored(std::vector<float> x, DType dtype) {
+  if (dtype == DType::BF16)
+    for (float& f : x) f = bf16_to_f32(f32_to_bf16(f));
+  return x;
+}
+
+// A KV pool of `elements` NaNs of `dtype` (F32 or BF16): unwritten slots must never be read.
+std::vector<std::byte> nan_pool(size_t elements, DType dtype) {
+  std::vector<std::byte> pool(elements * dtype_size(dtype));
+  for (size_t i = 0; i < elements; ++i) {
+    if (dtype == DType::F32) {
+      const float nan = std::nanf("");
+      std::memcpy(pool.data() + 4 * i, &nan, 4);
+    } else {
+      const uint16_t nan = 0x7fc0;
+      std::memcpy(pool.data() + 2 * i, &nan, 2);
+    }
+  }
+  return pool;
+}
+
+// One batch of paged attention against the dense reference, for one layout and pool type. The
+// reference attends the keys and values the pool holds (rounded to bf16 for a bf16 pool), so
+// the kernel must match it as closely for either type.
+void check_paged_attention(int head_dim, int block_size, int num_heads, int num_kv_heads,
+                           DType dtype) {
   SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", block_size " +
                std::to_string(block_size) + ", " + std::to_string(num_heads) + " heads over " +
-               std::to_string(num_kv_heads));
+               std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool");
   std::mt19937 rng(7);
   const int num_blocks = 64;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
-  std::vector<float> k_pool(size_t(num_blocks) * block_size * kv_dim, std::nanf(""));
-  std::vector<float> v_pool(k_pool.size(), std::nanf(""));  // unwritten slots must never be read
-  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim};
+  const size_t pool_elements = size_t(num_blocks) * block_size * kv_dim;
+  std::vector<std::byte> k_pool = nan_pool(pool_elements, dtype);
+  std::vector<std::byte> v_pool = nan_pool(pool_elements, dtype);
+  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim, dtype};
 
   // (start_pos, new tokens): a decode, a fresh long prompt (past the query and key chunks), a
   // continued prefill and a one-token prompt, in one batch.
@@ -412,9 +438,9 @@ void check_paged_attention(int head_dim, int block_size, int num_heads, int num_
   EXPECT_EQ(out, out_strided);
 
   for (size_t s = 0; s < cases.size(); ++s) {
-    const std::vector<double> ref =
-        reference_attention(qs[s], ks[s], vs[s], cases[s].start_pos, cases[s].num_queries,
-                            num_heads, num_kv_heads, head_dim);
+    const std::vector<double> ref = reference_attention(
+        qs[s], as_stored(ks[s], dtype), as_stored(vs[s], dtype), cases[s].start_pos,
+        cases[s].num_queries, num_heads, num_kv_heads, head_dim);
     for (size_t i = 0; i < ref.size(); ++i) {
       ASSERT_NEAR(out[size_t(seqs[s].first_row) * q_dim + i], ref[i], 1e-5)
           << "sequence " << s << " element " << i;
@@ -424,14 +450,26 @@ void check_paged_attention(int head_dim, int block_size, int num_heads, int num_
 
 // Head size 12, or a block size that is no multiple of 16, takes the generic kernel; 64 and 128
 // (LLaMA's head sizes) with blocks of 16 or 32 the AVX-512 one where it runs. Groups of 3 and of
-// 10 query heads per KV head (the latter in two passes of at most 8).
+// 10 query heads per KV head (the latter in two passes of at most 8). Float32 and bf16 pools.
 TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
-  check_paged_attention(12, 5, 6, 2);
-  check_paged_attention(64, 5, 6, 2);
-  check_paged_attention(64, 16, 6, 2);
-  check_paged_attention(128, 16, 6, 2);
-  check_paged_attention(64, 32, 20, 2);
-  check_paged_attention(12, 16, 20, 2);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    check_paged_attention(12, 5, 6, 2, dtype);
+    check_paged_attention(64, 5, 6, 2, dtype);
+    check_paged_attention(64, 16, 6, 2, dtype);
+    check_paged_attention(128, 16, 6, 2, dtype);
+    check_paged_attention(64, 32, 20, 2, dtype);
+    check_paged_attention(12, 16, 20, 2, dtype);
+  }
+}
+
+TEST(PagedAttention, RefusesAnF16Pool) {
+  std::vector<std::byte> pool(64);
+  const PagedKvLayer kv{pool.data(), pool.data(), 4, 1, 4, DType::F16};
+  const std::vector<int32_t> table = {0};
+  const AttentionSequence seq{0, 1, 0, table};
+  std::vector<float> q(4), out(4), k(4), v(4);
+  EXPECT_THROW(store_kv(kv, table, 0, 1, k.data(), v.data(), 4), std::invalid_argument);
+  EXPECT_THROW(paged_attention(kv, {&seq, 1}, 1, q.data(), 4, out.data()), std::invalid_argument);
 }
 
 TEST(PagedKv, StoresEachPositionInItsBlockSlot) {
@@ -455,6 +493,22 @@ TEST(PagedKv, StoresEachPositionInItsBlockSlot) {
   EXPECT_EQ(k[shape.head_block_offset(1, 1) + 2 * 4 + 1], 18.0f);
   EXPECT_EQ(v[shape.head_block_offset(1, 1) + 1 * 3 + 2], 117.0f);
   EXPECT_EQ(std::count(k.begin(), k.end(), 0.0f), ptrdiff_t(k.size() - 18));
+}
+
+// A bf16 pool holds each key and value rounded to nearest even, in the same slots.
+TEST(PagedKv, StoresBf16RoundedToNearestEven) {
+  std::vector<uint16_t> k(size_t(2) * 4 * 2, 0), v(k.size(), 0);
+  const PagedKvLayer kv{k.data(), v.data(), 4, 1, 2, DType::BF16};
+  const std::vector<int32_t> table = {1};
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: it rounds to the even one, 1.
+  const std::vector<float> keys = {1.0f + 1.0f / 256, -3.0f}, values = {1e-3f, 65504.0f};
+  store_kv(kv, table, 2, 1, keys.data(), values.data(), 2);  // position 2: block 1, slot 2
+  const size_t at = kv.head_block_offset(1, 0);
+  EXPECT_EQ(k[at + 2], f32_to_bf16(1.0f));
+  EXPECT_EQ(k[at + 4 + 2], f32_to_bf16(-3.0f));
+  EXPECT_EQ(v[at + 2 * 2], f32_to_bf16(1e-3f));
+  EXPECT_EQ(v[at + 2 * 2 + 1], f32_to_bf16(65504.0f));
+  EXPECT_EQ(std::count(k.begin(), k.end(), uint16_t(0)), ptrdiff_t(k.size() - 2));
 }
 
 }  // namespace

@@ -492,6 +492,7 @@ TEST(CudaRunner, RejectsBadBatchesAndOversizedPools) {
   const auto weights = load_model(shared_path("models/stories260K"));
   const auto cuda = make_cuda_runner(weights, test_options(8));
   EXPECT_EQ(cuda->kv_shape().num_blocks, 8);
+  EXPECT_EQ(cuda->kv_shape().dtype, DType::BF16);
   EXPECT_EQ(cuda->device_name(), "cuda");
   Batch batch;
   batch.seqs.push_back({{1, 2, 3}, 0, {8}, false});  // block 8 is outside a pool of 8
@@ -501,6 +502,9 @@ TEST(CudaRunner, RejectsBadBatchesAndOversizedPools) {
   batch.seqs[0].tokens[1] = weights->config.vocab_size;  // token outside the vocabulary
   EXPECT_THROW(cuda->forward(batch, logits), std::invalid_argument);
   EXPECT_THROW(make_cuda_runner(weights, test_options(INT_MAX)), std::runtime_error);
+  RunnerOptions f32_kv = test_options(8);
+  f32_kv.kv_cache_dtype = DType::F32;  // the CUDA kernels read a bf16 cache only
+  EXPECT_THROW(make_cuda_runner(weights, f32_kv), std::invalid_argument);
 }
 
 }  // namespace

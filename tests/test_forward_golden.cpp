@@ -161,9 +161,14 @@ TEST(ForwardGolden, RandomH128AllLogitsInOnePrefill) {
   std::cout << "random-h128 prefill: worst relative L2 error " << worst << "\n";
 }
 
-TEST(ForwardGolden, RandomH128PrefillThenDecode) {
+// The first 128 ids prefilled, then the rest decoded one by one, with the KV cache in `kv_dtype`.
+void check_prefill_then_decode(DType kv_dtype) {
+  SCOPED_TRACE(std::string("KV cache in ") + dtype_name(kv_dtype));
   const RandomH128Golden golden;
-  const auto runner = make_cpu_runner(load_model("models/random-h128-bf16"), RunnerOptions{});
+  RunnerOptions options;
+  options.kv_cache_dtype = kv_dtype;
+  const auto runner = make_cpu_runner(load_model("models/random-h128-bf16"), options);
+  ASSERT_EQ(runner->kv_shape().dtype, kv_dtype);
   const int block_size = runner->kv_shape().block_size;
   BlockManager blocks(runner->kv_shape().num_blocks);
   const int prefill = 128;
@@ -194,7 +199,15 @@ TEST(ForwardGolden, RandomH128PrefillThenDecode) {
     check(pos, logits.row(0));
   }
   EXPECT_EQ(checked, int(golden.positions.size()));
-  std::cout << "random-h128 prefill 128 + decode: worst relative L2 error " << worst << "\n";
+  std::cout << "random-h128 prefill 128 + decode, KV cache in " << dtype_name(kv_dtype)
+            << ": worst relative L2 error " << worst << "\n";
+}
+
+// Rounding the cached keys and values to bf16 stays within the same bound as the bf16 weights
+// and activations themselves (the reference is float64 throughout).
+TEST(ForwardGolden, RandomH128PrefillThenDecodeWithTheKvCacheInF32AndBf16) {
+  check_prefill_then_decode(DType::F32);
+  check_prefill_then_decode(DType::BF16);
 }
 
 // A runner sized for one short context, for the error cases.
@@ -254,6 +267,30 @@ TEST(CpuRunnerOptions, DerivesPoolFromMaxNumSeqsAndRejectsBadOptions) {
   options.kv_block_size = 16;
   options.threads = -1;
   EXPECT_THROW(make_cpu_runner(weights, options), std::invalid_argument);
+}
+
+// Auto follows the weights: float32 KV for a float32 checkpoint, bf16 for a bf16 one, which
+// then fits twice the blocks in the same bytes.
+TEST(CpuRunnerOptions, KvCacheDtypeFollowsTheWeightsUnlessGiven) {
+  RunnerOptions options;
+  options.max_num_seqs = 2;
+  EXPECT_EQ(make_cpu_runner(load_model("models/stories260K"), options)->kv_shape().dtype,
+            DType::F32);
+  const auto bf16_weights = load_model("models/stories260K-bf16");
+  EXPECT_EQ(make_cpu_runner(bf16_weights, options)->kv_shape().dtype, DType::BF16);
+  options.kv_cache_dtype = DType::F32;
+  EXPECT_EQ(make_cpu_runner(bf16_weights, options)->kv_shape().dtype, DType::F32);
+  options.kv_cache_dtype = DType::F16;
+  EXPECT_THROW(make_cpu_runner(bf16_weights, options), std::invalid_argument);
+
+  // A pool sized by the machine's memory holds twice the blocks in bf16.
+  RunnerOptions sized_by_memory;
+  sized_by_memory.max_num_seqs = 1'000'000;
+  sized_by_memory.kv_cache_dtype = DType::F32;
+  const int f32_blocks = make_cpu_runner(bf16_weights, sized_by_memory)->kv_shape().num_blocks;
+  sized_by_memory.kv_cache_dtype = DType::BF16;
+  const int bf16_blocks = make_cpu_runner(bf16_weights, sized_by_memory)->kv_shape().num_blocks;
+  EXPECT_NEAR(bf16_blocks, 2 * f32_blocks, 1);
 }
 
 TEST(CpuRunnerOptions, RefusesAKvPoolLargerThanTheMachinesMemory) {

@@ -53,6 +53,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
   EXPECT_EQ(config.scheduler.kv_block_size, 16);
   EXPECT_DOUBLE_EQ(config.scheduler.kv_cache_fraction, 0.9);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 0);
+  EXPECT_EQ(config.scheduler.kv_cache_dtype, std::nullopt);  // auto
   EXPECT_EQ(config.sampling.max_tokens, 1024);
   EXPECT_FLOAT_EQ(config.sampling.params.temperature, 1.0f);
   // The default graph: the six stages.
@@ -68,7 +69,7 @@ model: {path: /abs/model, chat_template: raw, name: tiny}
 device: cpu
 threads: 2
 server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1}
-scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, enable_prefix_caching: false, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40}
+scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, enable_prefix_caching: false, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40, kv_cache_dtype: f32}
 sampling: {temperature: 0.7, top_p: 0.9, top_k: 40, repeat_last_n: 64, repetition_penalty: 1.1, seed: 7, max_tokens: 99}
 graph:
   nodes:
@@ -86,6 +87,7 @@ graph:
   EXPECT_EQ(config.scheduler.max_prefill_tokens, 64);
   EXPECT_FALSE(config.scheduler.enable_prefix_caching);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 40);
+  EXPECT_EQ(config.scheduler.kv_cache_dtype, DType::F32);
   EXPECT_FLOAT_EQ(config.sampling.params.temperature, 0.7f);
   EXPECT_EQ(config.sampling.params.top_k, 40);
   EXPECT_EQ(config.sampling.params.seed, 7u);
@@ -139,6 +141,8 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":2: field 'device': 'tpu' is not one of auto, cpu, cuda");
   EXPECT_EQ(error_of("model: {path: m, chat_template: chatml}\n"),
             file + ":1: field 'model.chat_template': 'chatml' is not one of llama2, raw");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  kv_cache_dtype: fp8\n"),
+            file + ":3: field 'scheduler.kv_cache_dtype': 'fp8' is not one of auto, bf16, f32");
 }
 
 TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {

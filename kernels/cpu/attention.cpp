@@ -59,10 +59,19 @@ struct SoftmaxState {
   }
 };
 
+// A pool element as float: T is float, or uint16_t holding bf16 bits (kernels/cpu/paged_kv.h).
+inline float widen(float x) {
+  return x;
+}
+inline float widen(uint16_t bits) {
+  return bf16_to_f32(bits);
+}
+
 // out[h] = softmax(q[h] · K[0..num_keys)ᵀ · scale) · V for query heads h < heads (rows of
 // head_dim floats in q and out) against KV head kv_head, any head_dim and block size. Always
 // inlined into attend_generic_avx2/_portable below, so the loops vectorise for each; AVX-512 CPUs
 // run attend_avx512 further down for LLaMA's head sizes.
+template <class T>
 [[gnu::always_inline]] inline void attend_generic(const PagedKvLayer& kv,
                                                   std::span<const int32_t> block_table, int kv_head,
                                                   int num_keys, float scale, const float* q,
@@ -73,13 +82,14 @@ struct SoftmaxState {
     const int slot = pos % block_size;
     const int n = std::min({kKeyChunk, block_size - slot, num_keys - pos});
     const size_t at = kv.head_block_offset(block_table[pos / block_size], kv_head);
-    const float* keys = kv.k + at + slot;                       // key j, dim d: d·block_size + j
-    const float* values = kv.v + at + size_t(slot) * head_dim;  // value j, dim d: j·head_dim + d
+    // Key j, dimension d at keys[d·block_size + j]; value j, dimension d at values[j·head_dim + d].
+    const T* keys = static_cast<const T*>(kv.k) + at + slot;
+    const T* values = static_cast<const T*>(kv.v) + at + size_t(slot) * head_dim;
     for (int h = 0; h < heads; ++h) {
       const float* qh = q + size_t(h) * head_dim;
       float scores[kKeyChunk] = {};
       for (int d = 0; d < head_dim; ++d) {
-        for (int j = 0; j < n; ++j) scores[j] += qh[d] * keys[size_t(d) * block_size + j];
+        for (int j = 0; j < n; ++j) scores[j] += qh[d] * widen(keys[size_t(d) * block_size + j]);
       }
       float chunk_max = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < n; ++j) chunk_max = std::max(chunk_max, scores[j] *= scale);
@@ -91,7 +101,7 @@ struct SoftmaxState {
       for (int j = 0; j < n; ++j) chunk_sum += scores[j] = fast_exp(scores[j] - new_max);
       state.sum[h] = state.sum[h] * correction + chunk_sum;
       for (int j = 0; j < n; ++j) {
-        for (int d = 0; d < head_dim; ++d) acc[d] += scores[j] * values[j * head_dim + d];
+        for (int d = 0; d < head_dim; ++d) acc[d] += scores[j] * widen(values[j * head_dim + d]);
       }
     }
     pos += n;
@@ -101,16 +111,18 @@ struct SoftmaxState {
 
 // Chosen at run time in attend_function rather than with GCC's target_clones, whose ifunc
 // resolvers run before ThreadSanitizer's runtime is up and crash a -fsanitize=thread build.
+template <class T>
 __attribute__((target("avx2"))) void attend_generic_avx2(const PagedKvLayer& kv,
                                                          std::span<const int32_t> block_table,
                                                          int kv_head, int num_keys, float scale,
                                                          const float* q, int heads, float* out) {
-  attend_generic(kv, block_table, kv_head, num_keys, scale, q, heads, out);
+  attend_generic<T>(kv, block_table, kv_head, num_keys, scale, q, heads, out);
 }
+template <class T>
 void attend_generic_portable(const PagedKvLayer& kv, std::span<const int32_t> block_table,
                              int kv_head, int num_keys, float scale, const float* q, int heads,
                              float* out) {
-  attend_generic(kv, block_table, kv_head, num_keys, scale, q, heads, out);
+  attend_generic<T>(kv, block_table, kv_head, num_keys, scale, q, heads, out);
 }
 
 #define PIPELINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -120,24 +132,42 @@ void attend_generic_portable(const PagedKvLayer& kv, std::span<const int32_t> bl
 // span's keys and values (32 KiB at head_dim 64) stay in L1 for the other heads of the group.
 constexpr int kKeySpan = 64;
 
+// Sixteen pool elements from p as floats, all of them or the lanes in `live` (the others 0,
+// never read).
+PIPELINE_AVX512 inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+PIPELINE_AVX512 inline __m512 load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+PIPELINE_AVX512 inline __m512 load16(__mmask16 live, const float* p) {
+  return _mm512_maskz_loadu_ps(live, p);
+}
+PIPELINE_AVX512 inline __m512 load16(__mmask16 live, const uint16_t* p) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(live, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
 // Where the AVX-512 kernel finds a span's keys: per chunk of 16 positions, the start of its
 // key rows (key j, dimension d at keys + d · block_size + j) and of its values (value j at
 // values + j · head_dim), how many keys it holds, and the mask of those lanes.
+template <class T>
 struct SpanChunks {
   static constexpr int kMax = kKeySpan / kKeyChunk;
   int chunks = 0;
-  const float* keys[kMax];
-  const float* values[kMax];
+  const T* keys[kMax];
+  const T* values[kMax];
   int count[kMax];
   __mmask16 live[kMax];
 };
 
 // acc[h] += w[h][j] · value row j for each of H heads: the row is loaded once for all of them.
-template <int NV, int H>
-PIPELINE_AVX512 inline void add_value_row(const float* values, const float* const* w, int j,
+template <int NV, int H, class T>
+PIPELINE_AVX512 inline void add_value_row(const T* values, const float* const* w, int j,
                                           __m512 (&acc)[H][NV]) {
   __m512 row[NV];
-  for (int v = 0; v < NV; ++v) row[v] = _mm512_loadu_ps(values + j * 16 * NV + 16 * v);
+  for (int v = 0; v < NV; ++v) row[v] = load16(values + j * 16 * NV + 16 * v);
   for (int h = 0; h < H; ++h) {
     const __m512 weight = _mm512_set1_ps(w[h][j]);
     for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_fmadd_ps(weight, row[v], acc[h][v]);
@@ -149,8 +179,8 @@ PIPELINE_AVX512 inline void add_value_row(const float* values, const float* cons
 // each key row and each value row is loaded once for all H heads; keys past the span's end are
 // masked off, never read. A single head gets more independent FMA chains instead (four for the
 // scores, two sets of value accumulators), so its dependency chains do not bound it.
-template <int NV, int H>
-PIPELINE_AVX512 void attend_span(const SpanChunks& span, int block_size, float scale,
+template <int NV, int H, class T>
+PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, int block_size, float scale,
                                  const float* q, SoftmaxState& state, int h0) {
   constexpr int kHeadDim = 16 * NV;
   constexpr int kChains = H == 1 ? 4 : 2;
@@ -164,8 +194,7 @@ PIPELINE_AVX512 void attend_span(const SpanChunks& span, int block_size, float s
       for (int u = 0; u < kChains; ++u) acc[h][u] = _mm512_setzero_ps();
     for (int d = 0; d < kHeadDim; d += kChains) {
       for (int u = 0; u < kChains; ++u) {
-        const __m512 key_row =
-            _mm512_maskz_loadu_ps(span.live[c], span.keys[c] + size_t(d + u) * block_size);
+        const __m512 key_row = load16(span.live[c], span.keys[c] + size_t(d + u) * block_size);
         for (int h = 0; h < H; ++h)
           acc[h][u] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * kHeadDim + d + u]), key_row, acc[h][u]);
       }
@@ -218,8 +247,8 @@ PIPELINE_AVX512 void attend_span(const SpanChunks& span, int block_size, float s
 }
 
 // attend_span<NV, n> for a run-time n in [1, H].
-template <int NV, int H>
-PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks& span, int block_size, float scale,
+template <int NV, int H, class T>
+PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks<T>& span, int block_size, float scale,
                                     const float* q, SoftmaxState& state, int h0) {
   if constexpr (H > 0) {
     if (n == H) return attend_span<NV, H>(span, block_size, scale, q, state, h0);
@@ -229,7 +258,7 @@ PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks& span, int block_siz
 
 // The same as attend_generic for head_dim = 16·NV and a block size that is a multiple of 16:
 // span by span, the heads in groups of up to four (two at head_dim 128, for the registers).
-template <int NV>
+template <int NV, class T>
 PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32_t> block_table,
                                    int kv_head, int num_keys, float scale, const float* q,
                                    int heads, float* out) {
@@ -238,13 +267,13 @@ PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32
   const int block_size = kv.block_size;
   SoftmaxState state(heads, kHeadDim);
   for (int first = 0; first < num_keys; first += kKeySpan) {
-    SpanChunks span;
+    SpanChunks<T> span;
     for (int pos = first; pos < std::min(num_keys, first + kKeySpan); pos += kKeyChunk) {
       const int c = span.chunks++;
       const size_t at = kv.head_block_offset(block_table[pos / block_size], kv_head);
       const int slot = pos % block_size;
-      span.keys[c] = kv.k + at + slot;
-      span.values[c] = kv.v + at + size_t(slot) * kHeadDim;
+      span.keys[c] = static_cast<const T*>(kv.k) + at + slot;
+      span.values[c] = static_cast<const T*>(kv.v) + at + size_t(slot) * kHeadDim;
       span.count[c] = std::min(kKeyChunk, num_keys - pos);
       span.live[c] = __mmask16((1u << span.count[c]) - 1);
     }
@@ -259,15 +288,29 @@ PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32
 using AttendFn = void (*)(const PagedKvLayer&, std::span<const int32_t>, int, int, float,
                           const float*, int, float*);
 
-// The fastest kernel for this layout on this CPU.
-AttendFn attend_function(const PagedKvLayer& kv) {
+// The fastest kernel for this layout and element type on this CPU.
+template <class T>
+AttendFn attend_function_for(const PagedKvLayer& kv) {
   static const bool avx512 = isa_supported(Isa::Avx512);
   if (avx512 && kv.block_size % kKeyChunk == 0) {
-    if (kv.head_dim == 64) return attend_avx512<4>;
-    if (kv.head_dim == 128) return attend_avx512<8>;
+    if (kv.head_dim == 64) return attend_avx512<4, T>;
+    if (kv.head_dim == 128) return attend_avx512<8, T>;
   }
   static const bool avx2 = isa_supported(Isa::Avx2);
-  return avx2 ? attend_generic_avx2 : attend_generic_portable;
+  return avx2 ? attend_generic_avx2<T> : attend_generic_portable<T>;
+}
+
+AttendFn attend_function(const PagedKvLayer& kv) {
+  switch (kv.dtype) {
+    case DType::F32:
+      return attend_function_for<float>(kv);
+    case DType::BF16:
+      return attend_function_for<uint16_t>(kv);
+    case DType::F16:
+      break;
+  }
+  throw std::invalid_argument(std::string("paged_attention: a KV pool of ") + dtype_name(kv.dtype) +
+                              " elements is not supported (F32 or BF16)");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Causal grouped-query attention that reads keys and values straight from the paged KV pool
 // through each sequence's block table. The same kernel serves prefill (many queries per
 // sequence, each seeing the positions up to its own) and decode (one query per sequence).
-// Softmax is online (running max and sum, rescaled once per chunk of keys), all float32.
+// Softmax is online (running max and sum, rescaled once per chunk of keys); the arithmetic is
+// float32 whatever the pool's element type (float32 or bf16 keys and values are widened as read).
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,23 @@
 #include "kernels/cpu/paged_kv.h"
 
-#include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace pipeline::cpu {
+namespace {
 
-void store_kv(const PagedKvLayer& kv, std::span<const int32_t> block_table, int32_t start_pos,
-              int count, const float* k_rows, const float* v_rows, size_t row_stride) {
+inline void store_element(float* at, float x) {
+  *at = x;
+}
+inline void store_element(uint16_t* at, float x) {
+  *at = f32_to_bf16(x);
+}
+
+template <class T>
+void store_kv_as(const PagedKvLayer& kv, std::span<const int32_t> block_table, int32_t start_pos,
+                 int count, const float* k_rows, const float* v_rows, size_t row_stride) {
+  T* const k_pool = static_cast<T*>(kv.k);
+  T* const v_pool = static_cast<T*>(kv.v);
   const int head_dim = kv.head_dim;
   for (int i = 0; i < count; ++i) {
     const int32_t pos = start_pos + i;
@@ -13,12 +25,29 @@ void store_kv(const PagedKvLayer& kv, std::span<const int32_t> block_table, int3
     const int slot = pos % kv.block_size;
     for (int h = 0; h < kv.num_kv_heads; ++h) {
       const size_t at = kv.head_block_offset(block, h);
-      const float* key = k_rows + size_t(i) * row_stride + size_t(h) * head_dim;
-      for (int d = 0; d < head_dim; ++d) kv.k[at + size_t(d) * kv.block_size + slot] = key[d];
-      std::copy_n(v_rows + size_t(i) * row_stride + size_t(h) * head_dim, head_dim,
-                  kv.v + at + size_t(slot) * head_dim);
+      const size_t row = size_t(i) * row_stride + size_t(h) * head_dim;
+      for (int d = 0; d < head_dim; ++d) {
+        store_element(k_pool + at + size_t(d) * kv.block_size + slot, k_rows[row + d]);
+        store_element(v_pool + at + size_t(slot) * head_dim + d, v_rows[row + d]);
+      }
     }
   }
+}
+
+}  // namespace
+
+void store_kv(const PagedKvLayer& kv, std::span<const int32_t> block_table, int32_t start_pos,
+              int count, const float* k_rows, const float* v_rows, size_t row_stride) {
+  switch (kv.dtype) {
+    case DType::F32:
+      return store_kv_as<float>(kv, block_table, start_pos, count, k_rows, v_rows, row_stride);
+    case DType::BF16:
+      return store_kv_as<uint16_t>(kv, block_table, start_pos, count, k_rows, v_rows, row_stride);
+    case DType::F16:
+      break;
+  }
+  throw std::invalid_argument(std::string("store_kv: a KV pool of ") + dtype_name(kv.dtype) +
+                              " elements is not supported (F32 or BF16)");
 }
 
 }  // namespace pipeline::cpu

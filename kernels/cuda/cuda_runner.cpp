@@ -178,6 +178,9 @@ void check_options(const RunnerOptions& o) {
   if (!(o.kv_cache_fraction > 0.0 && o.kv_cache_fraction <= 1.0))
     throw std::invalid_argument("RunnerOptions.kv_cache_fraction must be in (0, 1], got " +
                                 std::to_string(o.kv_cache_fraction));
+  if (o.kv_cache_dtype && *o.kv_cache_dtype != DType::BF16)
+    throw std::invalid_argument(std::string("the CUDA backend keeps its KV cache in BF16, not ") +
+                                dtype_name(*o.kv_cache_dtype));
 }
 
 const LlamaConfig& checked_config(const LlamaWeights* weights) {
@@ -223,6 +226,7 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
   kv_shape_.num_kv_heads = c.num_kv_heads;
   kv_shape_.head_dim = c.head_dim;
   kv_shape_.block_size = options.kv_block_size;
+  kv_shape_.dtype = DType::BF16;
   const size_t block_bytes =
       2 * size_t(c.num_layers) * size_t(kv_shape_.block_elems()) * sizeof(bf16);  // K and V
   PIPELINE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
