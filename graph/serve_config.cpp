@@ -44,6 +44,10 @@ class FieldReader {
   std::string where(const YAML::Node& node, const std::string& field) const {
     if (auto it = overrides_.find(field); it != overrides_.end())
       return file_ + ": override '" + field + "=" + it->second + "'";
+    // An empty value's mark is that of the next token, lines below: name its key's line.
+    if (node && node.IsNull())
+      if (auto it = key_lines_.find(field); it != key_lines_.end())
+        return file_ + ":" + std::to_string(it->second);
     if (node && node.Mark().line >= 0) return file_ + ":" + std::to_string(node.Mark().line + 1);
     return file_;
   }
@@ -69,6 +73,7 @@ class FieldReader {
       }
       if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
         fail(entry.first, field, "given twice (first on line " + std::to_string(it->second) + ")");
+      key_lines_[field] = line(entry.first);
     }
   }
 
@@ -104,12 +109,11 @@ class FieldReader {
   }
   std::string one_of(const YAML::Node& node, const std::string& field,
                      const std::set<std::string>& allowed) const {
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    if (!node.IsScalar()) fail(node, field, "expected one of " + list);
     const auto value = string(node, field);
-    if (!allowed.contains(value)) {
-      std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      fail(node, field, "'" + value + "' is not one of " + list);
-    }
+    if (!allowed.contains(value)) fail(node, field, "'" + value + "' is not one of " + list);
     return value;
   }
 
@@ -118,6 +122,7 @@ class FieldReader {
  private:
   std::string file_;
   std::map<std::string, std::string> overrides_;  // field -> value as written
+  mutable std::map<std::string, int> key_lines_;  // field -> its key's line, as check_keys met it
 };
 
 void read_model(const FieldReader& r, const YAML::Node& node, const std::filesystem::path& base,

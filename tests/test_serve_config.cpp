@@ -143,6 +143,18 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":1: field 'model.chat_template': 'chatml' is not one of llama2, raw");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  kv_cache_dtype: fp8\n"),
             file + ":3: field 'scheduler.kv_cache_dtype': 'fp8' is not one of auto, bf16, f32");
+  // An empty value is named on its own line (yaml-cpp marks it at the next token), with the
+  // values it may take.
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  kv_cache_dtype:\n\n\n  max_batch: 2\n"),
+            file + ":3: field 'scheduler.kv_cache_dtype': expected one of auto, bf16, f32");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_batch:\n\n  window_ms: 2\n"),
+            file + ":3: field 'scheduler.max_batch': expected an integer");
+  EXPECT_EQ(error_of("model: {path: m}\ndevice: [cpu]\n"),
+            file + ":2: field 'device': expected one of auto, cpu, cuda");
+  EXPECT_EQ(error_of("model: {path: m}\n", {"scheduler.kv_cache_dtype="}),
+            file +
+                ": override 'scheduler.kv_cache_dtype=': field 'scheduler.kv_cache_dtype': "
+                "expected one of auto, bf16, f32");
 }
 
 TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
