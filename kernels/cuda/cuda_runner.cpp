@@ -180,7 +180,8 @@ void check_options(const RunnerOptions& o) {
                                 std::to_string(o.kv_cache_fraction));
   if (o.kv_cache_dtype && *o.kv_cache_dtype != DType::BF16)
     throw std::invalid_argument(std::string("the CUDA backend keeps its KV cache in BF16, not ") +
-                                dtype_name(*o.kv_cache_dtype));
+                                dtype_name(*o.kv_cache_dtype) +
+                                " (scheduler.kv_cache_dtype: auto or bf16, or device: cpu)");
 }
 
 const LlamaConfig& checked_config(const LlamaWeights* weights) {
