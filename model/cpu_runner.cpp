@@ -105,7 +105,8 @@ void check_pool_fits_memory(const KvCacheShape& shape, double block_bytes) {
 }
 
 // The KV cache's element type: the one asked for, else float32 for float32 weights and bf16 for
-// 16-bit ones (whose model was trained to tolerate bf16 activations).
+// 16-bit ones, as the CUDA backend stores it: a checkpoint already rounded to 16 bits loses
+// little more when its keys and values are (bench/README.md has the figures).
 DType kv_dtype(const LlamaWeights& weights, const RunnerOptions& options) {
   const DType dtype = options.kv_cache_dtype.value_or(
       weights.layers.empty() || weights.layers[0].wk.dtype == DType::F32 ? DType::F32
