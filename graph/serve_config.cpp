@@ -12,7 +12,7 @@
 namespace pipeline {
 namespace {
 
-// The graph used when a config has no `graph` section: the six stages of DESIGN.md, with the
+// The graph used when a config has no `graph` section: the six stages, one node each, with the
 // extra tokenize->emit edge that carries requests refused at tokenization to their sinks.
 constexpr const char* kDefaultGraph = R"(
 nodes:

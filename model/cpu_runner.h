@@ -8,11 +8,12 @@
 // repacked tensor are released as soon as it is packed, so the weights are resident once: peak
 // memory stays near the file size, not twice it.
 //
-// KV pool: float32 in host memory, per layer K and V each [num_blocks][block_size][num_kv_heads]
-// [head_dim]. With RunnerOptions::kv_cache_blocks = 0 the runner sizes it for max_num_seqs full
-// contexts (max_position_embeddings tokens each) but never above 4 GiB (K and V of all layers
-// together), and at least one block. The pool is allocated uninitialised, so the operating system
-// only backs the blocks that get written.
+// KV pool: in host memory, float32 or bf16 (RunnerOptions::kv_cache_dtype; by default float32
+// for float32 weights, else bf16), laid out as kernels/cpu/paged_kv.h says. With
+// RunnerOptions::kv_cache_blocks = 0 the runner sizes it for max_num_seqs full contexts
+// (max_position_embeddings tokens each) but never above 4 GiB (K and V of all layers together)
+// nor half the machine's memory, and at least one block. The pool's pages are touched only as
+// blocks are written, so the operating system only backs the blocks that get used.
 //
 // Threads: RunnerOptions::threads > 0 runs every kernel in a oneTBB task_arena of that many
 // threads; 0 uses the process's default arena (all cores).

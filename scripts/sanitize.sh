@@ -15,7 +15,8 @@ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITH
 cmake --build "$dir" -j"$(nproc)" --target pipeline "${tests[@]}"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 # oneTBB's hand-offs are made visible to TSan by kernels/cpu/tsan_tbb_hooks.cpp (compiled into
-# thread builds only); scripts/tsan.supp covers the one other uninstrumented library, cpp-httplib.
+# thread builds only); scripts/tsan.supp covers calls from inside the uninstrumented libraries
+# (cpp-httplib, libtbb, libsentencepiece).
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan.supp"
 for t in "${tests[@]}"; do
   echo "== $kind: $t"
