@@ -346,6 +346,8 @@ std::vector<BadInput> bad_inputs() {
   json usage_without_stream = with(chat_body(), "stream_options", {{"include_usage", true}});
   json usage_not_bool = with(chat_body(), "stream", true);
   usage_not_bool["stream_options"] = {{"include_usage", "yes"}};
+  json usage_per_chunk = with(chat_body(), "stream", true);
+  usage_per_chunk["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   return {
       {chat, no_model, "model", "model"},
       {chat, with(chat_body(), "model", 7), "model", "string"},
@@ -389,6 +391,7 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "stream", "true"), "stream", "boolean"},
       {chat, usage_without_stream, "stream_options", "stream is true"},
       {chat, usage_not_bool, "include_usage", "boolean"},
+      {chat, usage_per_chunk, "continuous_usage_stats", "not supported"},
       {chat, with(chat_body(), "max_tokens", 0), "max_tokens", "between 1"},
       {chat, with(chat_body(), "max_tokens", -3), "max_tokens", "between 1"},
       {chat, with(chat_body(), "max_tokens", 2.5), "max_tokens", "integer"},
