@@ -301,16 +301,9 @@ AttendFn attend_function_for(const PagedKvLayer& kv) {
 }
 
 AttendFn attend_function(const PagedKvLayer& kv) {
-  switch (kv.dtype) {
-    case DType::F32:
-      return attend_function_for<float>(kv);
-    case DType::BF16:
-      return attend_function_for<uint16_t>(kv);
-    case DType::F16:
-      break;
-  }
-  throw std::invalid_argument(std::string("paged_attention: a KV pool of ") + dtype_name(kv.dtype) +
-                              " elements is not supported (F32 or BF16)");
+  return with_element_type(kv, "paged_attention", [&](auto element) {
+    return attend_function_for<decltype(element)>(kv);
+  });
 }
 
 }  // namespace

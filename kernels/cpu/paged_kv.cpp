@@ -1,8 +1,5 @@
 #include "kernels/cpu/paged_kv.h"
 
-#include <stdexcept>
-#include <string>
-
 namespace pipeline::cpu {
 namespace {
 
@@ -38,16 +35,9 @@ void store_kv_as(const PagedKvLayer& kv, std::span<const int32_t> block_table, i
 
 void store_kv(const PagedKvLayer& kv, std::span<const int32_t> block_table, int32_t start_pos,
               int count, const float* k_rows, const float* v_rows, size_t row_stride) {
-  switch (kv.dtype) {
-    case DType::F32:
-      return store_kv_as<float>(kv, block_table, start_pos, count, k_rows, v_rows, row_stride);
-    case DType::BF16:
-      return store_kv_as<uint16_t>(kv, block_table, start_pos, count, k_rows, v_rows, row_stride);
-    case DType::F16:
-      break;
-  }
-  throw std::invalid_argument(std::string("store_kv: a KV pool of ") + dtype_name(kv.dtype) +
-                              " elements is not supported (F32 or BF16)");
+  with_element_type(kv, "store_kv", [&](auto element) {
+    store_kv_as<decltype(element)>(kv, block_table, start_pos, count, k_rows, v_rows, row_stride);
+  });
 }
 
 }  // namespace pipeline::cpu

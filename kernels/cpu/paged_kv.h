@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
+#include <string>
 
 #include "io/dtype.h"
 
@@ -32,6 +34,22 @@ struct PagedKvLayer {
     return (size_t(block) * num_kv_heads + size_t(kv_head)) * size_t(block_size) * head_dim;
   }
 };
+
+// Returns body(T{}) for the pool's element type T, float or uint16_t (bf16 bits); throws
+// std::invalid_argument, naming `caller`, for a pool of any other type.
+template <class Body>
+decltype(auto) with_element_type(const PagedKvLayer& kv, const char* caller, Body&& body) {
+  switch (kv.dtype) {
+    case DType::F32:
+      return body(float{});
+    case DType::BF16:
+      return body(uint16_t{});
+    case DType::F16:
+      break;
+  }
+  throw std::invalid_argument(std::string(caller) + ": a KV pool of " + dtype_name(kv.dtype) +
+                              " elements is not supported (F32 or BF16)");
+}
 
 // Stores rows i = 0..count-1 of k_rows and v_rows ([count, row_stride], the keys or values in
 // each row's first kv_dim floats) as the keys and values of positions start_pos + i, in the
