@@ -66,11 +66,8 @@ class FieldReader {
     for (const auto& entry : node) {
       const auto key = entry.first.as<std::string>();
       const std::string field = section.empty() ? key : section + "." + key;
-      if (!known.contains(key)) {
-        std::string list;
-        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        fail(entry.first, field, "unknown field (known: " + list + ")");
-      }
+      if (!known.contains(key))
+        fail(entry.first, field, "unknown field (known: " + comma_list(known) + ")");
       if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
         fail(entry.first, field, "given twice (first on line " + std::to_string(it->second) + ")");
       key_lines_[field] = line(entry.first);
@@ -109,17 +106,22 @@ class FieldReader {
   }
   std::string one_of(const YAML::Node& node, const std::string& field,
                      const std::set<std::string>& allowed) const {
-    std::string list;
-    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    if (!node.IsScalar()) fail(node, field, "expected one of " + list);
+    if (!node.IsScalar()) fail(node, field, "expected one of " + comma_list(allowed));
     const auto value = string(node, field);
-    if (!allowed.contains(value)) fail(node, field, "'" + value + "' is not one of " + list);
+    if (!allowed.contains(value))
+      fail(node, field, "'" + value + "' is not one of " + comma_list(allowed));
     return value;
   }
 
   const std::string& file() const { return file_; }
 
  private:
+  static std::string comma_list(const std::set<std::string>& words) {
+    std::string list;
+    for (const auto& w : words) list += (list.empty() ? "" : ", ") + w;
+    return list;
+  }
+
   std::string file_;
   std::map<std::string, std::string> overrides_;  // field -> value as written
   mutable std::map<std::string, int> key_lines_;  // field -> its key's line, as check_keys met it
