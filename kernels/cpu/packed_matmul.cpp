@@ -95,9 +95,14 @@ void unpack_lane(const std::byte* panel, int lane, int cols, float* out) {
 }  // namespace
 
 PackedMatrix PackedMatrix::pack(DType dtype, int cols, int out_cols,
-                                std::span<const std::byte* const> source) {
+                                std::span<const std::byte* const> source, DType activations) {
+  if (activations != DType::F32 && activations != DType::BF16) {
+    throw std::invalid_argument(std::string("PackedMatrix: activations in ") +
+                                dtype_name(activations) + " are not supported (F32 or BF16)");
+  }
   PackedMatrix m;
   m.dtype_ = dtype;
+  m.activations_ = dtype == DType::BF16 ? activations : DType::F32;
   m.cols_ = cols;
   m.out_cols_ = out_cols;
   m.num_panels_ = int(source.size()) / kPanelWidth;
@@ -123,7 +128,7 @@ void PackedMatrix::unpack_column(int c, float* out) const {
   }
 }
 
-PackedMatrix PackedMatrix::stack(std::span<const WeightMatrix> parts) {
+PackedMatrix PackedMatrix::stack(std::span<const WeightMatrix> parts, DType activations) {
   check_parts(parts);
   std::vector<int> offsets;
   std::vector<const std::byte*> source;
@@ -132,13 +137,15 @@ PackedMatrix PackedMatrix::stack(std::span<const WeightMatrix> parts) {
     for (int r = 0; r < part.rows; ++r) source.push_back(row_of(part, r));
     source.resize(size_t(panel_round_up(int(source.size()))), nullptr);
   }
-  PackedMatrix m = pack(parts[0].dtype, parts[0].cols, offsets.back() + parts.back().rows, source);
+  PackedMatrix m =
+      pack(parts[0].dtype, parts[0].cols, offsets.back() + parts.back().rows, source, activations);
   m.part_offsets_ = std::make_unique<int[]>(offsets.size());
   std::copy(offsets.begin(), offsets.end(), m.part_offsets_.get());
   return m;
 }
 
-PackedMatrix PackedMatrix::interleave(const WeightMatrix& a, const WeightMatrix& b) {
+PackedMatrix PackedMatrix::interleave(const WeightMatrix& a, const WeightMatrix& b,
+                                      DType activations) {
   const WeightMatrix parts[] = {a, b};
   check_parts(parts);
   if (a.rows != b.rows) {
@@ -153,7 +160,7 @@ PackedMatrix PackedMatrix::interleave(const WeightMatrix& a, const WeightMatrix&
     source[column] = row_of(a, r);
     source[column + kPanelWidth] = row_of(b, r);
   }
-  PackedMatrix m = pack(a.dtype, a.cols, 2 * width, source);
+  PackedMatrix m = pack(a.dtype, a.cols, 2 * width, source, activations);
   m.part_offsets_ = std::make_unique<int[]>(2);
   m.part_offsets_[0] = 0;
   m.part_offsets_[1] = kPanelWidth;
@@ -162,28 +169,49 @@ PackedMatrix PackedMatrix::interleave(const WeightMatrix& a, const WeightMatrix&
 
 namespace {
 
-// x as the bf16 pairs the Avx512Bf16 kernel multiplies (see PackedArgs::x_pairs), in a buffer
-// of the calling thread that only grows, so steady decoding does not allocate.
-const uint32_t* split_into_bf16_pairs(const float* x, int batch, int cols) {
-  thread_local std::vector<uint32_t> pairs;
+// x as two-term bf16 pairs (PackedArgs::x_pairs): bf16(x) and bf16(x - bf16(x)), out
+// [batch][ceil(cols / 2)][2].
+void split_into_bf16_pairs(const float* x, int batch, int cols, uint32_t* out) {
   const int per_row = (cols + 1) / 2;
-  const size_t needed = size_t(batch) * per_row * 2;
-  if (pairs.size() < needed) pairs.resize(needed);
   for (int b = 0; b < batch; ++b) {
     const float* row = x + size_t(b) * cols;
-    uint32_t* out = pairs.data() + size_t(b) * per_row * 2;
+    uint32_t* pairs = out + size_t(b) * per_row * 2;
     for (int j = 0; j < per_row; ++j) {
-      uint16_t hi[2] = {0, 0}, lo[2] = {0, 0};
+      uint32_t hi = 0, lo = 0;
       for (int i = 0; i < 2 && 2 * j + i < cols; ++i) {
         const float v = row[2 * j + i];
-        hi[i] = f32_to_bf16(v);
-        lo[i] = f32_to_bf16(v - bf16_to_f32(hi[i]));
+        const uint16_t h = f32_to_bf16(v);
+        const int shift = i == 0 ? 16 : 0;  // k = 2j in the high half
+        hi |= uint32_t(h) << shift;
+        lo |= uint32_t(f32_to_bf16(v - bf16_to_f32(h))) << shift;
       }
-      out[2 * j] = uint32_t(hi[0]) << 16 | hi[1];
-      out[2 * j + 1] = uint32_t(lo[0]) << 16 | lo[1];
+      pairs[2 * j] = hi;
+      pairs[2 * j + 1] = lo;
     }
   }
+}
+
+// x as the bf16 pairs the Avx512Bf16 kernel multiplies, `terms` a pair, in a buffer of the
+// calling thread that only grows, so steady decoding does not allocate.
+const uint32_t* bf16_pairs(const float* x, int batch, int cols, int terms) {
+  thread_local std::vector<uint32_t> pairs;
+  const size_t needed = size_t(batch) * size_t((cols + 1) / 2) * terms;
+  if (pairs.size() < needed) pairs.resize(needed);
+  if (terms == 1) {
+    detail::round_to_bf16_pairs_avx512bf16(x, batch, cols, pairs.data());
+  } else {
+    split_into_bf16_pairs(x, batch, cols, pairs.data());
+  }
   return pairs.data();
+}
+
+// x rounded to bf16 and widened back, for the kernels that multiply in float32, in a buffer of
+// the calling thread like bf16_pairs'.
+const float* rounded_to_bf16(const float* x, size_t n) {
+  thread_local std::vector<float> rounded;
+  if (rounded.size() < n) rounded.resize(n);
+  for (size_t i = 0; i < n; ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  return rounded.data();
 }
 
 using PanelsFn = void (*)(const detail::PackedArgs&, int, int);
@@ -209,6 +237,11 @@ void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t l
   matmul(best_matmul_isa(), x, batch, w, y, ldy, mode);
 }
 
+Isa matmul_isa(const PackedMatrix& w) {
+  const Isa best = best_matmul_isa();
+  return best == Isa::Avx512Bf16 && w.dtype() != DType::BF16 ? Isa::Avx512 : best;
+}
+
 void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode) {
   if (!isa_supported(isa)) {
@@ -222,13 +255,17 @@ void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y,
   }
   // vdpbf16ps multiplies bf16 by bf16: only bf16 weights have a use for it.
   const bool bf16_dot = isa == Isa::Avx512Bf16 && w.dtype() == DType::BF16;
-  const detail::PackedArgs args{x,
-                                batch,
-                                &w,
-                                y,
-                                ldy,
-                                mode == MatmulMode::Accumulate,
-                                bf16_dot ? split_into_bf16_pairs(x, batch, w.cols()) : nullptr};
+  const bool bf16_inputs = w.activations() == DType::BF16;
+  const int x_terms = bf16_inputs ? 1 : 2;
+  const detail::PackedArgs args{
+      bf16_inputs && !bf16_dot ? rounded_to_bf16(x, size_t(batch) * w.cols()) : x,
+      batch,
+      &w,
+      y,
+      ldy,
+      mode == MatmulMode::Accumulate,
+      bf16_dot ? bf16_pairs(x, batch, w.cols(), x_terms) : nullptr,
+      x_terms};
   const PanelsFn panels_fn = panels_function(isa, bf16_dot);
   const int panels = w.num_panels();
   const int units = (panels + kPanelsPerUnit - 1) / kPanelsPerUnit;

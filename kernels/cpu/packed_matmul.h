@@ -19,6 +19,10 @@
 // Every output column is accumulated in float32 by fused multiply-adds in k order, whatever the
 // batch size or register tile, so a sequence's results never depend on what it is batched with.
 //
+// Activations: float32 and float16 matrices take them in float32. A bf16 matrix takes them as
+// packed for it: rounded to bf16 (as the CUDA kernels take them, and where vdpbf16ps runs at its
+// full rate) or in float32 (vdpbf16ps then multiplies two bf16 terms of each, half the rate).
+//
 // Several matrices that read the same input pack into one (the fused q/k/v and gate/up
 // projections) and come out of one pass over the weights.
 #pragma once
@@ -52,14 +56,18 @@ class PackedMatrix {
   PackedMatrix() = default;
 
   // Stacks `parts` (same cols and dtype) along the output axis, each starting on a panel
-  // boundary: part i's row r is output column part_offset(i) + r.
-  static PackedMatrix stack(std::span<const WeightMatrix> parts);
+  // boundary: part i's row r is output column part_offset(i) + r. `activations` (F32 or BF16):
+  // what a bf16 matrix rounds its activations to (see above); other dtypes ignore it.
+  static PackedMatrix stack(std::span<const WeightMatrix> parts, DType activations = DType::F32);
   // Interleaves two equally shaped matrices panel by panel: a's row r is output column
   // (r / 16) · 32 + r % 16, b's the same plus 16. Used for gate/up, so that one 32-column stretch
   // of the output holds the gate and up values of the same 16 MLP units.
-  static PackedMatrix interleave(const WeightMatrix& a, const WeightMatrix& b);
+  static PackedMatrix interleave(const WeightMatrix& a, const WeightMatrix& b,
+                                 DType activations = DType::F32);
 
   DType dtype() const { return dtype_; }
+  // BF16 when the activations are rounded to bf16 before they are multiplied, else F32.
+  DType activations() const { return activations_; }
   int cols() const { return cols_; }          // in_features: K
   int out_cols() const { return out_cols_; }  // output columns written per row of Y
   int num_panels() const { return num_panels_; }
@@ -75,9 +83,10 @@ class PackedMatrix {
  private:
   // source[c]: the row of output column c, or nullptr for a zero column.
   static PackedMatrix pack(DType dtype, int cols, int out_cols,
-                           std::span<const std::byte* const> source);
+                           std::span<const std::byte* const> source, DType activations);
 
   DType dtype_ = DType::F32;
+  DType activations_ = DType::F32;
   int cols_ = 0;
   int out_cols_ = 0;
   int num_panels_ = 0;
@@ -91,6 +100,8 @@ class PackedMatrix {
 // call however large the batch.
 void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode = MatmulMode::Overwrite);
+// The instruction set the call above runs w on: vdpbf16ps (Avx512Bf16) serves bf16 weights only.
+Isa matmul_isa(const PackedMatrix& w);
 // The same on a chosen instruction set (which must be supported), for tests and benchmarks.
 void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode = MatmulMode::Overwrite);

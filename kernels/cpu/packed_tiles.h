@@ -17,10 +17,12 @@ struct PackedArgs {
   float* y;  // [batch, ldy]
   size_t ldy;
   bool accumulate;
-  // Avx512Bf16 on bf16 weights only: x as bf16 pairs, [batch][ceil(cols / 2)][2], the pair of
-  // k = 2j, 2j+1 laid out like the weights' lanes (k = 2j in the high half), rounded twice:
-  // [0] holds bf16(x), [1] bf16(x - bf16(x)), so that the two together carry 16 bits of x.
+  // Avx512Bf16 on bf16 weights only: x as bf16 pairs, [batch][ceil(cols / 2)][terms], the pair
+  // of k = 2j, 2j+1 laid out like the weights' lanes (k = 2j in the high half). One term holds
+  // bf16(x) (the matrix takes bf16 activations); two hold bf16(x) and bf16(x - bf16(x)), which
+  // together carry 16 bits of x (float32 activations).
   const uint32_t* x_pairs;
+  int x_terms;
 };
 
 // Batch rows one pass over a panel range runs against; the rest wait for the next pass, so the
@@ -29,6 +31,10 @@ inline int rows_per_pass(int cols, int multiple) {
   const int fit = int((size_t(1) << 20) / (size_t(cols) * sizeof(float)));
   return fit < multiple ? multiple : fit / multiple * multiple;
 }
+
+// x [batch, cols] rounded to bf16 (to nearest even) as one-term pairs (PackedArgs::x_pairs),
+// out [batch][ceil(cols / 2)]; AVX512_BF16 CPUs only.
+void round_to_bf16_pairs_avx512bf16(const float* x, int batch, int cols, uint32_t* out);
 
 void packed_panels_portable(const PackedArgs& args, int panel_begin, int panel_end);
 void packed_panels_avx2(const PackedArgs& args, int panel_begin, int panel_end);
