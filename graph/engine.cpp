@@ -66,6 +66,7 @@ Engine::Impl::Impl(const ServeConfig& cfg)
   options.kv_cache_blocks = config.scheduler.kv_cache_blocks;
   options.kv_cache_fraction = config.scheduler.kv_cache_fraction;
   options.kv_cache_dtype = config.scheduler.kv_cache_dtype;
+  options.matmul_activations = config.model.matmul_activations;
   options.max_num_seqs = config.scheduler.max_num_seqs;
   options.threads = config.threads;
   runner = make_runner(config.device, weights, options);

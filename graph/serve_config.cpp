@@ -130,7 +130,7 @@ class FieldReader {
 void read_model(const FieldReader& r, const YAML::Node& node, const std::filesystem::path& base,
                 bool path_overridden, ModelSection& model) {
   r.require_map(node, "model");
-  r.check_keys(node, "model", {"path", "chat_template", "name"});
+  r.check_keys(node, "model", {"path", "chat_template", "name", "matmul_activations"});
   if (!node["path"]) r.fail(node, "model.path", "is required (a Hugging Face model folder)");
   model.path = r.string(node["path"], "model.path");
   if (model.path.empty()) r.fail(node["path"], "model.path", "must not be empty");
@@ -143,6 +143,11 @@ void read_model(const FieldReader& r, const YAML::Node& node, const std::filesys
     model.chat_template = r.one_of(node["chat_template"], "model.chat_template", {"llama2", "raw"});
   }
   if (node["name"]) model.name = r.string(node["name"], "model.name");
+  if (node["matmul_activations"]) {
+    model.matmul_activations = parse_dtype(r.one_of(node["matmul_activations"],
+                                                    "model.matmul_activations", {"bf16", "f32"}))
+                                   .value();
+  }
 }
 
 void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {

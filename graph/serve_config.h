@@ -18,6 +18,8 @@ struct ModelSection {
   std::filesystem::path path;            // Hugging Face model folder
   std::string chat_template = "llama2";  // llama2 | raw
   std::string name;                      // served model id; defaults to the folder name
+  // bf16 | f32: what a bf16 checkpoint's matmuls round their activations to (f32: CPU only)
+  DType matmul_activations = DType::BF16;
 };
 
 struct ServerSection {

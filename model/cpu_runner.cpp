@@ -117,6 +117,14 @@ DType kv_dtype(const LlamaWeights& weights, const RunnerOptions& options) {
   return dtype;
 }
 
+DType checked_matmul_activations(const RunnerOptions& options) {
+  if (options.matmul_activations != DType::F32 && options.matmul_activations != DType::BF16)
+    throw std::invalid_argument(std::string("RunnerOptions: matmul_activations ") +
+                                dtype_name(options.matmul_activations) +
+                                " is not supported by the CPU runner (F32 or BF16)");
+  return options.matmul_activations;
+}
+
 KvCacheShape derive_kv_shape(const LlamaWeights& weights, const RunnerOptions& options) {
   const LlamaConfig& c = weights.config;
   if (options.kv_block_size <= 0) {
@@ -165,6 +173,7 @@ class CpuRunner final : public ModelRunner {
   const LlamaConfig& config() const override { return config_; }
   const KvCacheShape& kv_shape() const override { return shape_; }
   std::string device_name() const override { return "cpu"; }
+  std::vector<std::string> setup_report() const override;
   void forward(const Batch& batch, Logits& logits) override;
 
  private:
@@ -195,6 +204,7 @@ class CpuRunner final : public ModelRunner {
   std::shared_ptr<const LlamaWeights> weights_;
   const LlamaConfig& config_;
   KvCacheShape shape_;
+  DType matmul_activations_;
   cpu::RopeTable rope_;
   std::optional<tbb::task_arena> arena_;
   WeightMatrix embed_;  // read in place, one row per token, unless lm_head is tied to it
@@ -215,6 +225,7 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
     : weights_(checked(std::move(weights))),
       config_(weights_->config),
       shape_(derive_kv_shape(*weights_, options)),
+      matmul_activations_(checked_matmul_activations(options)),
       rope_(config_.head_dim, config_.max_position_embeddings, config_.rope_theta) {
   if (options.threads > 0) arena_.emplace(options.threads);
   const LlamaConfig& c = config_;
@@ -257,13 +268,19 @@ PackedMatrix CpuRunner::pack_weights(std::initializer_list<ExpectedTensor> tenso
                                      Fuse fuse) const {
   std::vector<WeightMatrix> parts;
   for (const ExpectedTensor& t : tensors) parts.push_back(as_matrix(t.tensor, t.rows, t.cols));
-  PackedMatrix packed = fuse == Fuse::Interleave
-                            ? PackedMatrix::interleave(parts.at(0), parts.at(1))
-                            : PackedMatrix::stack(parts);
+  PackedMatrix packed =
+      fuse == Fuse::Interleave
+          ? PackedMatrix::interleave(parts.at(0), parts.at(1), matmul_activations_)
+          : PackedMatrix::stack(parts, matmul_activations_);
   if (weights_->checkpoint) {
     for (const ExpectedTensor& t : tensors) release_mapped_pages(t.tensor);
   }
   return packed;
+}
+
+std::vector<std::string> CpuRunner::setup_report() const {
+  return {std::string("matmuls on ") + cpu::isa_name(cpu::matmul_isa(lm_head_)) +
+          ", activations in " + dtype_name(lm_head_.activations())};
 }
 
 cpu::PagedKvLayer CpuRunner::kv_layer(int layer) {

@@ -1,5 +1,7 @@
 // The LLaMA forward pass on the CPU, exactly as Hugging Face's LlamaForCausalLM computes it
-// (float32 activations and accumulation; weights kept in their checkpoint dtype).
+// (float32 activations and accumulation; weights kept in their checkpoint dtype). A bf16
+// checkpoint's matmuls round their inputs to bf16 unless RunnerOptions::matmul_activations is F32
+// (kernels/cpu/packed_matmul.h).
 //
 // Weights: at construction every projection is repacked into the matmul's panel layout (see
 // kernels/cpu/packed_matmul.h), q/k/v and gate/up each fused into one matrix, and the lm_head

@@ -22,6 +22,10 @@ struct RunnerOptions {
   // The KV cache's element type, F32 or BF16 (CUDA: BF16 only). Unset (auto): float32 for a
   // float32 checkpoint, else bf16, as vLLM's "auto" follows the model's dtype.
   std::optional<DType> kv_cache_dtype;
+  // What a bf16 checkpoint's matmuls round their activations to: BF16, as the CUDA kernels do
+  // (on CPUs with AVX512_BF16 twice the rate of F32), or F32 (CPU only). Float32 and float16
+  // checkpoints always multiply float32 activations.
+  DType matmul_activations = DType::BF16;
 };
 
 class ModelRunner {

@@ -505,6 +505,9 @@ TEST(CudaRunner, RejectsBadBatchesAndOversizedPools) {
   RunnerOptions f32_kv = test_options(8);
   f32_kv.kv_cache_dtype = DType::F32;  // the CUDA kernels read a bf16 cache only
   EXPECT_THROW(make_cuda_runner(weights, f32_kv), std::invalid_argument);
+  RunnerOptions f32_activations = test_options(8);
+  f32_activations.matmul_activations = DType::F32;  // and multiply bf16 activations only
+  EXPECT_THROW(make_cuda_runner(weights, f32_activations), std::invalid_argument);
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
   EXPECT_DOUBLE_EQ(config.scheduler.kv_cache_fraction, 0.9);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 0);
   EXPECT_EQ(config.scheduler.kv_cache_dtype, std::nullopt);  // auto
+  EXPECT_EQ(config.model.matmul_activations, DType::BF16);
   EXPECT_EQ(config.sampling.max_tokens, 1024);
   EXPECT_FLOAT_EQ(config.sampling.params.temperature, 1.0f);
   // The default graph: the six stages.
@@ -65,7 +66,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
 
 TEST_F(ServeConfigTest, ReadsEverySection) {
   const auto config = load_serve_config(write(R"(
-model: {path: /abs/model, chat_template: raw, name: tiny}
+model: {path: /abs/model, chat_template: raw, name: tiny, matmul_activations: f32}
 device: cpu
 threads: 2
 server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1}
@@ -79,6 +80,7 @@ graph:
 )"));
   EXPECT_EQ(config.model.path, "/abs/model");
   EXPECT_EQ(config.model.name, "tiny");
+  EXPECT_EQ(config.model.matmul_activations, DType::F32);
   EXPECT_EQ(config.device, "cpu");
   EXPECT_EQ(config.threads, 2);
   EXPECT_EQ(config.server.api_key, "secret");
@@ -141,6 +143,8 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":2: field 'device': 'tpu' is not one of auto, cpu, cuda");
   EXPECT_EQ(error_of("model: {path: m, chat_template: chatml}\n"),
             file + ":1: field 'model.chat_template': 'chatml' is not one of llama2, raw");
+  EXPECT_EQ(error_of("model: {path: m, matmul_activations: f16}\n"),
+            file + ":1: field 'model.matmul_activations': 'f16' is not one of bf16, f32");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  kv_cache_dtype: fp8\n"),
             file + ":3: field 'scheduler.kv_cache_dtype': 'fp8' is not one of auto, bf16, f32");
   // An empty value is named on its own line (yaml-cpp marks it at the next token), with the

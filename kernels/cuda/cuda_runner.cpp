@@ -182,6 +182,10 @@ void check_options(const RunnerOptions& o) {
     throw std::invalid_argument(std::string("the CUDA backend keeps its KV cache in BF16, not ") +
                                 dtype_name(*o.kv_cache_dtype) +
                                 " (scheduler.kv_cache_dtype: auto or bf16, or device: cpu)");
+  if (o.matmul_activations != DType::BF16)
+    throw std::invalid_argument(std::string("the CUDA backend multiplies BF16 activations, not ") +
+                                dtype_name(o.matmul_activations) +
+                                " (model.matmul_activations: bf16, or device: cpu)");
 }
 
 const LlamaConfig& checked_config(const LlamaWeights* weights) {
