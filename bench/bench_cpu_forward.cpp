@@ -8,6 +8,9 @@
 //   Prefill/<shape>/<T>   one prompt of T tokens (T = 128, 512) from position 0.
 //   DecodeF32Kv/<shape>/<B>  Decode with the KV cache in float32 instead (B = 16, 64), for the
 //                         comparison in one run.
+//   DecodeF32Act/<shape>/<B>, PrefillF32Act/<shape>/<T>  Decode (B = 16, 64) and prefill
+//                         (T = 128) with the matmuls taking float32 activations instead of bf16
+//                         (RunnerOptions::matmul_activations), for the comparison in one run.
 //
 // Models: $PIPELINE_BENCH_MODELS/llama2-110m and $PIPELINE_BENCH_MODELS/tinyllama-1.1b.
 // Threads: $PIPELINE_BENCH_THREADS (default 2), for the runner's kernels and the probes alike.
@@ -131,13 +134,19 @@ int64_t safetensors_bytes(const fs::path& dir) {
   return bytes;
 }
 
+// The runner options a benchmark row varies from the runner's defaults.
+struct RunnerVariant {
+  std::optional<DType> kv_dtype;  // unset: the runner's own choice
+  DType activations = DType::BF16;
+  bool operator==(const RunnerVariant&) const = default;
+};
+
 // One model with its runner, its decode contexts (prefilled on first use) and a prompt for the
 // prefill benchmarks, which has its own blocks so it never disturbs the contexts.
 class ShapeBench {
  public:
-  // `kv_dtype` unset: the runner's own choice.
-  ShapeBench(std::string shape, const fs::path& dir, std::optional<DType> kv_dtype)
-      : shape_(std::move(shape)), asked_kv_dtype_(kv_dtype) {
+  ShapeBench(std::string shape, const fs::path& dir, const RunnerVariant& variant)
+      : shape_(std::move(shape)), variant_(variant) {
     weights_ = std::make_shared<const LlamaWeights>(LlamaWeights::load(dir));
     file_bytes_ = safetensors_bytes(dir);
     const int context_blocks = (kContext + 1 + kBlockSize - 1) / kBlockSize;
@@ -147,7 +156,8 @@ class ShapeBench {
     options.kv_cache_blocks = kMaxDecodeBatch * context_blocks + prompt_blocks;
     options.max_num_seqs = kMaxDecodeBatch;
     options.threads = machine().threads;
-    options.kv_cache_dtype = kv_dtype;
+    options.kv_cache_dtype = variant.kv_dtype;
+    options.matmul_activations = variant.activations;
     runner_ = make_cpu_runner(weights_, options);
     const KvCacheShape& kv = runner_->kv_shape();
     kv_pool_bytes_ = int64_t(kv.num_layers) * kv.num_blocks * kv.block_elems() * 2 *
@@ -168,7 +178,7 @@ class ShapeBench {
   }
 
   const std::string& shape() const { return shape_; }
-  const std::optional<DType>& asked_kv_dtype() const { return asked_kv_dtype_; }
+  const RunnerVariant& variant() const { return variant_; }
   DType kv_dtype() const { return runner_->kv_shape().dtype; }
   const LlamaWeights& weights() const { return *weights_; }
   const LlamaConfig& config() const { return weights_->config; }
@@ -221,7 +231,7 @@ class ShapeBench {
   }
 
   std::string shape_;
-  std::optional<DType> asked_kv_dtype_;
+  RunnerVariant variant_;
   std::shared_ptr<const LlamaWeights> weights_;
   std::unique_ptr<ModelRunner> runner_;
   int64_t file_bytes_ = 0;
@@ -234,17 +244,17 @@ class ShapeBench {
 
 fs::path models_dir;
 
-// The model of `shape` with its KV cache in `kv_dtype` (unset: the runner's choice), loaded on
-// first use. Benchmarks run shape by shape, so only one model is held at a time: the previous
-// one is dropped, the FMA rate probed again (the floor keeps the best figure seen, so one probe
-// starved by other load cannot lower it), and the peak RSS reset before the next model loads.
-ShapeBench& shape_bench(const std::string& shape, std::optional<DType> kv_dtype = std::nullopt) {
+// The model of `shape` with the runner `variant`, loaded on first use. Benchmarks run shape by
+// shape, so only one model is held at a time: the previous one is dropped, the FMA rate probed
+// again (the floor keeps the best figure seen, so one probe starved by other load cannot lower
+// it), and the peak RSS reset before the next model loads.
+ShapeBench& shape_bench(const std::string& shape, const RunnerVariant& variant) {
   static std::unique_ptr<ShapeBench> current;
-  if (!current || current->shape() != shape || current->asked_kv_dtype() != kv_dtype) {
+  if (!current || current->shape() != shape || current->variant() != variant) {
     current.reset();
     reprobe_fma_floor(machine());
     reset_peak_rss();
-    current = std::make_unique<ShapeBench>(shape, models_dir / shape, kv_dtype);
+    current = std::make_unique<ShapeBench>(shape, models_dir / shape, variant);
   }
   return *current;
 }
@@ -262,9 +272,9 @@ void set_common_counters(benchmark::State& state, const ShapeBench& bench, const
 }
 
 void BM_Decode(benchmark::State& state, const std::string& shape, int batch_size,
-               std::optional<DType> kv_dtype) {
+               const RunnerVariant& variant) {
   try {
-    ShapeBench& bench = shape_bench(shape, kv_dtype);
+    ShapeBench& bench = shape_bench(shape, variant);
     const Batch batch = bench.decode_batch(batch_size);
     Logits logits;
     bench.warm_up_decode(batch);
@@ -282,9 +292,10 @@ void BM_Decode(benchmark::State& state, const std::string& shape, int batch_size
   }
 }
 
-void BM_Prefill(benchmark::State& state, const std::string& shape, int tokens) {
+void BM_Prefill(benchmark::State& state, const std::string& shape, int tokens,
+                const RunnerVariant& variant) {
   try {
-    ShapeBench& bench = shape_bench(shape);
+    ShapeBench& bench = shape_bench(shape, variant);
     const Batch batch = bench.prefill_batch(tokens);
     // No warm-up: a prompt pass is long enough that growing the scratch buffers is lost in it,
     // and an extra pass of the 1.1B model's 512 tokens would cost tens of seconds.
@@ -317,27 +328,27 @@ void check_models_dir() {
 }
 
 void register_benchmarks() {
+  const auto decode = [](const std::string& row, const std::string& shape, int batch_size,
+                         const RunnerVariant& variant) {
+    benchmark::RegisterBenchmark((row + "/" + shape + "/" + std::to_string(batch_size)).c_str(),
+                                 BM_Decode, shape, batch_size, variant)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  const auto prefill = [](const std::string& row, const std::string& shape, int tokens,
+                          const RunnerVariant& variant) {
+    benchmark::RegisterBenchmark((row + "/" + shape + "/" + std::to_string(tokens)).c_str(),
+                                 BM_Prefill, shape, tokens, variant)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  const RunnerVariant defaults, f32_kv{DType::F32}, f32_activations{std::nullopt, DType::F32};
   for (const char* shape : kShapes) {
-    const std::string name = shape;
-    for (int batch_size : kDecodeBatches) {
-      benchmark::RegisterBenchmark(("Decode/" + name + "/" + std::to_string(batch_size)).c_str(),
-                                   BM_Decode, name, batch_size, std::nullopt)
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
-    }
-    for (int tokens : kPrefillLengths) {
-      benchmark::RegisterBenchmark(("Prefill/" + name + "/" + std::to_string(tokens)).c_str(),
-                                   BM_Prefill, name, tokens)
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
-    }
-    for (int batch_size : {16, 64}) {
-      benchmark::RegisterBenchmark(
-          ("DecodeF32Kv/" + name + "/" + std::to_string(batch_size)).c_str(), BM_Decode, name,
-          batch_size, std::optional<DType>(DType::F32))
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
-    }
+    for (int batch_size : kDecodeBatches) decode("Decode", shape, batch_size, defaults);
+    for (int tokens : kPrefillLengths) prefill("Prefill", shape, tokens, defaults);
+    for (int batch_size : {16, 64}) decode("DecodeF32Kv", shape, batch_size, f32_kv);
+    for (int batch_size : {16, 64}) decode("DecodeF32Act", shape, batch_size, f32_activations);
+    prefill("PrefillF32Act", shape, 128, f32_activations);
   }
 }
 

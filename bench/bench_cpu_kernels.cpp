@@ -4,9 +4,13 @@
 //
 //   Matmul/<dtype>/<matrix>/<batch>   the packed matmul (kernels/cpu/packed_matmul.h) on one of
 //                                     the runner's packed matrices, W in bf16 or f32, for a batch
-//                                     of 1 or 16 rows. Each call takes the next packed copy of W
-//                                     from a pool of at least 1 GiB, so W comes from DRAM, as it
-//                                     does in decode.
+//                                     of 1 or 16 rows, activations as the runner gives them by
+//                                     default (bf16 for bf16 W). Each call takes the next packed
+//                                     copy of W from a pool of at least 1 GiB, so W comes from
+//                                     DRAM, as it does in decode.
+//   MatmulF32Act/BF16/<matrix>/<batch>
+//                                     the same on bf16 W taking float32 activations
+//                                     (model.matmul_activations: f32), for the comparison.
 //   AttentionDecode/<dtype>/<layout>/<batch>
 //                                     one query per sequence over a 1024-token context in the
 //                                     paged KV pool (blocks scattered at random), its keys and
@@ -103,10 +107,11 @@ constexpr MatrixShape kMatrices[] = {
     {"lm_head_32000x768", 1, 32000, 768, false, cpu::MatmulMode::Overwrite},
 };
 
-// One source matrix of random weights in `dtype`, packed as `shape` into copies that together
-// fill at least kStreamBytes. Every copy packs the same values: the timing depends only on where
-// the bytes come from.
-std::vector<cpu::PackedMatrix> make_packed_pool(const MatrixShape& shape, DType dtype) {
+// One source matrix of random weights in `dtype`, packed as `shape` (taking `activations`) into
+// copies that together fill at least kStreamBytes. Every copy packs the same values: the timing
+// depends only on where the bytes come from.
+std::vector<cpu::PackedMatrix> make_packed_pool(const MatrixShape& shape, DType dtype,
+                                                DType activations) {
   const size_t count = size_t(shape.rows) * size_t(shape.cols);
   std::vector<std::byte> source(count * dtype_size(dtype));
   std::byte* data = source.data();
@@ -130,25 +135,27 @@ std::vector<cpu::PackedMatrix> make_packed_pool(const MatrixShape& shape, DType 
   size_t bytes = 0;
   arena().execute([&] {
     while (bytes < kStreamBytes) {
-      pool.push_back(shape.interleave ? cpu::PackedMatrix::interleave(part, part)
-                                      : cpu::PackedMatrix::stack(parts));
+      pool.push_back(shape.interleave ? cpu::PackedMatrix::interleave(part, part, activations)
+                                      : cpu::PackedMatrix::stack(parts, activations));
       bytes += pool.back().bytes();
     }
   });
   return pool;
 }
 
-// The pool of the shape and dtype asked for. Only the last one is kept: the batches of one
-// matrix run one after the other, and a pool per matrix would hold gigabytes.
-const std::vector<cpu::PackedMatrix>& packed_pool(const MatrixShape& shape, DType dtype) {
+// The pool asked for. Only the last one is kept: the batches of one matrix run one after the
+// other, and a pool per matrix would hold gigabytes.
+const std::vector<cpu::PackedMatrix>& packed_pool(const MatrixShape& shape, DType dtype,
+                                                  DType activations) {
   static const MatrixShape* pool_shape = nullptr;
-  static DType pool_dtype = DType::F32;
+  static DType pool_dtype = DType::F32, pool_activations = DType::F32;
   static std::vector<cpu::PackedMatrix> pool;
-  if (pool_shape != &shape || pool_dtype != dtype) {
+  if (pool_shape != &shape || pool_dtype != dtype || pool_activations != activations) {
     pool.clear();  // free the last pool before packing the next
-    pool = make_packed_pool(shape, dtype);
+    pool = make_packed_pool(shape, dtype, activations);
     pool_shape = &shape;
     pool_dtype = dtype;
+    pool_activations = activations;
   }
   return pool;
 }
@@ -163,9 +170,10 @@ void set_floor_counters(benchmark::State& state, double bytes, double flops,
   state.counters["probe_GB/s"] = timing.read_bytes_per_s * 1e-9;
 }
 
-void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, int batch) {
+void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, DType activations,
+               int batch) {
   try {
-    const std::vector<cpu::PackedMatrix>& pool = packed_pool(shape, dtype);
+    const std::vector<cpu::PackedMatrix>& pool = packed_pool(shape, dtype, activations);
     const cpu::PackedMatrix& first = pool.front();
     const size_t ldy = size_t(first.out_cols());
     std::vector<float> x(size_t(batch) * size_t(first.cols())), y(size_t(batch) * ldy);
@@ -252,12 +260,20 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
 }
 
 void register_benchmarks() {
-  for (DType dtype : {DType::BF16, DType::F32}) {
+  // (row name, weights, activations): the runner's default activations, then float32 ones.
+  const struct {
+    const char* row;
+    DType dtype, activations;
+  } matmuls[] = {{"Matmul", DType::BF16, DType::BF16},
+                 {"Matmul", DType::F32, DType::F32},
+                 {"MatmulF32Act", DType::BF16, DType::F32}};
+  for (const auto& mm : matmuls) {
     for (const MatrixShape& m : kMatrices) {
       for (int batch : {1, 16}) {
-        const std::string name =
-            std::string("Matmul/") + dtype_name(dtype) + "/" + m.name + "/" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, std::cref(m), dtype, batch)
+        const std::string name = std::string(mm.row) + "/" + dtype_name(mm.dtype) + "/" + m.name +
+                                 "/" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, std::cref(m), mm.dtype,
+                                     mm.activations, batch)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
