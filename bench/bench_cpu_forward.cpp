@@ -328,27 +328,23 @@ void check_models_dir() {
 }
 
 void register_benchmarks() {
-  const auto decode = [](const std::string& row, const std::string& shape, int batch_size,
-                         const RunnerVariant& variant) {
-    benchmark::RegisterBenchmark((row + "/" + shape + "/" + std::to_string(batch_size)).c_str(),
-                                 BM_Decode, shape, batch_size, variant)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-  };
-  const auto prefill = [](const std::string& row, const std::string& shape, int tokens,
-                          const RunnerVariant& variant) {
-    benchmark::RegisterBenchmark((row + "/" + shape + "/" + std::to_string(tokens)).c_str(),
-                                 BM_Prefill, shape, tokens, variant)
+  using Body = void (*)(benchmark::State&, const std::string&, int, const RunnerVariant&);
+  const auto add = [](const std::string& row, Body body, const std::string& shape, int size,
+                      const RunnerVariant& variant) {
+    benchmark::RegisterBenchmark((row + "/" + shape + "/" + std::to_string(size)).c_str(), body,
+                                 shape, size, variant)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   };
   const RunnerVariant defaults, f32_kv{DType::F32}, f32_activations{std::nullopt, DType::F32};
   for (const char* shape : kShapes) {
-    for (int batch_size : kDecodeBatches) decode("Decode", shape, batch_size, defaults);
-    for (int tokens : kPrefillLengths) prefill("Prefill", shape, tokens, defaults);
-    for (int batch_size : {16, 64}) decode("DecodeF32Kv", shape, batch_size, f32_kv);
-    for (int batch_size : {16, 64}) decode("DecodeF32Act", shape, batch_size, f32_activations);
-    prefill("PrefillF32Act", shape, 128, f32_activations);
+    for (int batch_size : kDecodeBatches) add("Decode", BM_Decode, shape, batch_size, defaults);
+    for (int tokens : kPrefillLengths) add("Prefill", BM_Prefill, shape, tokens, defaults);
+    for (int batch_size : {16, 64}) add("DecodeF32Kv", BM_Decode, shape, batch_size, f32_kv);
+    for (int batch_size : {16, 64}) {
+      add("DecodeF32Act", BM_Decode, shape, batch_size, f32_activations);
+    }
+    add("PrefillF32Act", BM_Prefill, shape, 128, f32_activations);
   }
 }
 
