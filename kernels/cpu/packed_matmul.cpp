@@ -234,7 +234,7 @@ PanelsFn panels_function(Isa isa, bool bf16_dot) {
 
 void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode) {
-  matmul(best_matmul_isa(), x, batch, w, y, ldy, mode);
+  matmul(matmul_isa(w), x, batch, w, y, ldy, mode);
 }
 
 Isa matmul_isa(const PackedMatrix& w) {

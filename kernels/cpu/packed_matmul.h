@@ -100,10 +100,11 @@ class PackedMatrix {
 // call however large the batch.
 void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode = MatmulMode::Overwrite);
-// The instruction set the call above runs w on: vdpbf16ps (Avx512Bf16) serves bf16 weights only.
-Isa matmul_isa(const PackedMatrix& w);
 // The same on a chosen instruction set (which must be supported), for tests and benchmarks.
 void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode = MatmulMode::Overwrite);
+// The instruction set matmul() without one runs w on: vdpbf16ps (Avx512Bf16) serves bf16 weights
+// only.
+Isa matmul_isa(const PackedMatrix& w);
 
 }  // namespace pipeline::cpu
