@@ -13,7 +13,9 @@
 //                                     (model.matmul_activations: f32), for the comparison.
 //   AttentionDecode/<dtype>/<layout>/<batch>
 //                                     one query per sequence over a 1024-token context in the
-//                                     paged KV pool (blocks scattered at random), its keys and
+//                                     paged KV pool (blocks scattered at random), in the head
+//                                     layout of llama2-110m, tinyllama-1.1b or llama2-7b (heads
+//                                     of 128, as LLaMA-2-7B served on a CPU), its keys and
 //                                     values in f32 or bf16, q read with the fused q/k/v
 //                                     projection's row stride as in the runner; each call reads
 //                                     the next "layer" of a KV pool of at least 1 GiB.
@@ -197,12 +199,13 @@ void BM_Matmul(benchmark::State& state, const MatrixShape& shape, DType dtype, D
   }
 }
 
-// Head layouts of the two benchmark shapes.
+// Head layouts of the two benchmark shapes, and LLaMA-2-7B's (head_dim 128).
 struct AttentionLayout {
   const char* name;
   int num_heads, num_kv_heads, head_dim;
 };
-constexpr AttentionLayout kLayouts[] = {{"llama2-110m", 12, 12, 64}, {"tinyllama-1.1b", 32, 4, 64}};
+constexpr AttentionLayout kLayouts[] = {
+    {"llama2-110m", 12, 12, 64}, {"tinyllama-1.1b", 32, 4, 64}, {"llama2-7b", 32, 32, 128}};
 
 void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int batch, DType dtype) {
   try {
