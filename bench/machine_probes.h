@@ -6,8 +6,10 @@
 //     repetitions: this machine's bandwidth moves by a third from minute to minute.
 //   - float32 FMA throughput: `threads` threads run independent chains of vector FMAs that never
 //     touch memory; 2 FLOPs per lane per FMA.
-// The kernels widen bf16/f16 weights to float32 and multiply-add in float32, so float32 FMA is
-// their arithmetic roof. The probes need AVX2+FMA at least and pick AVX-512 where it exists.
+// The AVX-512 and AVX2 kernels widen bf16/f16 weights to float32 and multiply-add in float32, so
+// float32 FMA is their arithmetic roof; vdpbf16ps on bf16 activations does two multiply-adds per
+// lane and can reach twice it (bench/README.md). The probes need AVX2+FMA at least and pick
+// AVX-512 where it exists.
 #pragma once
 
 #include <immintrin.h>
