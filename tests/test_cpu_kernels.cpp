@@ -84,6 +84,16 @@ double reference_dot(const TestWeights& w, int row, const float* x, int cols, do
   return sum;
 }
 
+// Each weight dtype with the activations it can take: only a bf16 matrix can round them to bf16
+// (PackedMatmul.OnlyBf16MatricesTakeBf16Activations checks that the others ignore it).
+struct MatrixKind {
+  DType dtype, activations;
+};
+constexpr MatrixKind kMatrixKinds[] = {{DType::F32, DType::F32},
+                                       {DType::BF16, DType::F32},
+                                       {DType::BF16, DType::BF16},
+                                       {DType::F16, DType::F32}};
+
 // The activations a matrix really multiplies: x itself, or x rounded to bf16 where a bf16 matrix
 // takes bf16 activations.
 std::vector<float> activations_for(const PackedMatrix& w, std::vector<float> x) {
@@ -105,40 +115,38 @@ TEST(PackedMatmul, StackedPartsMatchReferenceOnEveryIsaAndDtype) {
                         {5, 16, {4, 20}},      {13, 300, {21}},    {26, 5, {3}},
                         {2, 129, {33, 17, 5}}, {4, 130, {64, 16}}, {30, 64, {70}}};
   for (Isa isa : supported_isas()) {
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (DType activations : {DType::F32, DType::BF16}) {
-        for (const Case& c : cases) {
-          std::vector<TestWeights> parts;
-          std::vector<WeightMatrix> views;
-          for (int rows : c.parts) parts.push_back(make_weights(rows, c.in, dtype, rng));
-          for (const TestWeights& t : parts) views.push_back(t.view);
-          const PackedMatrix packed = PackedMatrix::stack(views, activations);
-          const std::vector<float> x = random_floats(size_t(c.batch) * c.in, rng);
-          const std::vector<float> x_used = activations_for(packed, x);
-          const size_t ldy = size_t(packed.out_cols()) + 3;
-          for (MatmulMode mode : {MatmulMode::Overwrite, MatmulMode::Accumulate}) {
-            SCOPED_TRACE(std::string(isa_name(isa)) + " " + dtype_name(dtype) + " activations " +
-                         dtype_name(activations) + " batch " + std::to_string(c.batch) + " in " +
-                         std::to_string(c.in) + (mode == MatmulMode::Accumulate ? " +=" : " ="));
-            const std::vector<float> y0 = random_floats(size_t(c.batch) * ldy, rng);
-            std::vector<float> y = y0;
-            matmul(isa, x.data(), c.batch, packed, y.data(), ldy, mode);
-            for (int b = 0; b < c.batch; ++b) {
-              for (size_t part = 0; part < parts.size(); ++part) {
-                for (int r = 0; r < c.parts[part]; ++r) {
-                  const size_t at = size_t(b) * ldy + size_t(packed.part_offset(int(part)) + r);
-                  double magnitude = mode == MatmulMode::Accumulate ? std::abs(y0[at]) : 0.0;
-                  const double dot = reference_dot(parts[part], r, x_used.data() + size_t(b) * c.in,
-                                                   c.in, &magnitude);
-                  const double ref = (mode == MatmulMode::Accumulate ? y0[at] : 0.0) + dot;
-                  ASSERT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-6)
-                      << "row " << b << " part " << part << " output " << r;
-                }
+    for (const auto [dtype, activations] : kMatrixKinds) {
+      for (const Case& c : cases) {
+        std::vector<TestWeights> parts;
+        std::vector<WeightMatrix> views;
+        for (int rows : c.parts) parts.push_back(make_weights(rows, c.in, dtype, rng));
+        for (const TestWeights& t : parts) views.push_back(t.view);
+        const PackedMatrix packed = PackedMatrix::stack(views, activations);
+        const std::vector<float> x = random_floats(size_t(c.batch) * c.in, rng);
+        const std::vector<float> x_used = activations_for(packed, x);
+        const size_t ldy = size_t(packed.out_cols()) + 3;
+        for (MatmulMode mode : {MatmulMode::Overwrite, MatmulMode::Accumulate}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " " + dtype_name(dtype) + " activations " +
+                       dtype_name(activations) + " batch " + std::to_string(c.batch) + " in " +
+                       std::to_string(c.in) + (mode == MatmulMode::Accumulate ? " +=" : " ="));
+          const std::vector<float> y0 = random_floats(size_t(c.batch) * ldy, rng);
+          std::vector<float> y = y0;
+          matmul(isa, x.data(), c.batch, packed, y.data(), ldy, mode);
+          for (int b = 0; b < c.batch; ++b) {
+            for (size_t part = 0; part < parts.size(); ++part) {
+              for (int r = 0; r < c.parts[part]; ++r) {
+                const size_t at = size_t(b) * ldy + size_t(packed.part_offset(int(part)) + r);
+                double magnitude = mode == MatmulMode::Accumulate ? std::abs(y0[at]) : 0.0;
+                const double dot = reference_dot(parts[part], r, x_used.data() + size_t(b) * c.in,
+                                                 c.in, &magnitude);
+                const double ref = (mode == MatmulMode::Accumulate ? y0[at] : 0.0) + dot;
+                ASSERT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-6)
+                    << "row " << b << " part " << part << " output " << r;
               }
-              // Past the last output column nothing is written.
-              for (size_t col = size_t(packed.out_cols()); col < ldy; ++col) {
-                ASSERT_EQ(y[size_t(b) * ldy + col], y0[size_t(b) * ldy + col]);
-              }
+            }
+            // Past the last output column nothing is written.
+            for (size_t col = size_t(packed.out_cols()); col < ldy; ++col) {
+              ASSERT_EQ(y[size_t(b) * ldy + col], y0[size_t(b) * ldy + col]);
             }
           }
         }
@@ -190,21 +198,19 @@ TEST(PackedMatmul, InterleavesTwoMatricesPanelByPanel) {
 TEST(PackedMatmul, RowResultsDoNotDependOnBatchSize) {
   std::mt19937 rng(13);
   for (Isa isa : supported_isas()) {
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (DType activations : {DType::F32, DType::BF16}) {
-        const TestWeights w = make_weights(150, 95, dtype, rng);
-        const PackedMatrix packed = PackedMatrix::stack(std::span(&w.view, 1), activations);
-        const int batch = 29;
-        const std::vector<float> x = random_floats(size_t(batch) * 95, rng);
-        std::vector<float> all(size_t(batch) * 150);
-        matmul(isa, x.data(), batch, packed, all.data(), 150);
-        for (int row = 0; row < batch; ++row) {
-          std::vector<float> alone(150);
-          matmul(isa, x.data() + size_t(row) * 95, 1, packed, alone.data(), 150);
-          ASSERT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + size_t(row) * 150))
-              << isa_name(isa) << " " << dtype_name(dtype) << " activations "
-              << dtype_name(activations) << " row " << row;
-        }
+    for (const auto [dtype, activations] : kMatrixKinds) {
+      const TestWeights w = make_weights(150, 95, dtype, rng);
+      const PackedMatrix packed = PackedMatrix::stack(std::span(&w.view, 1), activations);
+      const int batch = 29;
+      const std::vector<float> x = random_floats(size_t(batch) * 95, rng);
+      std::vector<float> all(size_t(batch) * 150);
+      matmul(isa, x.data(), batch, packed, all.data(), 150);
+      for (int row = 0; row < batch; ++row) {
+        std::vector<float> alone(150);
+        matmul(isa, x.data() + size_t(row) * 95, 1, packed, alone.data(), 150);
+        ASSERT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + size_t(row) * 150))
+            << isa_name(isa) << " " << dtype_name(dtype) << " activations "
+            << dtype_name(activations) << " row " << row;
       }
     }
   }
