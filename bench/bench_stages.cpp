@@ -403,7 +403,8 @@ void BM_Stage_emit(benchmark::State& state) {
   uint64_t index = 0;
   for (auto _ : state) {
     StreamEvents events;
-    for (const auto& seq : work) events.events.push_back({seq, index, Delta{" word", {}, {}}});
+    for (const auto& seq : work)
+      events.events.push_back({seq, index, Delta{" word", {}, {}, true}});
     ++index;
     (*stage)(std::move(events), [](Message) {});
   }

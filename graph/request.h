@@ -32,6 +32,10 @@ struct Delta {
   // With Request::prompt_logprobs, in a sequence's first delta only: every prompt token, each
   // with the model's logprob of it given the tokens before it.
   std::vector<TokenOutput> prompt;
+  // The delta stands for a generated token, even one whose text is held back (a character not
+  // finished yet, the possible start of a stop string): a stream sends it as a chunk of empty
+  // text, as vLLM does, so that clients see every token arrive. Not an ending token not shown.
+  bool new_token = false;
 };
 
 // vLLM's stop_reason: what the client named that ended an answer, the stop string that matched

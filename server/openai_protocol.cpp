@@ -742,7 +742,7 @@ json ResponseBuilder::role_chunk(int choice) const {
 
 bool ResponseBuilder::shows(const Delta& delta, int choice) const {
   if (choices_.at(size_t(choice)).echo_due || !delta.prompt.empty()) return true;
-  return !prompt_only_ && (!delta.text.empty() || !delta.tokens.empty());
+  return !prompt_only_ && (delta.new_token || !delta.text.empty() || !delta.tokens.empty());
 }
 
 json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {

@@ -157,8 +157,8 @@ class ResponseBuilder {
 
   // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
   // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
-  // A delta that shows() nothing (no text or tokens, or a prompt_only answer's token after the
-  // echo) needs no chunk.
+  // A delta that shows() nothing (no new token, text or logprobs, or a prompt_only answer's
+  // token after the echo) needs no chunk.
   nlohmann::json role_chunk(int choice = 0) const;
   bool shows(const Delta& delta, int choice = 0) const;
   nlohmann::json delta_chunk(const Delta& delta, int choice = 0);

@@ -96,7 +96,8 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
              is_named_stop_token(request, ctx_.model.eos_token_ids, id)) {
     stop_reason = id;
   }
-  if (!delta.text.empty() || !delta.tokens.empty() || !delta.prompt.empty())
+  delta.new_token = !ending_token;
+  if (delta.new_token || !delta.text.empty() || !delta.tokens.empty() || !delta.prompt.empty())
     out.events.push_back({seq, state.next_event++, std::move(delta)});
   if (finish) {
     state.done = true;

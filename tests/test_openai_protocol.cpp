@@ -734,7 +734,7 @@ std::vector<Completion> one(Completion completion) {
 }
 
 Delta delta(std::string text, std::vector<TokenOutput> tokens = {}) {
-  return Delta{std::move(text), std::move(tokens), {}};
+  return Delta{std::move(text), std::move(tokens), {}, true};
 }
 
 TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {

@@ -582,6 +582,32 @@ TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
   }
 }
 
+// As in vLLM, a stream sends a chunk for every generated token, of empty text when the token's
+// text is held back; here a stop string that matches the story's start for several tokens, then
+// not, holds them back. Clients (and bench-serve) count and time tokens by chunks.
+TEST_F(ServerE2E, EveryGeneratedTokenStreamsAChunkEvenWhileItsTextIsHeldBack) {
+  const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
+                               .body["choices"][0]["text"];
+  const size_t start = full.find(" little");
+  ASSERT_NE(start, std::string::npos) << full;
+  const std::string never_matched = full.substr(start, 20) + "#";
+  json body = with(completion_body("Once upon a time", 40), "stop", {never_matched});
+  body["stream_options"] = {{"include_usage", true}};
+  const Stream answer = post_stream(port(), "/v1/completions", body);
+  ASSERT_EQ(answer.status, 200) << answer.raw;
+  EXPECT_EQ(answer.text, full);
+  int token_chunks = 0, empty_chunks = 0;
+  for (const json& chunk : answer.events)
+    for (const json& choice : chunk["choices"])
+      if (choice["finish_reason"].is_null()) {
+        ++token_chunks;
+        empty_chunks += choice["text"] == "";
+      }
+  EXPECT_EQ(token_chunks, 40);
+  EXPECT_EQ(answer.events.back()["usage"]["completion_tokens"], 40);
+  EXPECT_GT(empty_chunks, 1);  // " little" and the words after it, held back
+}
+
 TEST_F(ServerE2E, LogprobTokensSpellTheAnswer) {
   json chat = with(chat_body("Tell me a story.", 12), "logprobs", true);
   chat["top_logprobs"] = 3;
