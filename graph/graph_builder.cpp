@@ -289,7 +289,10 @@ struct FlowGraph::Node {
 };
 
 FlowGraph::FlowGraph(const GraphPlan& plan, EngineContext& context, Metrics& metrics)
-    : arena_(tbb::task_arena::attach()) {
+    : workers_(tbb::global_control::max_allowed_parallelism,
+               size_t(tbb::info::default_concurrency()) + 1),
+      arena_(tbb::info::default_concurrency(), /*reserved_for_masters=*/0) {
+  arena_.execute([this] { graph_.reset(); });  // a graph runs in the arena it was last reset in
   for (const auto& planned : plan.nodes) {
     auto n = std::make_unique<Node>(planned, context, metrics);
     Node* self = n.get();

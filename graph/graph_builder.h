@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include "graph/engine_context.h"
@@ -60,8 +61,14 @@ class FlowGraph {
 
  private:
   struct Node;
-  tbb::flow::graph graph_;
-  tbb::task_arena arena_;  // the graph's: where put() enqueues
+  // The graph runs in an arena of its own, every slot open to oneTBB's workers: the threads
+  // that put requests and wait (HTTP handlers, the scheduler, main) never work in it, so a slot
+  // kept for one of them, as the default arena keeps one, would leave a core idle in every
+  // forward pass. The worker pool is raised by one to fill them all (oneTBB starts one worker
+  // fewer than the cores, counting on a caller that joins).
+  tbb::global_control workers_;
+  tbb::task_arena arena_;   // where put() enqueues and the nodes run
+  tbb::flow::graph graph_;  // attached to arena_ in the constructor
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<tbb::flow::graph_node>> edge_filters_;
   size_t input_ = 0;

@@ -2,8 +2,14 @@
 // swapped by one line of YAML (a stage registered by this test) runs in the engine.
 #include <gtest/gtest.h>
 
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <atomic>
 #include <cctype>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "graph/engine.h"
 #include "graph/graph_builder.h"
@@ -43,12 +49,56 @@ StageInfo shout_emit_info() {
   return info;
 }
 
+// emit, after measuring once how many threads a parallel loop in a node's body gets at once:
+// each of default_concurrency() iterations waits (up to a second) for all of them to be running.
+class ThreadProbeEmit : public Stage {
+ public:
+  static inline std::atomic<int> most_at_once{0};
+
+  void operator()(Message message, const Emit& emit) override {
+    if (!probed_.exchange(true)) most_at_once = threads_at_once();
+    EmitStage()(std::move(message), emit);
+  }
+
+ private:
+  static int threads_at_once() {
+    const int wanted = tbb::info::default_concurrency();
+    std::atomic<int> running{0}, most{0};
+    tbb::parallel_for(
+        0, wanted,
+        [&](int) {
+          const int now = ++running;
+          int seen = most.load();
+          while (seen < now && !most.compare_exchange_weak(seen, now)) {
+          }
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          while (most.load() < wanted && std::chrono::steady_clock::now() < give_up)
+            std::this_thread::yield();
+          --running;
+        },
+        tbb::simple_partitioner());
+    return most.load();
+  }
+
+  std::atomic<bool> probed_{false};
+};
+
+StageInfo thread_probe_emit_info() {
+  StageInfo info = EmitStage::info();
+  info.name = "test_thread_probe_emit";
+  info.make = [](const GraphNodeSpec&, EngineContext&) {
+    return std::make_unique<ThreadProbeEmit>();
+  };
+  return info;
+}
+
 class GraphBuilderTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     auto& registry = StageRegistry::global();
     if (!registry.find("test_counted_sink")) registry.add(counted_sink_info());
     if (!registry.find("test_shout_emit")) registry.add(shout_emit_info());
+    if (!registry.find("test_thread_probe_emit")) registry.add(thread_probe_emit_info());
   }
   void SetUp() override { dir_ = testing::make_temp_dir("graph-builder"); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -241,6 +291,13 @@ TEST_F(GraphBuilderTest, AStageSwappedInYamlRunsInTheEngine) {
   for (auto& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
   EXPECT_EQ(shouted, upper);
   EXPECT_NE(shouted, plain);
+}
+
+// The thread that submits a request waits outside the graph (as the HTTP handlers and main do),
+// so the graph's nodes, and the forward passes in them, must get every core without it.
+TEST_F(GraphBuilderTest, ANodesParallelLoopRunsOnEveryCoreWhileTheSubmitterWaits) {
+  ASSERT_FALSE(run_one(write(six_nodes("{ name: emit, stage: test_thread_probe_emit }"))).empty());
+  EXPECT_EQ(ThreadProbeEmit::most_at_once.load(), tbb::info::default_concurrency());
 }
 
 }  // namespace
