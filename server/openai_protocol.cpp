@@ -494,8 +494,13 @@ void read_max_tokens(Endpoint endpoint, const JsonBody& body, int fallback, bool
   const bool chat_name =
       endpoint == Endpoint::ChatCompletions && find_field(body, "max_completion_tokens");
   const char* name = chat_name ? "max_completion_tokens" : "max_tokens";
+  const JsonBody* given = find_field(body, name);
+  if (endpoint == Endpoint::Completions && !echo && given && json_int64(*given) == 0)
+    throw invalid(name,
+                  "'max_tokens' must be at least 1 without echo (with echo, 0 scores the "
+                  "prompt alone), got 0.");
   request.max_tokens = read_int(body, name, fallback, echo ? 0 : 1, INT_MAX);
-  if (find_field(body, name)) request.max_tokens_param = name;
+  if (given) request.max_tokens_param = name;
 }
 
 // Completions' echo (chat has none: a 400 rather than an answer without it).

@@ -379,7 +379,7 @@ std::vector<BadInput> bad_inputs() {
       {completion, with(completion_body(), "prompt", {nullptr}), "prompt", "but got null instead"},
       {chat, with(chat_body(), "echo", true), "echo", "a /v1/completions parameter"},
       {completion, with(completion_body(), "echo", "yes"), "echo", "boolean"},
-      {completion, with(completion_body(), "max_tokens", 0), "max_tokens", "between 1"},
+      {completion, with(completion_body(), "max_tokens", 0), "max_tokens", "0 scores the prompt"},
       {completion, with(with(completion_body(), "echo", true), "max_tokens", -1), "max_tokens",
        "between 0"},
       {completion, with(completion_body(), "best_of", 3), "best_of",
