@@ -1,5 +1,6 @@
 // `pipeline generate`: completes one raw prompt (BOS + its tokens, no chat template) and streams
 // the text to stdout, or prints one JSON object with --json.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include "apps/commands.h"
 #include "apps/options.h"
 #include "graph/runner_factory.h"
+#include "io/dtype.h"
 #include "io/incremental_decoder.h"
 #include "io/tokenizer.h"
 #include "model/generation.h"
@@ -25,6 +27,10 @@ constexpr const char* kUsage =
     "  --seed S                makes a sampled answer reproducible\n"
     "  --ignore-eos            generate past end-of-sequence tokens\n"
     "  --device auto|cpu|cuda  (default auto)   --threads N  CPU threads (default all)\n"
+    "  --kv-cache-dtype auto|bf16|f32       the KV cache's elements (default auto: f32 for a\n"
+    "                          float32 checkpoint, else bf16), as scheduler.kv_cache_dtype\n"
+    "  --matmul-activations bf16|f32        what a bf16 checkpoint's matmuls round their inputs\n"
+    "                          to (default bf16), as model.matmul_activations\n"
     "  --json                  print one JSON object instead of streaming text";
 
 SamplingParams sampling_from(Options& options) {
@@ -40,6 +46,21 @@ SamplingParams sampling_from(Options& options) {
   if (const auto seed = options.find("--seed")) p.seed = options.integer("--seed", 0, 0);
   if (const auto error = validate(p); !error.empty()) throw UsageError(error);
   return p;
+}
+
+// The element type `name` names, one of `choices` ("auto" stands for none), or `fallback`.
+std::optional<DType> dtype_option(Options& options, const std::string& name,
+                                  std::initializer_list<std::string_view> choices,
+                                  std::optional<DType> fallback) {
+  const std::optional<std::string> value = options.find(name);
+  if (!value) return fallback;
+  if (std::find(choices.begin(), choices.end(), *value) == choices.end()) {
+    std::string listed;
+    for (std::string_view choice : choices)
+      listed += (listed.empty() ? "" : ", ") + std::string(choice);
+    throw UsageError(name + " must be one of " + listed + ", got '" + *value + "'");
+  }
+  return *value == "auto" ? std::nullopt : parse_dtype(*value);
 }
 
 }  // namespace
@@ -58,6 +79,10 @@ int generate_command(int argc, char** argv) {
   RunnerOptions runner_options;
   runner_options.threads = int(options.integer("--threads", 0));
   runner_options.max_num_seqs = 1;
+  runner_options.kv_cache_dtype =
+      dtype_option(options, "--kv-cache-dtype", {"auto", "bf16", "f32"}, std::nullopt);
+  runner_options.matmul_activations =
+      *dtype_option(options, "--matmul-activations", {"bf16", "f32"}, DType::BF16);
   options.finish();
   if (request.max_tokens < 0) throw UsageError("--max-tokens must be 0 or more");
 

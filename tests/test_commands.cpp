@@ -118,6 +118,28 @@ TEST(GenerateCommand, StopsWhereTheGoldenFileStops) {
   }
 }
 
+// The server's model.matmul_activations and scheduler.kv_cache_dtype, on the command line: a
+// bf16 checkpoint run all in float32 answers as it does with the defaults (the tiny model's
+// greedy story is far from any tie for its first tokens).
+TEST(GenerateCommand, TakesTheKvCacheTypeAndTheMatmulActivations) {
+  const auto model = shared_path("models/stories260K-bf16");
+  std::vector<json> answers;
+  for (const std::vector<std::string>& types :
+       {std::vector<std::string>{},
+        {"--kv-cache-dtype", "f32", "--matmul-activations", "f32"},
+        {"--kv-cache-dtype", "bf16", "--matmul-activations", "bf16"}}) {
+    std::vector<std::string> args = {
+        "generate",      "--model", model.string(), "--prompt", "Once upon a time",
+        "--temperature", "0",       "--max-tokens", "8",        "--json"};
+    args.insert(args.end(), types.begin(), types.end());
+    const auto result = run_pipeline(args);
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    answers.push_back(json::parse(result.out)["generated_ids"]);
+  }
+  EXPECT_EQ(answers[1], answers[0]);
+  EXPECT_EQ(answers[2], answers[0]);
+}
+
 TEST(GenerateCommand, UsageErrorsNameTheOption) {
   auto result = run_pipeline({"generate", "--prompt", "x"});
   EXPECT_EQ(result.exit_code, 2);
@@ -144,6 +166,10 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       {{"generate", "--model", "m", "--prompt", "x", "extra"}, "unexpected argument 'extra'"},
       {{"generate", "--model", "m", "--prompt", "x", "--seed", "-3"},
        "--seed: expected an integer of at least 0, got -3"},
+      {{"generate", "--model", "m", "--prompt", "x", "--kv-cache-dtype", "f16"},
+       "--kv-cache-dtype must be one of auto, bf16, f32, got 'f16'"},
+      {{"generate", "--model", "m", "--prompt", "x", "--matmul-activations", "auto"},
+       "--matmul-activations must be one of bf16, f32, got 'auto'"},
       {{"make-model", "--shape", "tiny", "--out", "d", "extra"}, "unexpected argument 'extra'"},
       {{"batch", "--input", "f", "--output", "o"}, "expected 1 argument, got 0"},
       {{"graph", "c.yaml", "k=v"}, "expected 1 argument, got 2"},
