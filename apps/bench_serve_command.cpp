@@ -155,9 +155,9 @@ json request_body(const BenchSettings& s, int number) {
   return body;
 }
 
-// True when a chunk's choice adds generated output: text, or (the server's chunk for tokens
-// that do not complete a character yet) an empty string. Not the chat stream's opening
-// {"role": "assistant"} chunk, nor a finish chunk.
+// True when a chunk's choice adds generated output: text, or the empty string a server sends
+// for a token whose text it holds back (a character not finished yet, a possible stop string's
+// start). Not the chat stream's opening {"role": "assistant"} chunk, nor a finish chunk.
 bool carries_output(const json& chunk) {
   if (!chunk.contains("choices") || !chunk["choices"].is_array()) return false;
   for (const json& choice : chunk["choices"]) {
