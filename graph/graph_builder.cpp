@@ -1,5 +1,7 @@
 #include "graph/graph_builder.h"
 
+#include <oneapi/tbb/info.h>
+
 #include <chrono>
 #include <map>
 #include <set>
