@@ -34,7 +34,8 @@ struct Delta {
   std::vector<TokenOutput> prompt;
   // The delta stands for a generated token, even one whose text is held back (a character not
   // finished yet, the possible start of a stop string): a stream sends it as a chunk of empty
-  // text, as vLLM does, so that clients see every token arrive. Not an ending token not shown.
+  // text, as vLLM does, so that clients see every token arrive. Not an ending token not shown
+  // (whose delta, with logprobs asked for, still carries its logprob in `tokens`).
   bool new_token = false;
 };
 
