@@ -216,7 +216,7 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
     const size_t layer_bytes = layer_elements * dtype_size(dtype);
     const size_t layers = std::max<size_t>(1, kStreamBytes / (2 * layer_bytes));
     // Allocated as the CPU runner allocates its KV pool.
-    const cpu::HugePageBuffer memory = cpu::allocate_page_buffer(layers * 2 * layer_bytes);
+    const cpu::HugePageBuffer memory = cpu::allocate_huge_page_buffer(layers * 2 * layer_bytes);
     std::byte* const pool = memory.get();
     if (dtype == DType::F32) {
       fill_uniform(reinterpret_cast<float*>(pool), layers * 2 * layer_elements);

@@ -2,6 +2,8 @@
 // not multiples of any vector width, batch 1 and larger, every weight dtype, and every
 // instruction-set path this machine supports, each forced in turn.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -253,6 +255,27 @@ TEST(HugePageBuffer, IsHugePageAlignedZeroedAndWritable) {
   std::memset(buffer.get(), 0x5a, bytes);
   EXPECT_EQ(buffer[bytes - 1], std::byte{0x5a});
   EXPECT_EQ(allocate_huge_page_buffer(0), nullptr);
+}
+
+// Pages of `bytes` at `data` that are in memory now, by mincore().
+size_t resident_pages(const std::byte* data, size_t bytes) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((bytes + page - 1) / page);
+  if (mincore(const_cast<std::byte*>(data), bytes, in_core.data()) != 0) return 0;
+  return size_t(
+      std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; }));
+}
+
+TEST(HugePageBuffer, MakeResidentBringsEveryPageIn) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t bytes = (size_t(8) << 20) + 3 * page + 5;  // huge pages and a ragged tail
+  const HugePageBuffer buffer = allocate_huge_page_buffer(bytes);
+  const size_t pages = (bytes + page - 1) / page;
+  EXPECT_LT(resident_pages(buffer.get(), bytes), pages);  // fresh memory faults in as written
+  make_resident(buffer.get(), bytes);
+  EXPECT_EQ(resident_pages(buffer.get(), bytes), pages);
+  EXPECT_TRUE(std::all_of(buffer.get(), buffer.get() + bytes,
+                          [](std::byte b) { return b == std::byte{0}; }));
 }
 
 TEST(RmsNorm, MatchesReference) {

@@ -1,5 +1,7 @@
 #include "kernels/cpu/huge_page_buffer.h"
 
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -44,13 +46,12 @@ HugePageBuffer allocate_huge_page_buffer(size_t bytes) {
   return HugePageBuffer(p, HugePageFree{bytes});
 }
 
-HugePageBuffer allocate_page_buffer(size_t bytes) {
-  if (bytes == 0) return HugePageBuffer(nullptr, HugePageFree{0});
-  const size_t length = round_up(bytes, page_size());
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  madvise(p, length, MADV_NOHUGEPAGE);  // advice only, as above
-  return HugePageBuffer(static_cast<std::byte*>(p), HugePageFree{bytes});
+void make_resident(std::byte* data, size_t bytes) {
+  const size_t page = page_size();
+  const size_t pages = (bytes + page - 1) / page;
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, pages, 256), [&](const auto& range) {
+    for (size_t i = range.begin(); i < range.end(); ++i) data[i * page] = std::byte{0};
+  });
 }
 
 }  // namespace pipeline::cpu

@@ -3,7 +3,7 @@
 // once per token, and on 4 KiB pages a 1 GiB model crosses a page, and misses the TLB, every
 // 4 KiB of every stream, which costs a visible share of the memory bandwidth. Where THP is
 // "madvise" (or "always") those buffers get huge pages; where it is "never", they are plain
-// anonymous memory.
+// anonymous memory. The KV pool is one of them too, made resident at start (make_resident).
 #pragma once
 
 #include <cstddef>
@@ -21,10 +21,9 @@ using HugePageBuffer = std::unique_ptr<std::byte[], HugePageFree>;
 // `bytes` of zero-filled memory starting on a 2 MiB boundary; throws std::bad_alloc.
 HugePageBuffer allocate_huge_page_buffer(size_t bytes);
 
-// `bytes` of zero-filled memory on small pages (advised against huge pages), starting on a page
-// boundary, each page resident once first written; throws std::bad_alloc. For the KV pool,
-// which attention reads in aligned 64-byte vectors, and where huge pages would make 2 MiB
-// resident for each block first written.
-HugePageBuffer allocate_page_buffer(size_t bytes);
+// Writes each page of [data, data + bytes) once, from all threads, so that every page is
+// resident before its first real use and no later write stops on a page fault. For the KV
+// pool, whose blocks are otherwise first written a few at a time, in the middle of decode steps.
+void make_resident(std::byte* data, size_t bytes);
 
 }  // namespace pipeline::cpu
