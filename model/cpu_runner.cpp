@@ -237,8 +237,10 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
                                 " layers of weights for num_hidden_layers " +
                                 std::to_string(c.num_layers));
   }
-  // The largest tensor first, so that its mapped pages are gone before the layers are packed.
-  const auto run = [&] {
+  const size_t pool_bytes = size_t(c.num_layers) * size_t(shape_.num_blocks) *
+                            size_t(shape_.block_elems()) * dtype_size(shape_.dtype);
+  const auto set_up = [&] {
+    // The largest tensor first, so that its mapped pages are gone before the layers are packed.
     lm_head_ = pack_weights({{weights_->lm_head, c.vocab_size, hidden}});
     for (const LayerWeights& w : weights_->layers) {
       Layer& layer = layers_.emplace_back();
@@ -251,25 +253,19 @@ CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOp
           pack_weights({{w.w_gate, ffn, hidden}, {w.w_up, ffn, hidden}}, Fuse::Interleave);
       layer.down = pack_weights({{w.w_down, hidden, ffn}});
     }
-  };
-  const size_t pool_bytes = size_t(c.num_layers) * size_t(shape_.num_blocks) *
-                            size_t(shape_.block_elems()) * dtype_size(shape_.dtype);
-  // The whole KV pool resident from the start, as vLLM and llama.cpp allocate theirs: left to
-  // fault in as blocks are first written, a step that gave 16 sequences of llama2-110m new
-  // blocks stopped on 2,304 page faults and took twice as long as the steps around it; and a
-  // pool the machine cannot hold fails now rather than once the server is busy.
-  const auto allocate_pool = [&] {
+    // The whole KV pool resident from the start, as vLLM and llama.cpp allocate theirs: left to
+    // fault in as blocks are first written, a step that gave 16 sequences of llama2-110m new
+    // blocks stopped on 2,304 page faults and took twice as long as the steps around it; and a
+    // pool the machine cannot hold fails now rather than once the server is busy.
     k_pool_ = cpu::allocate_huge_page_buffer(pool_bytes);
     v_pool_ = cpu::allocate_huge_page_buffer(pool_bytes);
     cpu::make_resident(k_pool_.get(), pool_bytes);
     cpu::make_resident(v_pool_.get(), pool_bytes);
   };
   if (arena_) {
-    arena_->execute(run);
-    arena_->execute(allocate_pool);
+    arena_->execute(set_up);
   } else {
-    run();
-    allocate_pool();
+    set_up();
   }
 }
 
