@@ -583,8 +583,9 @@ TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
 }
 
 // As in vLLM, a stream sends a chunk for every generated token, of empty text when the token's
-// text is held back; here a stop string that matches the story's start for several tokens, then
-// not, holds them back. Clients (and bench-serve) count and time tokens by chunks.
+// text is held back; here a stop string that matches the story from its " little" on for
+// several tokens, then not, holds them back. Clients (and bench-serve) count and time tokens by
+// chunks.
 TEST_F(ServerE2E, EveryGeneratedTokenStreamsAChunkEvenWhileItsTextIsHeldBack) {
   const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
                                .body["choices"][0]["text"];
