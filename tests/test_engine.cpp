@@ -359,19 +359,27 @@ TEST(Engine, ScoredPromptsUnderPreemptionScoreAsAlone) {
 
 TEST(Engine, ACancelledRequestFreesItsBlocks) {
   Engine engine(make_config("{window_ms: 0}"));
-  auto request = make_request(kPrompts[4], 0, /*ignore_eos=*/true);  // to the end of the context
-  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
-  ASSERT_TRUE(sink_of(request).wait_for_delta());
-  EXPECT_GT(engine.metrics().kv_blocks_used.value(), 0);
-  engine.cancel(*request);
-  ASSERT_TRUE(sink_of(request).wait(5s));
-  ASSERT_TRUE(sink_of(request).error().has_value());
-  EXPECT_EQ(sink_of(request).error()->http_status, 499);
-  const auto deadline = std::chrono::steady_clock::now() + 1s;
-  while (engine.metrics().kv_blocks_used.value() != 0 &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(engine.metrics().kv_blocks_used.value(), 0);
+  // The request runs to the end of the context, which takes this model tens of milliseconds: on
+  // a loaded machine it can finish before the cancel lands, and is then tried again.
+  bool cancelled = false;
+  for (int attempt = 0; attempt < 10 && !cancelled; ++attempt) {
+    auto request = make_request(kPrompts[4], 0, /*ignore_eos=*/true);
+    ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+    ASSERT_TRUE(sink_of(request).wait_for_delta());
+    EXPECT_GT(engine.metrics().kv_blocks_used.value(), 0);
+    engine.cancel(*request);
+    ASSERT_TRUE(sink_of(request).wait(5s));
+    cancelled = sink_of(request).error().has_value();
+    if (cancelled) {
+      EXPECT_EQ(sink_of(request).error()->http_status, 499);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 1s;
+    while (engine.metrics().kv_blocks_used.value() != 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(engine.metrics().kv_blocks_used.value(), 0);
+  }
+  EXPECT_TRUE(cancelled) << "every attempt finished before its cancel landed";
 }
 
 TEST(Engine, ACancelledWaitingRequestGivesUpItsQueuePlaceAtOnce) {
