@@ -19,6 +19,11 @@
 //                                     values in f32 or bf16, q read with the fused q/k/v
 //                                     projection's row stride as in the runner; each call reads
 //                                     the next "layer" of a KV pool of at least 1 GiB.
+//   AttentionPrefill/<dtype>/<layout>/<tokens>
+//                                     one prompt of 512 or 2048 tokens from position 0, every
+//                                     query attending the positions up to its own (causal), its
+//                                     keys and values just stored in scattered blocks of the pool
+//                                     (so in the caches, as in the runner's prefill).
 //
 // Threads: $PIPELINE_BENCH_THREADS (default 2), in a oneTBB arena of that size.
 // Counters: GB/s (operand bytes read per second), GFLOP/s, bw_floor: the fraction of the read
@@ -262,6 +267,42 @@ void BM_AttentionDecode(benchmark::State& state, AttentionLayout layout, int bat
   }
 }
 
+void BM_AttentionPrefill(benchmark::State& state, AttentionLayout layout, int tokens, DType dtype) {
+  try {
+    const int num_blocks = (tokens + kBlockSize - 1) / kBlockSize;
+    const size_t elements = size_t(num_blocks) * kBlockSize * layout.num_kv_heads * layout.head_dim;
+    const cpu::HugePageBuffer memory = cpu::allocate_huge_page_buffer(2 * elements * 4);
+    std::byte* const k = memory.get();
+    const cpu::PagedKvLayer kv{
+        k, k + elements * 4, kBlockSize, layout.num_kv_heads, layout.head_dim, dtype};
+    std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(7));
+
+    const int q_dim = layout.num_heads * layout.head_dim;
+    const int kv_dim = layout.num_kv_heads * layout.head_dim;
+    const size_t ld_qkv = size_t(cpu::panel_round_up(q_dim) + 2 * cpu::panel_round_up(kv_dim));
+    std::vector<float> qkv(size_t(tokens) * ld_qkv), out(size_t(tokens) * q_dim);
+    fill_uniform(qkv.data(), qkv.size());
+    const float* k_rows = qkv.data() + cpu::panel_round_up(q_dim);
+    cpu::store_kv(kv, table, 0, tokens, k_rows, k_rows + cpu::panel_round_up(kv_dim), ld_qkv);
+    const cpu::AttentionSequence seq{0, tokens, 0, table};
+
+    ProbedTiming timing;
+    arena().execute([&] {
+      timing = time_passes_beside_probe(state, [&] {
+        cpu::paged_attention(kv, {&seq, 1}, layout.num_heads, qkv.data(), ld_qkv, out.data());
+      });
+    });
+    benchmark::DoNotOptimize(out.data());
+    const double key_reads = double(tokens) * double(tokens + 1) / 2;  // causal
+    set_floor_counters(state, 2.0 * double(elements) * dtype_size(dtype), 4.0 * q_dim * key_reads,
+                       timing);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void register_benchmarks() {
   // (row name, weights, activations): the runner's default activations, then float32 ones.
   const struct {
@@ -288,6 +329,17 @@ void register_benchmarks() {
         const std::string name = std::string("AttentionDecode/") + dtype_name(dtype) + "/" +
                                  layout.name + "/" + std::to_string(batch);
         benchmark::RegisterBenchmark(name.c_str(), BM_AttentionDecode, layout, batch, dtype)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    for (const AttentionLayout& layout : kLayouts) {
+      for (int tokens : {512, 2048}) {
+        const std::string name = std::string("AttentionPrefill/") + dtype_name(dtype) + "/" +
+                                 layout.name + "/" + std::to_string(tokens);
+        benchmark::RegisterBenchmark(name.c_str(), BM_AttentionPrefill, layout, tokens, dtype)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

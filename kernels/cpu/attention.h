@@ -29,8 +29,10 @@ struct AttentionSequence {
 // q: [rows, q_stride], the heads in each row's first num_heads · head_dim floats (so q can be
 // a slice of the fused q/k/v projection's output); out: [rows, num_heads · head_dim]. Query head
 // h reads KV head h / (num_heads / num_kv_heads). Scores are scaled by 1/sqrt(head_dim).
-// Parallel over (sequence, KV head) and, for long prompts, over chunks of queries; the query
-// heads that share a KV head are attended in one pass over its keys and values.
+// Parallel over (sequence, KV head) and, for long prompts, over chunks of queries. Up to 16
+// rows that share a KV head (a query head at one position: the heads of a GQA group and, in a
+// prefill, consecutive queries) are attended in one pass over its keys and values, which are
+// then read once for all of them; a row's result is the same whatever rows share its pass.
 void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
                      const float* q, size_t q_stride, float* out);
 
