@@ -196,10 +196,12 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   for (int s = 0; s < batch; ++s)
     slots[s] =
         blocks[size_t(s + 1) * blocks_per_seq - 1] * kBlockSize + (kContext - 1) % kBlockSize;
+  // Complete on return, as fill_random_bf16's copies are.
   auto to_device = [](const std::vector<int32_t>& host) {
     DeviceBuffer<int32_t> device(host.size());
     PIPELINE_CUDA_CHECK(cudaMemcpy(device.data(), host.data(), host.size() * sizeof(int32_t),
                                    cudaMemcpyHostToDevice));
+    PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
     return device;
   };
   const DeviceBuffer<int32_t> tables_d = to_device(tables), lens_d = to_device(lens);

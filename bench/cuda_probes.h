@@ -44,7 +44,9 @@ inline double measure_device_bandwidth() {
 }
 
 // Fills `count` device bf16 values with uniform values in [-scale, scale) from a 64 MiB host
-// pattern of xorshift draws, repeated (its period is far beyond any cache).
+// pattern of xorshift draws, repeated (its period is far beyond any cache). Complete on return:
+// from pageable memory cudaMemcpy may return before its DMA ends, and the benchmarks' stream
+// does not wait for the legacy stream's copies.
 inline void fill_random_bf16(__nv_bfloat16* device, size_t count, float scale, uint64_t seed) {
   const size_t pattern = std::min(count, size_t(32) << 20);
   std::vector<__nv_bfloat16> host(pattern);
@@ -59,6 +61,7 @@ inline void fill_random_bf16(__nv_bfloat16* device, size_t count, float scale, u
     PIPELINE_CUDA_CHECK(cudaMemcpy(device + done, host.data(),
                                    std::min(pattern, count - done) * sizeof(__nv_bfloat16),
                                    cudaMemcpyHostToDevice));
+  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace pipeline::bench
