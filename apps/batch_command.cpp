@@ -3,7 +3,6 @@
 // request that already has a line there is skipped. Progress goes to stderr.
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <set>
@@ -13,6 +12,7 @@
 #include "apps/commands.h"
 #include "apps/config_overrides.h"
 #include "apps/options.h"
+#include "apps/stop_signals.h"
 #include "graph/engine.h"
 #include "graph/serve_config.h"
 #include "server/batch_file.h"
@@ -36,15 +36,10 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_num_seqs=32 (repeatable)\n"
     "SIGINT or SIGTERM: submit nothing more, finish the requests in flight\n"
-    "(server.shutdown_grace_s), write their lines and exit 130.";
+    "(server.shutdown_grace_s), write their lines and exit 130; a second one fails those\n"
+    "still in flight at once (they have no line, so the next run does them).";
 
 constexpr auto kReportPeriod = std::chrono::seconds(2);
-
-std::atomic<bool> g_stop{false};
-
-extern "C" void request_stop(int) {
-  g_stop.store(true);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -105,14 +100,27 @@ int batch_command(int argc, char** argv) {
                                                                &std::fclose);
   if (!output) throw std::runtime_error(output_file + ": cannot open the batch output file");
 
-  std::signal(SIGINT, request_stop);
-  std::signal(SIGTERM, request_stop);
+  block_stop_signals();  // before the engine starts its threads, so that they inherit it
   Engine engine(config);
   const auto start = std::chrono::steady_clock::now();
   BatchRunner runner(engine, input_file, output.get());
-  const BatchProgress progress =
-      runner.run(todo, g_stop, kReportPeriod,
-                 [&](const BatchProgress& p) { print_progress(p, seconds_since(start)); });
+  std::atomic<bool> stop{false};
+  const StopSignalWatcher watcher(
+      [&](int signal_number) {
+        std::fprintf(stderr,
+                     "pipeline batch: %s received, submitting nothing more and finishing the "
+                     "requests in flight (up to %d s; another signal ends them now)\n",
+                     stop_signal_name(signal_number), config.server.shutdown_grace_s);
+        stop.store(true);
+      },
+      [&](int second) {
+        std::fprintf(stderr, "pipeline batch: second %s: failing the requests still in flight\n",
+                     stop_signal_name(second));
+        engine.end_grace();
+      });
+  const BatchProgress progress = runner.run(todo, stop, kReportPeriod, [&](const BatchProgress& p) {
+    print_progress(p, seconds_since(start));
+  });
   const size_t done = finished + progress.written;
   if (progress.interrupted) {
     std::fprintf(stderr,

@@ -1,13 +1,11 @@
 // `pipeline run CONFIG`: loads the engine a config describes and serves it over the
 // OpenAI-compatible HTTP API until SIGINT or SIGTERM, then shuts down gracefully and exits 0.
-#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <ctime>
 #include <mutex>
 #include <set>
 #include <string>
@@ -18,6 +16,7 @@
 #include "apps/commands.h"
 #include "apps/config_overrides.h"
 #include "apps/options.h"
+#include "apps/stop_signals.h"
 #include "graph/engine.h"
 #include "graph/serve_config.h"
 #include "server/http_server.h"
@@ -53,21 +52,6 @@ std::vector<std::string> overrides_from(Options& options) {
   return overrides;
 }
 
-// Waits on a thread of its own for SIGINT or SIGTERM (blocked in every other thread), or
-// until the server stopped by itself.
-int wait_for_stop_signal(const std::atomic<bool>& server_ended) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  const timespec poll{0, 200'000'000};
-  while (!server_ended.load()) {
-    const int signal_number = sigtimedwait(&signals, nullptr, &poll);
-    if (signal_number > 0) return signal_number;
-  }
-  return 0;
-}
-
 }  // namespace
 
 int run_command(int argc, char** argv) {
@@ -80,11 +64,7 @@ int run_command(int argc, char** argv) {
 
   // Before any thread starts, so all of them inherit it: SIGINT and SIGTERM go to the one
   // thread that waits for them. A client that hangs up must not kill the server with SIGPIPE.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  block_stop_signals();
   signal(SIGPIPE, SIG_IGN);
 
   Engine engine(config);
@@ -93,13 +73,9 @@ int run_command(int argc, char** argv) {
   std::fprintf(stderr, "pipeline run: serving model '%s'; listening on http://%s:%d\n",
                engine.model_name().c_str(), config.server.host.c_str(), port);
 
-  std::atomic<bool> server_ended{false};
   std::atomic<bool> signalled{false};
-  auto signal_name = [](int signal_number) {
-    return signal_number == SIGINT ? "SIGINT" : "SIGTERM";
-  };
-  // Both threads start now, not at the signal: by then the process may have no thread left
-  // to start (its connection threads grow to its limit under load).
+  // The shutdown runs on a thread started now, not at the signal: by then the process may have
+  // no thread left to start (its connection threads grow to its limit under load).
   std::mutex stop_mutex;
   std::condition_variable stop_changed;
   bool stop_asked = false, serve_returned = false;  // under stop_mutex
@@ -110,33 +86,33 @@ int run_command(int argc, char** argv) {
     lock.unlock();
     server.shutdown(std::chrono::seconds(config.server.shutdown_grace_s));
   });
-  std::thread stopper([&] {
-    const int signal_number = wait_for_stop_signal(server_ended);
-    if (signal_number == 0) return;
-    signalled.store(true);
-    std::fprintf(stderr,
-                 "pipeline run: %s received, finishing requests in flight (up to %d s; another "
-                 "signal ends them now)\n",
-                 signal_name(signal_number), config.server.shutdown_grace_s);
-    {
-      std::lock_guard lock(stop_mutex);
-      stop_asked = true;
-    }
-    stop_changed.notify_one();
-    if (const int second = wait_for_stop_signal(server_ended); second != 0) {
-      std::fprintf(stderr, "pipeline run: second %s: failing the requests still in flight\n",
-                   signal_name(second));
-      engine.end_grace();
-    }
-  });
-  const bool asked_to_stop = server.serve();
-  server_ended.store(true);
+  bool asked_to_stop = false;
+  {
+    const StopSignalWatcher watcher(
+        [&](int signal_number) {
+          signalled.store(true);
+          std::fprintf(stderr,
+                       "pipeline run: %s received, finishing requests in flight (up to %d s; "
+                       "another signal ends them now)\n",
+                       stop_signal_name(signal_number), config.server.shutdown_grace_s);
+          {
+            std::lock_guard lock(stop_mutex);
+            stop_asked = true;
+          }
+          stop_changed.notify_one();
+        },
+        [&](int second) {
+          std::fprintf(stderr, "pipeline run: second %s: failing the requests still in flight\n",
+                       stop_signal_name(second));
+          engine.end_grace();
+        });
+    asked_to_stop = server.serve();
+  }  // the watcher stops watching once the server has stopped
   {
     std::lock_guard lock(stop_mutex);
     serve_returned = true;
   }
   stop_changed.notify_one();
-  stopper.join();
   shutting_down.join();
   if (!asked_to_stop || !signalled.load()) {
     std::fprintf(stderr, "pipeline run: the HTTP server stopped without being asked to\n");

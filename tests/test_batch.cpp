@@ -1,7 +1,8 @@
 // Offline batches: the batch file formats (every input problem named by file, line and field;
 // the output as the record of what is done, a torn last line dropped), and `pipeline batch` on
 // stories260K: answers equal to the API's, refusals as error lines, a resumed run that does
-// only what is missing, and SIGINT that leaves a batch a rerun completes.
+// only what is missing, and SIGINT (once, or twice to cut the grace) that leaves a batch a
+// rerun completes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -381,6 +382,45 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
   EXPECT_EQ(by_custom_id(all).size(), 300u);
   for (const auto& line : all)
     EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 64) << line["custom_id"];
+}
+
+// A second SIGINT does not wait for the requests in flight (the grace here would be a minute):
+// they fail at once and get no line, every line written is whole, and the same command then
+// finishes the batch.
+TEST_F(BatchCommandTest, ASecondSigintFailsTheRequestsInFlightAtOnce) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) {
+    json body = completion(numbered("Once upon a time ", size_t(i)), 400);
+    body["ignore_eos"] = true;
+    text += request_line(numbered("r", size_t(i)), "/v1/completions", body);
+  }
+  const auto in = write("in.jsonl", text);
+  const auto out = dir_ / "out.jsonl", err = dir_ / "err.txt";
+  const std::string command = shell_quoted(testing::pipeline_binary().string()) + " batch " +
+                              shell_quoted(config_.string()) + " --input " +
+                              shell_quoted(in.string()) + " --output " +
+                              shell_quoted(out.string()) + " --set server.shutdown_grace_s=60 2> " +
+                              shell_quoted(err.string());
+  // The second signal goes once the first has been taken (two pending SIGINTs would be one).
+  const auto interrupted = run_shell(
+      command + " & pid=$!; while [ ! -s " + shell_quoted(out.string()) +
+      " ]; do sleep 0.02; done; kill -INT $pid; until grep -q received " +
+      shell_quoted(err.string()) + "; do sleep 0.02; done; kill -INT $pid; wait $pid; echo " +
+      "\"exit $?\"; cat " + shell_quoted(err.string()));
+  EXPECT_NE(interrupted.out.find("exit 130"), std::string::npos) << interrupted.out;
+  EXPECT_NE(interrupted.out.find("second SIGINT: failing the requests still in flight"),
+            std::string::npos)
+      << interrupted.out;
+  const auto partial = lines_of(out);
+  EXPECT_LT(partial.size(), 40u);
+  for (const auto& line : partial) EXPECT_EQ(line["response"]["status_code"], 200);
+
+  const auto finished = batch(in, out);
+  ASSERT_EQ(finished.exit_code, 0) << finished.err;
+  const auto all = lines_of(out);
+  EXPECT_EQ(by_custom_id(all).size(), 40u);
+  for (const auto& line : all)
+    EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 400) << line["custom_id"];
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+#include "apps/stop_signals.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <ctime>
+#include <utility>
+
+namespace pipeline {
+
+namespace {
+
+sigset_t stop_signal_set() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
+}  // namespace
+
+void block_stop_signals() {
+  const sigset_t signals = stop_signal_set();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int wait_for_stop_signal(const std::atomic<bool>& done) {
+  const sigset_t signals = stop_signal_set();
+  const timespec poll{0, 200'000'000};
+  while (!done.load()) {
+    const int signal_number = sigtimedwait(&signals, nullptr, &poll);
+    if (signal_number > 0) return signal_number;
+  }
+  return 0;
+}
+
+const char* stop_signal_name(int signal_number) {
+  return signal_number == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+StopSignalWatcher::StopSignalWatcher(std::function<void(int)> on_first,
+                                     std::function<void(int)> on_second)
+    : thread_([this, on_first = std::move(on_first), on_second = std::move(on_second)] {
+        if (const int first = wait_for_stop_signal(done_); first != 0) {
+          on_first(first);
+          if (const int second = wait_for_stop_signal(done_); second != 0) on_second(second);
+        }
+      }) {}
+
+StopSignalWatcher::~StopSignalWatcher() {
+  done_.store(true);
+  thread_.join();
+}
+
+}  // namespace pipeline
