@@ -4,9 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "apps/commands.h"
@@ -72,6 +75,26 @@ std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
   return todo;
 }
 
+// Removes the output file when this run created it and wrote no line into it, whatever way the
+// run ends: a model that fails to load, or a stop before the first result, leaves no empty file
+// behind. Declared before the file is opened, so that it runs after the file is closed.
+class OutputCreatedByRun {
+ public:
+  explicit OutputCreatedByRun(std::filesystem::path file)
+      : file_(std::move(file)), created_(!std::filesystem::exists(file_)) {}
+  ~OutputCreatedByRun() {
+    std::error_code error;  // nothing to report if it is gone or cannot be read
+    if (created_ && std::filesystem::file_size(file_, error) == 0 && !error)
+      std::filesystem::remove(file_, error);
+  }
+  OutputCreatedByRun(const OutputCreatedByRun&) = delete;
+  OutputCreatedByRun& operator=(const OutputCreatedByRun&) = delete;
+
+ private:
+  std::filesystem::path file_;
+  bool created_;
+};
+
 }  // namespace
 
 int batch_command(int argc, char** argv) {
@@ -96,6 +119,7 @@ int batch_command(int argc, char** argv) {
   if (finished > 0)
     std::fprintf(stderr, "pipeline batch: resuming: %zu of %zu requests already have results\n",
                  finished, inputs.size());
+  const OutputCreatedByRun created(output_file);
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> output(std::fopen(output_file.c_str(), "a"),
                                                                &std::fclose);
   if (!output) throw std::runtime_error(output_file + ": cannot open the batch output file");

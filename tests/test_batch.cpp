@@ -351,6 +351,18 @@ TEST_F(BatchCommandTest, UsageAndInputErrorsStopBeforeTheModelLoads) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "out.jsonl"));
 }
 
+// A model that fails to load ends the run before its first result: the output file it would
+// have created is not left behind empty.
+TEST_F(BatchCommandTest, ARunThatFailsBeforeItsFirstResultLeavesNoOutputFile) {
+  const auto in = write("in.jsonl", request_line("a", "/v1/completions", completion("x", 4)));
+  const auto out = dir_ / "out.jsonl";
+  const auto result = run_pipeline({"batch", config_.string(), "--input", in.string(), "--output",
+                                    out.string(), "--model", (dir_ / "no-model").string()});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("no-model"), std::string::npos) << result.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 // SIGINT once the first results are written: the run stops submitting, writes what is in flight
 // and exits 130 with every line whole; the same command then finishes the batch.
 TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
