@@ -323,25 +323,23 @@ void register_benchmarks() {
       }
     }
   }
-  for (DType dtype : {DType::BF16, DType::F32}) {
-    for (const AttentionLayout& layout : kLayouts) {
-      for (int batch : {1, 16}) {
-        const std::string name = std::string("AttentionDecode/") + dtype_name(dtype) + "/" +
-                                 layout.name + "/" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), BM_AttentionDecode, layout, batch, dtype)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
-  }
-  for (DType dtype : {DType::BF16, DType::F32}) {
-    for (const AttentionLayout& layout : kLayouts) {
-      for (int tokens : {512, 2048}) {
-        const std::string name = std::string("AttentionPrefill/") + dtype_name(dtype) + "/" +
-                                 layout.name + "/" + std::to_string(tokens);
-        benchmark::RegisterBenchmark(name.c_str(), BM_AttentionPrefill, layout, tokens, dtype)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
+  // (row name, benchmark, its sizes: sequences for decode, prompt tokens for prefill)
+  const struct {
+    const char* row;
+    void (*run)(benchmark::State&, AttentionLayout, int, DType);
+    int sizes[2];
+  } attentions[] = {{"AttentionDecode", BM_AttentionDecode, {1, 16}},
+                    {"AttentionPrefill", BM_AttentionPrefill, {512, 2048}}};
+  for (const auto& attention : attentions) {
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      for (const AttentionLayout& layout : kLayouts) {
+        for (int size : attention.sizes) {
+          const std::string name = std::string(attention.row) + "/" + dtype_name(dtype) + "/" +
+                                   layout.name + "/" + std::to_string(size);
+          benchmark::RegisterBenchmark(name.c_str(), attention.run, layout, size, dtype)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }

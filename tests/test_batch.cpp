@@ -181,6 +181,13 @@ class BatchCommandTest : public BatchTest {
                     testing::stories_config("scheduler:\n  window_ms: 10\n  max_num_seqs: 16\n"
                                             "  max_batch: 16\n"));
   }
+  // The batch command line for sh, to run it in the background and signal it.
+  std::string shell_command(const std::filesystem::path& in,
+                            const std::filesystem::path& out) const {
+    return shell_quoted(testing::pipeline_binary().string()) + " batch " +
+           shell_quoted(config_.string()) + " --input " + shell_quoted(in.string()) + " --output " +
+           shell_quoted(out.string());
+  }
   testing::CommandResult batch(const std::filesystem::path& in, const std::filesystem::path& out) {
     return run_pipeline(
         {"batch", config_.string(), "--input", in.string(), "--output", out.string()});
@@ -363,20 +370,23 @@ TEST_F(BatchCommandTest, ARunThatFailsBeforeItsFirstResultLeavesNoOutputFile) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
-// SIGINT once the first results are written: the run stops submitting, writes what is in flight
-// and exits 130 with every line whole; the same command then finishes the batch.
-TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
+// `count` requests that each generate exactly `tokens` tokens, r0, r1, ...
+std::string long_requests(int count, int tokens) {
   std::string text;
-  for (int i = 0; i < 300; ++i) {
-    json body = completion(numbered("Once upon a time ", size_t(i)), 64);
+  for (int i = 0; i < count; ++i) {
+    json body = completion(numbered("Once upon a time ", size_t(i)), tokens);
     body["ignore_eos"] = true;
     text += request_line(numbered("r", size_t(i)), "/v1/completions", body);
   }
-  const auto in = write("in.jsonl", text);
+  return text;
+}
+
+// SIGINT once the first results are written: the run stops submitting, writes what is in flight
+// and exits 130 with every line whole; the same command then finishes the batch.
+TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
+  const auto in = write("in.jsonl", long_requests(300, 64));
   const auto out = dir_ / "out.jsonl";
-  const std::string command = shell_quoted(testing::pipeline_binary().string()) + " batch " +
-                              shell_quoted(config_.string()) + " --input " +
-                              shell_quoted(in.string()) + " --output " + shell_quoted(out.string());
+  const std::string command = shell_command(in, out);
   const auto interrupted =
       run_shell(command + " 2>&1 & pid=$!; while [ ! -s " + shell_quoted(out.string()) +
                 " ]; do sleep 0.02; done; kill -INT $pid; wait $pid; echo \"exit $?\"");
@@ -400,19 +410,10 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
 // they fail at once and get no line, every line written is whole, and the same command then
 // finishes the batch.
 TEST_F(BatchCommandTest, ASecondSigintFailsTheRequestsInFlightAtOnce) {
-  std::string text;
-  for (int i = 0; i < 40; ++i) {
-    json body = completion(numbered("Once upon a time ", size_t(i)), 400);
-    body["ignore_eos"] = true;
-    text += request_line(numbered("r", size_t(i)), "/v1/completions", body);
-  }
-  const auto in = write("in.jsonl", text);
+  const auto in = write("in.jsonl", long_requests(40, 400));
   const auto out = dir_ / "out.jsonl", err = dir_ / "err.txt";
-  const std::string command = shell_quoted(testing::pipeline_binary().string()) + " batch " +
-                              shell_quoted(config_.string()) + " --input " +
-                              shell_quoted(in.string()) + " --output " +
-                              shell_quoted(out.string()) + " --set server.shutdown_grace_s=60 2> " +
-                              shell_quoted(err.string());
+  const std::string command =
+      shell_command(in, out) + " --set server.shutdown_grace_s=60 2> " + shell_quoted(err.string());
   // The second signal goes once the first has been taken (two pending SIGINTs would be one).
   const auto interrupted = run_shell(
       command + " & pid=$!; while [ ! -s " + shell_quoted(out.string()) +
