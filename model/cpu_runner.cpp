@@ -218,7 +218,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<int32_t> tokens_, positions_;
   std::vector<cpu::AttentionSequence> seqs_;
   std::vector<int> logit_rows_;  // which packed rows produce logits
-  std::vector<float> x_, xn_, qkv_, att_, gate_up_, mlp_, final_;
+  cpu::ScratchArray<float> x_, xn_, qkv_, att_, gate_up_, mlp_, final_;
 };
 
 CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
@@ -350,16 +350,13 @@ void CpuRunner::pack(const Batch& batch) {
   }
   const size_t rows = tokens_.size();
   const LlamaConfig& c = config_;
-  const auto grow = [](std::vector<float>& v, size_t n) {
-    if (v.size() < n) v.resize(n);
-  };
-  grow(x_, rows * c.hidden_size);
-  grow(xn_, rows * c.hidden_size);
-  grow(qkv_, rows * layers_[0].qkv.out_cols());
-  grow(att_, rows * c.q_dim());
-  grow(gate_up_, rows * layers_[0].gate_up.out_cols());
-  grow(mlp_, rows * c.intermediate_size);
-  grow(final_, logit_rows_.size() * c.hidden_size);
+  x_.grow(rows * c.hidden_size);
+  xn_.grow(rows * c.hidden_size);
+  qkv_.grow(rows * layers_[0].qkv.out_cols());
+  att_.grow(rows * c.q_dim());
+  gate_up_.grow(rows * layers_[0].gate_up.out_cols());
+  mlp_.grow(rows * c.intermediate_size);
+  final_.grow(logit_rows_.size() * c.hidden_size);
 }
 
 void CpuRunner::run_layer(int layer) {

@@ -21,7 +21,9 @@
 // threads; 0 uses the process's default arena (all cores).
 //
 // forward() is not reentrant: one caller at a time (the graph's serial prefill/decode nodes).
-// Scratch buffers live in the runner and only grow, so steady decoding does not allocate.
+// Scratch buffers live in the runner and only grow, so steady decoding does not allocate; they
+// are huge-page memory (cpu::ScratchArray), so the first long prefill does not stop on tens of
+// thousands of page faults.
 #pragma once
 
 #include <cstdint>

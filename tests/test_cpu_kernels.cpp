@@ -278,6 +278,24 @@ TEST(HugePageBuffer, MakeResidentBringsEveryPageIn) {
                           [](std::byte b) { return b == std::byte{0}; }));
 }
 
+// Whole huge pages, kept while big enough; a growth hands out fresh memory that faults in by
+// the huge page where THP allows it (here only its size, alignment and use are checked).
+TEST(ScratchArray, GrowsByWholeHugePagesAndKeepsItsMemoryWhileBigEnough) {
+  const size_t floats_per_huge_page = kHugePageBytes / sizeof(float);
+  ScratchArray<float> scratch;
+  EXPECT_EQ(scratch.capacity(), 0u);
+  scratch.grow(10);
+  EXPECT_EQ(scratch.capacity(), floats_per_huge_page);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(scratch.data()) % kHugePageBytes, 0u);
+  const float* first = scratch.data();
+  scratch.grow(floats_per_huge_page);
+  EXPECT_EQ(scratch.data(), first);
+  scratch.grow(floats_per_huge_page + 1);
+  EXPECT_EQ(scratch.capacity(), 2 * floats_per_huge_page);
+  std::fill_n(scratch.data(), scratch.capacity(), 1.5f);
+  EXPECT_EQ(scratch.data()[scratch.capacity() - 1], 1.5f);
+}
+
 TEST(RmsNorm, MatchesReference) {
   std::mt19937 rng(3);
   for (int dim : {1, 7, 64, 131}) {

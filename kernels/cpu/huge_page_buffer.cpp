@@ -11,8 +11,6 @@
 namespace pipeline::cpu {
 namespace {
 
-constexpr size_t kHugePage = size_t(2) << 20;
-
 size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
@@ -32,13 +30,13 @@ HugePageBuffer allocate_huge_page_buffer(size_t bytes) {
   const size_t length = round_up(bytes, page_size());
   // Over-allocate by one huge page and trim both ends, so the start is 2 MiB aligned; the tail
   // past the last whole huge page stays on small pages, so nothing is wasted.
-  void* raw =
-      mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* raw = mmap(nullptr, length + kHugePageBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) throw std::bad_alloc();
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = round_up(start, kHugePage);
+  const uintptr_t aligned = round_up(start, kHugePageBytes);
   if (aligned > start) munmap(raw, aligned - start);
-  const size_t tail = start + length + kHugePage - (aligned + length);
+  const size_t tail = start + length + kHugePageBytes - (aligned + length);
   if (tail > 0) munmap(reinterpret_cast<void*>(aligned + length), tail);
   auto* p = reinterpret_cast<std::byte*>(aligned);
   // Advice only: a kernel without THP (or with it set to "never") refuses, and that is fine.

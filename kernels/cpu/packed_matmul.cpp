@@ -194,9 +194,8 @@ void split_into_bf16_pairs(const float* x, int batch, int cols, uint32_t* out) {
 // x as the bf16 pairs the Avx512Bf16 kernel multiplies, `terms` a pair, in a buffer of the
 // calling thread that only grows, so steady decoding does not allocate.
 const uint32_t* bf16_pairs(const float* x, int batch, int cols, int terms) {
-  thread_local std::vector<uint32_t> pairs;
-  const size_t needed = size_t(batch) * size_t((cols + 1) / 2) * terms;
-  if (pairs.size() < needed) pairs.resize(needed);
+  thread_local ScratchArray<uint32_t> pairs;
+  pairs.grow(size_t(batch) * size_t((cols + 1) / 2) * terms);
   if (terms == 1) {
     detail::round_to_bf16_pairs_avx512bf16(x, batch, cols, pairs.data());
   } else {
@@ -208,10 +207,11 @@ const uint32_t* bf16_pairs(const float* x, int batch, int cols, int terms) {
 // x rounded to bf16 and widened back, for the kernels that multiply in float32, in a buffer of
 // the calling thread like bf16_pairs'.
 const float* rounded_to_bf16(const float* x, size_t n) {
-  thread_local std::vector<float> rounded;
-  if (rounded.size() < n) rounded.resize(n);
-  for (size_t i = 0; i < n; ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
-  return rounded.data();
+  thread_local ScratchArray<float> rounded;
+  rounded.grow(n);
+  float* out = rounded.data();
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  return out;
 }
 
 using PanelsFn = void (*)(const detail::PackedArgs&, int, int);
