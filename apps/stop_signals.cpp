@@ -18,13 +18,7 @@ sigset_t stop_signal_set() {
   return signals;
 }
 
-}  // namespace
-
-void block_stop_signals() {
-  const sigset_t signals = stop_signal_set();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-}
-
+// Waits for SIGINT or SIGTERM and returns its number, or returns 0 once `done` turns true.
 int wait_for_stop_signal(const std::atomic<bool>& done) {
   const sigset_t signals = stop_signal_set();
   const timespec poll{0, 200'000'000};
@@ -33,6 +27,13 @@ int wait_for_stop_signal(const std::atomic<bool>& done) {
     if (signal_number > 0) return signal_number;
   }
   return 0;
+}
+
+}  // namespace
+
+void block_stop_signals() {
+  const sigset_t signals = stop_signal_set();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
 const char* stop_signal_name(int signal_number) {

@@ -14,16 +14,13 @@ namespace pipeline {
 // before any thread starts.
 void block_stop_signals();
 
-// Waits for SIGINT or SIGTERM and returns its number, or returns 0 once `done` turns true
-// (checked five times a second).
-int wait_for_stop_signal(const std::atomic<bool>& done);
-
 // "SIGINT" or "SIGTERM".
 const char* stop_signal_name(int signal_number);
 
-// Waits for stop signals on a thread of its own while it lives: on_first runs at the first, with
-// its number, on_second at a second. The thread starts with the watcher, not at the signal: by
-// then a loaded server may have no thread left to start. block_stop_signals() must have run.
+// Waits for stop signals on a thread of its own while it lives (it checks five times a second
+// whether it should stop): on_first runs at the first, with its number, on_second at a second. The
+// thread starts with the watcher, not at the signal: by then a loaded server may have no thread
+// left to start. block_stop_signals() must have run.
 class StopSignalWatcher {
  public:
   StopSignalWatcher(std::function<void(int)> on_first, std::function<void(int)> on_second);
