@@ -25,6 +25,10 @@ void HugePageFree::operator()(std::byte* p) const {
   munmap(p, round_up(bytes, page_size()));
 }
 
+size_t whole_huge_pages(size_t bytes) {
+  return round_up(bytes, kHugePageBytes);
+}
+
 HugePageBuffer allocate_huge_page_buffer(size_t bytes) {
   if (bytes == 0) return HugePageBuffer(nullptr, HugePageFree{0});
   const size_t length = round_up(bytes, page_size());

@@ -23,6 +23,9 @@ HugePageBuffer allocate_huge_page_buffer(size_t bytes);
 
 constexpr size_t kHugePageBytes = size_t(2) << 20;
 
+// `bytes` rounded up to whole huge pages.
+size_t whole_huge_pages(size_t bytes);
+
 // A scratch array that only grows, in huge-page memory of whole 2 MiB pages: the first pass
 // that needs it large faults once per 2 MiB, not once per 4 KiB (a first prefill of 2,048
 // tokens on llama2-110m took 25,000 faults in std::vector scratch, about 0.2 s on a VM).
@@ -33,7 +36,7 @@ class ScratchArray {
   // Makes room for at least `count` elements.
   void grow(size_t count) {
     if (count <= capacity_) return;
-    const size_t bytes = (count * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    const size_t bytes = whole_huge_pages(count * sizeof(T));
     memory_.reset();  // before the new one: the two need not both be mapped
     memory_ = allocate_huge_page_buffer(bytes);
     capacity_ = bytes / sizeof(T);
