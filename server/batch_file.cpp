@@ -46,9 +46,21 @@ std::string required_string(const std::filesystem::path& file, int number, const
   return found->get<std::string>();
 }
 
+// A device such as /dev/zero reads on without end, so a read of it never returns: only what
+// ends can be read, a file or a pipe (for the input; process substitution gives a pipe).
+void check_readable_kind(const std::filesystem::path& file, bool pipe_allowed, const char* what) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(file, error);
+  if (error || std::filesystem::is_regular_file(status)) return;  // opening it says what is wrong
+  if (pipe_allowed && std::filesystem::is_fifo(status)) return;
+  throw BatchFileError(file.string() + ": the batch " + what + " must be a regular file" +
+                       (pipe_allowed ? " or a pipe" : ", which a rerun reads back to resume"));
+}
+
 }  // namespace
 
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
+  check_readable_kind(file, /*pipe_allowed=*/true, "input");
   std::ifstream in(file);
   if (!in) throw BatchFileError(file.string() + ": cannot open the batch input file");
   std::vector<BatchInput> inputs;
@@ -89,6 +101,7 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
                                          const std::set<std::string>& expected) {
   std::set<std::string> finished;
   if (!std::filesystem::exists(file)) return finished;
+  check_readable_kind(file, /*pipe_allowed=*/false, "output");
   std::string contents;
   {
     std::ifstream in(file, std::ios::binary);

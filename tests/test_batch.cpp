@@ -4,6 +4,7 @@
 // only what is missing, and SIGINT (once, or twice to cut the grace) that leaves a batch a
 // rerun completes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -152,6 +154,40 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   EXPECT_THROW(finished_in_output(dir_ / "bad.jsonl", expected), BatchFileError);
   write("twice.jsonl", complete + batch_output_line(a, "cmpl-2", 200, {}));
   EXPECT_THROW(finished_in_output(dir_ / "twice.jsonl", expected), BatchFileError);
+}
+
+// /dev/zero reads on without end: a read of it as the input, or as the output a rerun scans,
+// grew without bound until memory ran out. A pipe is an input that ends, not an output.
+TEST_F(BatchTest, ADeviceIsRefusedAsInputOrOutputAndAPipeAsOutput) {
+  const auto message_of = [](const auto& read) {
+    try {
+      read();
+    } catch (const BatchFileError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message_of([] { read_batch_input("/dev/zero"); }),
+            "/dev/zero: the batch input must be a regular file or a pipe");
+  EXPECT_EQ(message_of([] { finished_in_output("/dev/zero", {"a"}); }),
+            "/dev/zero: the batch output must be a regular file, which a rerun reads back to "
+            "resume");
+
+  const std::filesystem::path fifo = dir_ / "fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(message_of([&] { finished_in_output(fifo, {"a"}); }),
+            fifo.string() +
+                ": the batch output must be a regular file, which a rerun reads "
+                "back to resume");
+  std::thread writer([&] {
+    std::ofstream(fifo) << R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", )"
+                        << R"("body": {"prompt": "x"}})"
+                        << "\n";
+  });
+  const std::vector<BatchInput> inputs = read_batch_input(fifo);
+  writer.join();
+  ASSERT_EQ(inputs.size(), 1u);
+  EXPECT_EQ(inputs[0].custom_id, "a");
 }
 
 TEST_F(BatchTest, OutputLineHasOpenAIsBatchShape) {
