@@ -4,6 +4,8 @@
 #include <map>
 #include <sstream>
 
+#include "server/openai_response.h"
+
 namespace pipeline {
 namespace {
 

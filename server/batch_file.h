@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/openai_protocol.h"
+#include "server/openai_request.h"
 
 namespace pipeline {
 

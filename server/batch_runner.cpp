@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "graph/log.h"
+#include "server/openai_response.h"
 
 namespace pipeline {
 

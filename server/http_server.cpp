@@ -17,7 +17,8 @@
 #include <sys/socket.h>
 
 #include "server/on_demand_thread_pool.h"
-#include "server/openai_protocol.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
 #include "server/peer_connection.h"
 #include "server/response_queue.h"
 #include "server/token_endpoints.h"

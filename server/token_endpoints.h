@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/chat_template.h"
-#include "server/openai_protocol.h"
+#include "server/openai_request.h"
 
 namespace pipeline {
 

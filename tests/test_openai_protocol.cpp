@@ -1,5 +1,7 @@
-// The OpenAI wire format without a network: request validation and response shapes.
-#include "server/openai_protocol.h"
+// The OpenAI wire format without a network: request validation (server/openai_request.h) and
+// response shapes (server/openai_response.h).
+#include "server/openai_request.h"
+#include "server/openai_response.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,5 @@
-// The OpenAI wire format, without any networking: request bodies of POST /v1/chat/completions
-// and POST /v1/completions to a validated Request, and pipeline results (Delta, Completion,
-// RequestError) to OpenAI's response objects and server-sent-event chunks.
+// OpenAI's requests, without any networking: the bodies of POST /v1/chat/completions and
+// POST /v1/completions to a validated Request (server/openai_response.h shapes the answers).
 //
 // Choices made here (OpenAI's behaviour unless said otherwise):
 // - `model` is required and must be the served model's name; any other name is a 404
@@ -28,16 +27,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "graph/request.h"
 #include "graph/serve_config.h"
@@ -95,10 +90,6 @@ struct ParsedRequest {
 // request is seeded, its prompt's choice j with seed + j.
 std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed);
 
-// What the usage of a call's choices adds up to: each prompt once (its cached tokens the least
-// any of its choices found: what the cache held before the call), every choice's tokens.
-Completion total_usage(std::span<const Completion> choices, int per_prompt);
-
 // The largest request body the server reads. A call's n choices together hold at most this much
 // prompt text, so that n does not multiply what one request may cost.
 inline constexpr size_t kMaxRequestBytes = size_t(16) << 20;
@@ -133,73 +124,5 @@ PromptEnd read_prompt_end(const JsonBody& body);
 // `param`, and `expected` says which forms it takes.
 std::vector<int32_t> read_token_ids(const JsonBody& ids, const Tokenizer& tokenizer,
                                     const std::string& param, const char* expected);
-
-// {"error": {"message", "type", "param", "code"}}, empty strings as null.
-nlohmann::json error_body(const RequestError& error);
-
-// One server-sent event carrying `payload`, and the stream's last event.
-std::string sse_event(const nlohmann::json& payload);
-inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
-
-// Serialises a response; invalid UTF-8 (a token that is part of a character) becomes U+FFFD.
-std::string to_json_text(const nlohmann::json& value);
-
-// A token's text as OpenAI reports it in logprobs: the "▁" word marker as a space, a
-// byte-fallback piece as its byte.
-using TokenTextFn = std::function<std::string(int32_t token)>;
-
-// Builds the response objects of one API call: the chunks of a stream, or the whole answer
-// from the deltas collected with append(). Choices are numbered from 0.
-class ResponseBuilder {
- public:
-  // `token_text` names the top-logprob alternatives (a Delta carries only their ids).
-  ResponseBuilder(const ParsedRequest& parsed, std::string model, TokenTextFn token_text);
-
-  // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
-  // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
-  // A delta that shows() nothing (no new token, text or logprobs, or a prompt_only answer's
-  // token after the echo) needs no chunk.
-  nlohmann::json role_chunk(int choice = 0) const;
-  bool shows(const Delta& delta, int choice = 0) const;
-  nlohmann::json delta_chunk(const Delta& delta, int choice = 0);
-  nlohmann::json finish_chunk(const Completion& completion, int choice = 0);
-  nlohmann::json usage_chunk(std::span<const Completion> choices) const;
-
-  // Non-streaming: collect every delta, then build chat.completion or text_completion from
-  // every choice's completion.
-  void append(const Delta& delta, int choice = 0);
-  nlohmann::json whole_response(std::span<const Completion> choices) const;
-
- private:
-  // A choice's answer so far (non-streaming) and its place in the text (completions logprobs).
-  struct ChoiceText {
-    std::string text;
-    nlohmann::json logprobs;
-    std::string prompt;      // echo: its prompt's text
-    bool echo_due = false;   // echo: the prompt is not sent yet
-    size_t text_offset = 0;  // byte offset of the next token in prompt+text
-  };
-
-  nlohmann::json chunk_envelope() const;
-  nlohmann::json usage(std::span<const Completion> choices) const;
-  FinishReason shown_reason(FinishReason reason) const;
-  nlohmann::json shown_stop_reason(const Completion& completion) const;
-  // The text a delta adds to the answer: the echoed prompt first, if due (and then no longer).
-  std::string take_text(const Delta& delta, ChoiceText& choice) const;
-  nlohmann::json logprobs(const Delta& delta, ChoiceText& choice) const;
-  nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
-  nlohmann::json completion_logprobs(const Delta& delta, ChoiceText& choice) const;
-
-  std::string id_;
-  bool chat_;
-  bool logprobs_;
-  bool include_usage_;
-  bool prompt_only_;
-  int64_t created_;
-  std::string model_;
-  TokenTextFn token_text_;
-  int per_prompt_;
-  std::vector<ChoiceText> choices_;
-};
 
 }  // namespace pipeline

@@ -1,0 +1,308 @@
+#include "server/openai_response.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <variant>
+
+namespace pipeline {
+
+using nlohmann::json;
+
+json error_body(const RequestError& error) {
+  auto or_null = [](const std::string& s) { return s.empty() ? json() : json(s); };
+  return {{"error",
+           {{"message", error.message},
+            {"type", error.type},
+            {"param", or_null(error.param)},
+            {"code", or_null(error.code)}}}};
+}
+
+std::string to_json_text(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const json& payload) {
+  return "data: " + to_json_text(payload) + "\n\n";
+}
+
+Completion total_usage(std::span<const Completion> choices, int per_prompt) {
+  Completion total;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i % size_t(per_prompt) == 0) {
+      total.prompt_tokens += choices[i].prompt_tokens;
+      // What the cache held before the call: the least any of the prompt's choices found (the
+      // others may have found what the first to run had just computed).
+      int cached = choices[i].cached_tokens;
+      for (size_t j = i; j < std::min(choices.size(), i + size_t(per_prompt)); ++j)
+        cached = std::min(cached, choices[j].cached_tokens);
+      total.cached_tokens += cached;
+    }
+    total.completion_tokens += choices[i].completion_tokens;
+  }
+  return total;
+}
+
+namespace {
+
+// OpenAI reports an impossible probability as -9999 rather than a non-JSON -infinity.
+double json_logprob(float logprob) {
+  return std::isfinite(logprob) ? logprob : -9999.0;
+}
+
+JsonBody utf8_bytes(const std::string& text) {
+  JsonBody bytes = JsonBody::array();
+  for (unsigned char c : text) bytes.push_back(int(c));
+  return bytes;
+}
+
+// Choice i's prompt (a completions call's; the request's own when it lists none).
+const std::string& prompt_of(const ParsedRequest& parsed, int choice) {
+  if (parsed.prompts.empty()) return parsed.request->prompt;
+  return parsed.prompts.at(size_t(choice / parsed.per_prompt));
+}
+
+// vLLM's stop_reason: the stop string or stop token id that ended the choice, else null.
+json stop_reason_json(const StopReason& reason) {
+  if (const auto* stop = std::get_if<std::string>(&reason)) return *stop;
+  if (const auto* token = std::get_if<int32_t>(&reason)) return *token;
+  return nullptr;
+}
+
+}  // namespace
+
+ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
+                                 TokenTextFn token_text)
+    : id_(parsed.request->id),
+      chat_(parsed.request->chat),
+      logprobs_(parsed.request->sampling.logprobs),
+      include_usage_(parsed.options.include_usage),
+      prompt_only_(parsed.options.prompt_only),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count()),
+      model_(std::move(model)),
+      token_text_(std::move(token_text)),
+      per_prompt_(parsed.per_prompt) {
+  // Completions logprobs count text offsets in the prompt followed by the answer; an echoed
+  // prompt's own tokens start at 0.
+  for (int i = 0; i < parsed.choices(); ++i) {
+    ChoiceText choice;
+    if (!chat_) {
+      choice.text_offset = prompt_of(parsed, i).size();
+      // Only an echo needs the text (n choices of a long prompt would otherwise copy it n times).
+      if (parsed.options.echo) choice.prompt = prompt_of(parsed, i);
+      choice.echo_due = parsed.options.echo;
+    }
+    choices_.push_back(std::move(choice));
+  }
+}
+
+json ResponseBuilder::chunk_envelope() const {
+  json chunk = {{"id", id_},
+                {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_},
+                {"model", model_},
+                {"choices", json::array()}};
+  // With include_usage every chunk carries "usage": null but the last.
+  if (include_usage_) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+json ResponseBuilder::role_chunk(int choice) const {
+  json chunk = chunk_envelope();
+  chunk["choices"].push_back({{"index", choice},
+                              {"delta", {{"role", "assistant"}, {"content", ""}}},
+                              {"logprobs", nullptr},
+                              {"finish_reason", nullptr}});
+  return chunk;
+}
+
+bool ResponseBuilder::shows(const Delta& delta, int choice) const {
+  if (choices_.at(size_t(choice)).echo_due || !delta.prompt.empty()) return true;
+  return !prompt_only_ && (delta.new_token || !delta.text.empty() || !delta.tokens.empty());
+}
+
+json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
+  ChoiceText& state = choices_.at(size_t(choice));
+  json chunk = chunk_envelope();
+  json entry = {
+      {"index", choice}, {"logprobs", logprobs(delta, state)}, {"finish_reason", nullptr}};
+  if (chat_) {
+    entry["delta"] = {{"content", delta.text}};
+  } else {  // vLLM's completion chunks carry stop_reason throughout, its chat chunks at the end
+    entry["text"] = take_text(delta, state);
+    entry["stop_reason"] = nullptr;
+  }
+  chunk["choices"].push_back(std::move(entry));
+  return chunk;
+}
+
+json ResponseBuilder::finish_chunk(const Completion& completion, int choice) {
+  json chunk = chunk_envelope();
+  json entry = {{"index", choice},
+                {"logprobs", nullptr},
+                {"finish_reason", finish_reason_name(shown_reason(completion.reason))},
+                {"stop_reason", shown_stop_reason(completion)}};
+  if (chat_)
+    entry["delta"] = json::object();
+  else  // an echo no delta carried (an answer with no text) comes here
+    entry["text"] = take_text(Delta{}, choices_.at(size_t(choice)));
+  chunk["choices"].push_back(std::move(entry));
+  return chunk;
+}
+
+json ResponseBuilder::usage_chunk(std::span<const Completion> choices) const {
+  json chunk = chunk_envelope();
+  chunk["usage"] = usage(choices);
+  return chunk;
+}
+
+void ResponseBuilder::append(const Delta& delta, int choice) {
+  ChoiceText& state = choices_.at(size_t(choice));
+  json part = logprobs(delta, state);
+  state.text += take_text(delta, state);
+  if (part.is_null()) return;
+  if (state.logprobs.is_null()) {
+    state.logprobs = std::move(part);
+    return;
+  }
+  // Both formats are objects of parallel arrays: extend each.
+  for (auto& [key, values] : part.items())
+    if (values.is_array())
+      for (auto& v : values) state.logprobs[key].push_back(std::move(v));
+}
+
+json ResponseBuilder::whole_response(std::span<const Completion> choices) const {
+  json entries = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceText& state = choices_.at(i);
+    json entry = {{"index", i},
+                  {"logprobs", state.logprobs},
+                  {"finish_reason", finish_reason_name(shown_reason(choices[i].reason))},
+                  {"stop_reason", shown_stop_reason(choices[i])}};
+    if (chat_)
+      entry["message"] = {{"role", "assistant"}, {"content", state.text}, {"refusal", nullptr}};
+    else  // an echo no delta carried: the prompt is the whole text
+      entry["text"] = state.echo_due ? state.prompt + state.text : state.text;
+    entries.push_back(std::move(entry));
+  }
+  return {{"id", id_},
+          {"object", chat_ ? "chat.completion" : "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", std::move(entries)},
+          {"usage", usage(choices)}};
+}
+
+json ResponseBuilder::usage(std::span<const Completion> choices) const {
+  Completion total = total_usage(choices, per_prompt_);
+  if (prompt_only_) total.completion_tokens = 0;
+  return {{"prompt_tokens", total.prompt_tokens},
+          {"completion_tokens", total.completion_tokens},
+          {"total_tokens", total.prompt_tokens + total.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", total.cached_tokens}}}};
+}
+
+// A prompt_only answer ends at its length limit of 0, whatever ended the token it dropped.
+FinishReason ResponseBuilder::shown_reason(FinishReason reason) const {
+  return prompt_only_ ? FinishReason::Length : reason;
+}
+
+json ResponseBuilder::shown_stop_reason(const Completion& completion) const {
+  return prompt_only_ ? json(nullptr) : stop_reason_json(completion.stop_reason);
+}
+
+std::string ResponseBuilder::take_text(const Delta& delta, ChoiceText& choice) const {
+  std::string text;
+  if (choice.echo_due) {
+    text = choice.prompt;
+    choice.echo_due = false;
+  }
+  if (!prompt_only_) text += delta.text;
+  return text;
+}
+
+json ResponseBuilder::logprobs(const Delta& delta, ChoiceText& choice) const {
+  if (!logprobs_) return nullptr;
+  return chat_ ? chat_logprobs(delta.tokens) : completion_logprobs(delta, choice);
+}
+
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
+//  "refusal": null}
+json ResponseBuilder::chat_logprobs(const std::vector<TokenOutput>& tokens) const {
+  json content = json::array();
+  for (const TokenOutput& token : tokens) {
+    json top = json::array();
+    for (const TokenLogprob& alternative : token.top) {
+      const std::string text = token_text_(alternative.token);
+      top.push_back({{"token", text},
+                     {"logprob", json_logprob(alternative.logprob)},
+                     {"bytes", utf8_bytes(text)}});
+    }
+    content.push_back({{"token", token.text},
+                       {"logprob", json_logprob(token.logprob.value_or(0.0f))},
+                       {"bytes", utf8_bytes(token.text)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+namespace {
+
+// One token of completions logprobs; a prompt's first token has null for its logprob and its
+// alternatives.
+void add_completion_logprob(json& result, const TokenOutput& token, size_t text_offset,
+                            const TokenTextFn& token_text) {
+  json top = nullptr;
+  if (token.logprob) {
+    top = json::object();
+    for (const TokenLogprob& alternative : token.top)
+      top[token_text(alternative.token)] = json_logprob(alternative.logprob);
+  }
+  result["tokens"].push_back(token.text);
+  result["token_logprobs"].push_back(token.logprob ? json(json_logprob(*token.logprob)) : json());
+  result["top_logprobs"].push_back(std::move(top));
+  result["text_offset"].push_back(text_offset);
+}
+
+// Where a prompt token that starts at `offset` of the prompt's text ends. A token's text is
+// normally the prompt's next bytes; SentencePiece's word-start space, though, may stand for no
+// space (the prompt's first word) or for a run of them (it collapses whitespace), so a token
+// that starts with one is matched past whatever whitespace the prompt has there.
+size_t after_token(const std::string& prompt, size_t offset, const std::string& text) {
+  if (offset > prompt.size()) return offset + text.size();
+  if (prompt.compare(offset, text.size(), text) == 0) return offset + text.size();
+  if (text.empty() || text[0] != ' ') return offset + text.size();
+  size_t at = offset;
+  while (at < prompt.size() && std::isspace(static_cast<unsigned char>(prompt[at]))) ++at;
+  const std::string_view word =
+      std::string_view(text).substr(std::min(text.find_first_not_of(' '), text.size()));
+  if (prompt.compare(at, word.size(), word) == 0) return at + word.size();
+  return offset + text.size();  // the tokenizer changed more than whitespace: count its bytes
+}
+
+}  // namespace
+
+// {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}:
+// an echoed prompt's tokens, then the delta's own (none for prompt_only).
+json ResponseBuilder::completion_logprobs(const Delta& delta, ChoiceText& choice) const {
+  json result = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  size_t offset = 0;
+  for (const TokenOutput& token : delta.prompt) {
+    add_completion_logprob(result, token, std::min(offset, choice.prompt.size()), token_text_);
+    offset = after_token(choice.prompt, offset, token.text);
+  }
+  if (prompt_only_) return result;
+  for (const TokenOutput& token : delta.tokens) {
+    add_completion_logprob(result, token, choice.text_offset, token_text_);
+    choice.text_offset += token.text.size();
+  }
+  return result;
+}
+
+}  // namespace pipeline

@@ -1,0 +1,100 @@
+// OpenAI's responses, without any networking: pipeline results (Delta, Completion,
+// RequestError) to OpenAI's response objects and server-sent-event chunks, for a request
+// server/openai_request.h parsed.
+//
+// Choices made here (OpenAI's, or vLLM's where OpenAI has none):
+// - an echoed prompt's logprobs come first, the first token's null (nothing predicts it), their
+//   text_offsets counted in the prompt;
+// - completion chunks carry vLLM's stop_reason throughout, chat chunks at their end;
+// - an impossible logprob is -9999, not a non-JSON -infinity;
+// - with stream_options.include_usage, every chunk has "usage": null but the last.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/request.h"
+#include "server/openai_request.h"
+
+namespace pipeline {
+
+// What the usage of a call's choices adds up to: each prompt once (its cached tokens the least
+// any of its choices found: what the cache held before the call), every choice's tokens.
+Completion total_usage(std::span<const Completion> choices, int per_prompt);
+
+// {"error": {"message", "type", "param", "code"}}, empty strings as null.
+nlohmann::json error_body(const RequestError& error);
+
+// One server-sent event carrying `payload`, and the stream's last event.
+std::string sse_event(const nlohmann::json& payload);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// Serialises a response; invalid UTF-8 (a token that is part of a character) becomes U+FFFD.
+std::string to_json_text(const nlohmann::json& value);
+
+// A token's text as OpenAI reports it in logprobs: the "▁" word marker as a space, a
+// byte-fallback piece as its byte.
+using TokenTextFn = std::function<std::string(int32_t token)>;
+
+// Builds the response objects of one API call: the chunks of a stream, or the whole answer
+// from the deltas collected with append(). Choices are numbered from 0.
+class ResponseBuilder {
+ public:
+  // `token_text` names the top-logprob alternatives (a Delta carries only their ids).
+  ResponseBuilder(const ParsedRequest& parsed, std::string model, TokenTextFn token_text);
+
+  // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
+  // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
+  // A delta that shows() nothing (no new token, text or logprobs, or a prompt_only answer's
+  // token after the echo) needs no chunk.
+  nlohmann::json role_chunk(int choice = 0) const;
+  bool shows(const Delta& delta, int choice = 0) const;
+  nlohmann::json delta_chunk(const Delta& delta, int choice = 0);
+  nlohmann::json finish_chunk(const Completion& completion, int choice = 0);
+  nlohmann::json usage_chunk(std::span<const Completion> choices) const;
+
+  // Non-streaming: collect every delta, then build chat.completion or text_completion from
+  // every choice's completion.
+  void append(const Delta& delta, int choice = 0);
+  nlohmann::json whole_response(std::span<const Completion> choices) const;
+
+ private:
+  // A choice's answer so far (non-streaming) and its place in the text (completions logprobs).
+  struct ChoiceText {
+    std::string text;
+    nlohmann::json logprobs;
+    std::string prompt;      // echo: its prompt's text
+    bool echo_due = false;   // echo: the prompt is not sent yet
+    size_t text_offset = 0;  // byte offset of the next token in prompt+text
+  };
+
+  nlohmann::json chunk_envelope() const;
+  nlohmann::json usage(std::span<const Completion> choices) const;
+  FinishReason shown_reason(FinishReason reason) const;
+  nlohmann::json shown_stop_reason(const Completion& completion) const;
+  // The text a delta adds to the answer: the echoed prompt first, if due (and then no longer).
+  std::string take_text(const Delta& delta, ChoiceText& choice) const;
+  nlohmann::json logprobs(const Delta& delta, ChoiceText& choice) const;
+  nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
+  nlohmann::json completion_logprobs(const Delta& delta, ChoiceText& choice) const;
+
+  std::string id_;
+  bool chat_;
+  bool logprobs_;
+  bool include_usage_;
+  bool prompt_only_;
+  int64_t created_;
+  std::string model_;
+  TokenTextFn token_text_;
+  int per_prompt_;
+  std::vector<ChoiceText> choices_;
+};
+
+}  // namespace pipeline
