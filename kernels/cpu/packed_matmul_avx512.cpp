@@ -17,34 +17,9 @@
 namespace pipeline::cpu::detail {
 namespace {
 
+using avx512::kBlockBytes;
+using avx512::prefetch_ahead;
 using avx512::store_tile;
-
-// Bytes of one pair block (k = 2j and 2j + 1 of the panel's 16 columns).
-template <DType T>
-constexpr size_t kBlockBytes = T == DType::F32 ? 128 : 64;
-
-// How far ahead of its loads each panel stream is prefetched. Widening bf16 costs two uops per
-// 64 bytes, so the out-of-order window alone spans too few bytes to keep enough cache misses in
-// flight, and the hardware prefetcher restarts at every 4 KiB page: without this, batch 1 read
-// bf16 weights at 0.75 of the probed bandwidth (now 0.95), and batch 16 gains about 15% too.
-// 1 KiB ahead measured best (512 B to 4 KiB tried); prefetchnta and prefetcht1 were slower.
-constexpr size_t kPrefetchDistance = 1024;
-
-// Prefetches the lines kPrefetchDistance ahead of block j of each of the tile's NP panels. Past a
-// panel's end its stream goes on in panel + NP, among the panels this thread streams next, so
-// those do not start cold. The last tile's stream runs past the matrix: addresses are computed
-// as integers, and a prefetch of memory that is not there is dropped, never a fault. Forced
-// inline: GCC otherwise drops the call as having no effect.
-template <DType T, int NP>
-__attribute__((always_inline)) PIPELINE_AVX512 inline void prefetch_ahead(
-    const std::byte* const* panel, int j, size_t panel_bytes) {
-  size_t offset = size_t(j) * kBlockBytes<T> + kPrefetchDistance;
-  if (offset >= panel_bytes) offset += (NP - 1) * panel_bytes;
-  for (int p = 0; p < NP; ++p) {
-    for (size_t line = 0; line < kBlockBytes<T>; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(uintptr_t(panel[p]) + offset + line), _MM_HINT_T0);
-  }
-}
 
 // The weights of k = 2j and k = 2j + 1 for the panel's 16 columns.
 template <DType T>

@@ -5,7 +5,7 @@
 // that takes float32 activations has them split into bf16(x) and bf16(x - bf16(x)) and multiplies
 // each weight block by both: the products are exact, so the result keeps 16 bits of each
 // activation and matches the float32 kernels to within their tolerance, at half the rate.
-// Register tiles and the walk over panels: packed_tiles_avx512.h.
+// Register tiles, the prefetch and the walk over panels: packed_tiles_avx512.h.
 #include <immintrin.h>
 // GCC 12's AVX-512 intrinsics self-initialise their "undefined" operands (`__m512 __Y = __Y;`),
 // which -Wuninitialized flags once inlined here (GCC bug 105593); the code itself is sound.
@@ -47,6 +47,7 @@ PIPELINE_AVX512_BF16 void Bf16Dot<Terms>::run(const PackedArgs& a, int panel0, i
     for (int b = 0; b < NB; ++b) acc[p][b] = _mm512_setzero_ps();
 
   for (int j = 0; j < pairs; ++j) {
+    avx512::prefetch_ahead<DType::BF16, NP>(panel, j, w.panel_bytes());
     __m512bh wv[NP];
     for (int p = 0; p < NP; ++p) wv[p] = (__m512bh)_mm512_load_si512(panel[p] + size_t(j) * 64);
     for (int b = 0; b < NB; ++b) {
