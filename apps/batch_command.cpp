@@ -108,6 +108,10 @@ int batch_command(int argc, char** argv) {
   const ServeConfig config = load_serve_config(config_file, overrides);
 
   // Both files are checked before the model loads.
+  std::error_code not_there;  // an output that does not exist yet is not the input
+  if (std::filesystem::equivalent(input_file, output_file, not_there))
+    throw UsageError("--output " + output_file + " is the input file: the results go to a file " +
+                     "of their own");
   const std::vector<BatchInput> inputs = read_batch_input(input_file);
   const std::vector<BatchInput> todo = not_in_output(inputs, output_file);
   if (todo.empty()) {

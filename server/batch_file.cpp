@@ -1,8 +1,10 @@
 #include "server/batch_file.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "server/openai_response.h"
 
@@ -59,6 +61,14 @@ void check_readable_kind(const std::filesystem::path& file, bool pipe_allowed, c
                        (pipe_allowed ? " or a pipe" : ", which a rerun reads back to resume"));
 }
 
+// Whether `tail`, a last line with no newline, can be the start of a line batch_output_line
+// wrote: every one starts with its custom_id (the keys come out in sorted order).
+bool starts_like_a_result(std::string_view tail) {
+  constexpr std::string_view kStart = R"({"custom_id":")";
+  const size_t n = std::min(tail.size(), kStart.size());
+  return tail.substr(0, n) == kStart.substr(0, n);
+}
+
 }  // namespace
 
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
@@ -112,16 +122,15 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
     all << in.rdbuf();
     contents = all.str();
   }
-  // Everything after the last newline was being written when the run stopped.
+  // Everything after the last newline was being written when the run stopped: it is cut off,
+  // but only once every whole line has proved to be a result and it looks like the start of
+  // one, so that a file that is no batch output (the input, say) is refused, never cut.
   const size_t complete = contents.rfind('\n') == std::string::npos ? 0 : contents.rfind('\n') + 1;
-  if (complete < contents.size()) {
-    std::filesystem::resize_file(file, complete);
-    contents.resize(complete);
-  }
-  std::istringstream lines(contents);
+  std::istringstream lines(contents.substr(0, complete));
   std::map<std::string, int> first_line;
   std::string text;
-  for (int number = 1; std::getline(lines, text); ++number) {
+  int number = 1;
+  for (; std::getline(lines, text); ++number) {
     if (blank(text)) continue;
     const json object = parse_object(file, number, text);
     const auto custom_id = object.find("custom_id");
@@ -137,6 +146,11 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
           file, number,
           "custom_id: '" + id + "' already has a result on line " + std::to_string(at->second));
     finished.insert(id);
+  }
+  if (complete < contents.size()) {
+    if (!starts_like_a_result(std::string_view(contents).substr(complete)))
+      throw error_at(file, number, "not a result line (and no newline at its end)");
+    std::filesystem::resize_file(file, complete);
   }
   return finished;
 }

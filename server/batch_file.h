@@ -40,8 +40,9 @@ std::vector<BatchInput> read_batch_input(const std::filesystem::path& file);
 
 // The custom_ids that already have a line in the output file (none when it does not exist).
 // A last line cut short (no newline at its end: a run stopped while writing it) is removed from
-// the file. Throws BatchFileError on any other line that is not a result, or whose custom_id is
-// not in `expected` (the output of another batch).
+// the file, once every other line has proved to be a result and it starts as one does. Throws
+// BatchFileError, the file untouched, on any other line that is not a result, or whose custom_id
+// is not in `expected` (the output of another batch).
 std::set<std::string> finished_in_output(const std::filesystem::path& file,
                                          const std::set<std::string>& expected);
 

@@ -136,8 +136,9 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   BatchInput a{1, "a", Endpoint::Completions, {}}, b{2, "b", Endpoint::Completions, {}};
   const std::string complete = batch_output_line(a, "cmpl-1", 200, {{"x", 1}}) +
                                batch_output_line(b, "", 400, {{"error", {{"message", "no"}}}});
-  const auto out =
-      write("out.jsonl", complete + R"({"id": "batch_req_3", "custom_id": "c", "resp)");
+  BatchInput c{3, "c", Endpoint::Completions, {}};
+  const std::string torn = batch_output_line(c, "cmpl-3", 200, {{"x", 1}});
+  const auto out = write("out.jsonl", complete + torn.substr(0, torn.size() / 2));
   EXPECT_EQ(finished_in_output(out, expected), (std::set<std::string>{"a", "b"}));
   EXPECT_EQ(contents(out), complete);  // the torn line is gone, the rest kept byte for byte
 
@@ -149,6 +150,14 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
     EXPECT_NE(std::string(e.what()).find("other.jsonl:2: custom_id: 'b' is not in the batch input"),
               std::string::npos)
         << e.what();
+  }
+  // A file that is no output is refused and left as it is, even a last line with no newline.
+  const std::string not_outputs[] = {complete + "not a result", R"({"custom_id": "a"})",
+                                     "{\"custom_id\": \"a\"}\n{\"custom_id\": \"b\"}"};
+  for (const std::string& text : not_outputs) {
+    const auto file = write("not_output.jsonl", text);
+    EXPECT_THROW(finished_in_output(file, expected), BatchFileError) << text;
+    EXPECT_EQ(contents(file), text);
   }
   write("bad.jsonl", "not json\n" + complete);
   EXPECT_THROW(finished_in_output(dir_ / "bad.jsonl", expected), BatchFileError);
@@ -392,6 +401,15 @@ TEST_F(BatchCommandTest, UsageAndInputErrorsStopBeforeTheModelLoads) {
   EXPECT_NE(result.err.find("in.jsonl:2: method: required"), std::string::npos) << result.err;
   EXPECT_EQ(result.err.find("engine:"), std::string::npos) << "the model loaded: " << result.err;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "out.jsonl"));
+
+  // The input as its own output (a last line with no newline looked like a torn result, and was
+  // cut off before any line was checked).
+  const std::string text = request_line("a", "/v1/completions", completion("x", 4));
+  const auto same = write("same.jsonl", text.substr(0, text.size() - 1));
+  result = batch(same, same);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("is the input file"), std::string::npos) << result.err;
+  EXPECT_EQ(contents(same), text.substr(0, text.size() - 1));
 }
 
 // A model that fails to load ends the run before its first result: the output file it would
