@@ -168,6 +168,25 @@ class CallChoices {
   size_t finished_ = 0;
 };
 
+// Whether a call's client has left while its connection thread waits for events (before a
+// stream's first chunk, and for a whole answer): the socket, asked at most once per kEventPoll
+// whether events come or not. Asked only when none came, a whole answer whose tokens came a few
+// milliseconds apart ran to its end for a client long gone.
+class ClientWatch {
+ public:
+  explicit ClientWatch(const PeerConnection& peer) : peer_(peer) {}
+  bool left() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check_) return false;
+    next_check_ = now + kEventPoll;
+    return peer_.closed();
+  }
+
+ private:
+  const PeerConnection& peer_;
+  std::chrono::steady_clock::time_point next_check_ = std::chrono::steady_clock::now() + kEventPoll;
+};
+
 // A streaming response: the connection thread pulls the call's events and writes each as a
 // server-sent event until every choice has ended, or until the client goes away.
 class EventStream {
@@ -450,16 +469,17 @@ struct HttpServer::Impl {
     ResponseBuilder builder(parsed, served.name,
                             [this](int32_t token) { return engine.tokenizer().token_text(token); });
     const PeerConnection peer(req.remote_addr, req.remote_port, port);
+    ClientWatch client(peer);
     // Nothing is committed before the first event, so an error the pipeline raises before the
     // first token (a prompt longer than the context, say) still gets its own status.
-    std::optional<ChoiceEvent> first = wait_event(*queue, peer, *choices);
+    std::optional<ChoiceEvent> first = wait_event(*queue, client, *choices);
     if (!first) return reply_error(res, client_gone_error());
     if (auto* error = std::get_if<RequestError>(&first->event)) {
       choices->cancel_all();
       return reply_error(res, *error);
     }
     if (!parsed.options.stream)
-      return reply_whole(res, *queue, peer, *choices, builder, std::move(*first));
+      return reply_whole(res, *queue, client, *choices, builder, std::move(*first));
     // From here the stream's writes tell whether the client is still there.
     auto stream = std::make_shared<EventStream>(std::move(choices), std::move(queue),
                                                 std::move(builder), parsed.options.include_usage,
@@ -473,19 +493,20 @@ struct HttpServer::Impl {
 
   // The call's next event; nothing when its client left first, and then every choice is
   // cancelled.
-  std::optional<ChoiceEvent> wait_event(ResponseQueue& queue, const PeerConnection& peer,
+  std::optional<ChoiceEvent> wait_event(ResponseQueue& queue, ClientWatch& client,
                                         CallChoices& choices) {
     while (true) {
-      if (auto event = queue.next(kEventPoll)) return event;
-      if (peer.closed()) {
+      std::optional<ChoiceEvent> event = queue.next(kEventPoll);
+      if (client.left()) {
         choices.cancel_all();
         return std::nullopt;
       }
+      if (event) return event;
     }
   }
 
   // Collects every choice's whole answer, or gives up when the client leaves or a choice fails.
-  void reply_whole(httplib::Response& res, ResponseQueue& queue, const PeerConnection& peer,
+  void reply_whole(httplib::Response& res, ResponseQueue& queue, ClientWatch& client,
                    CallChoices& choices, ResponseBuilder& builder, ChoiceEvent event) {
     while (true) {
       if (auto* delta = std::get_if<Delta>(&event.event)) {
@@ -497,7 +518,7 @@ struct HttpServer::Impl {
         choices.cancel_all();
         return reply_error(res, std::get<RequestError>(event.event));
       }
-      std::optional<ChoiceEvent> next = wait_event(queue, peer, choices);
+      std::optional<ChoiceEvent> next = wait_event(queue, client, choices);
       if (!next) return reply_error(res, client_gone_error());
       event = std::move(*next);
     }

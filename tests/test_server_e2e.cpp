@@ -922,6 +922,25 @@ TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
   EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
+// A whole (not streamed) answer whose client hangs up while its tokens keep coming, each a few
+// milliseconds after the last: the socket is asked on a timer, not only when no token came.
+TEST_F(ServerE2E, AClientThatHangsUpBeforeAWholeAnswerEndsCancelsIt) {
+  const double failed_before = metric(port(), "pipeline_requests_failed_total");
+  const double generated_before = metric(port(), "pipeline_generation_tokens_total");
+  const int choices = 32;  // 480 tokens each: about 1.5 s on two cores
+  json body = completion_body("Once upon a time", 480);
+  body["ignore_eos"] = true;
+  body["n"] = choices;
+  const int fd = send_raw_completion(port(), body);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  close(fd);
+
+  EXPECT_EQ(kv_blocks_used_when_settled(port()), 0);
+  EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed_before, choices);
+  EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480 * choices);
+  EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
 // A client that leaves while its request waits in the batch window, streaming or not: the
 // request is cancelled and never prefilled, rather than computed for nobody.
 TEST(ServerE2EClientLeaves, ARequestWhoseClientLeftBeforeItsAnswerIsNeverRun) {
