@@ -51,6 +51,14 @@ double json_logprob(float logprob) {
   return std::isfinite(logprob) ? logprob : -9999.0;
 }
 
+// The characters of UTF-8 text, as OpenAI's text_offset counts them (Python's len): every byte
+// but a continuation byte. A character split across tokens counts in the token of its first.
+size_t characters(std::string_view text) {
+  return size_t(std::count_if(text.begin(), text.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  }));
+}
+
 JsonBody utf8_bytes(const std::string& text) {
   JsonBody bytes = JsonBody::array();
   for (unsigned char c : text) bytes.push_back(int(c));
@@ -90,7 +98,7 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
   for (int i = 0; i < parsed.choices(); ++i) {
     ChoiceText choice;
     if (!chat_) {
-      choice.text_offset = prompt_of(parsed, i).size();
+      choice.text_offset = characters(prompt_of(parsed, i));
       // Only an echo needs the text (n choices of a long prompt would otherwise copy it n times).
       if (parsed.options.echo) choice.prompt = prompt_of(parsed, i);
       choice.echo_due = parsed.options.echo;
@@ -252,14 +260,18 @@ json ResponseBuilder::chat_logprobs(const std::vector<TokenOutput>& tokens) cons
 namespace {
 
 // One token of completions logprobs; a prompt's first token has null for its logprob and its
-// alternatives.
+// alternatives. The alternatives hold the token itself too, as OpenAI's and vLLM's do ("up to
+// logprobs + 1 elements"), under its text in "tokens", so that a client finds it there (and
+// tells a greedy token by its being the likeliest).
 void add_completion_logprob(json& result, const TokenOutput& token, size_t text_offset,
                             const TokenTextFn& token_text) {
   json top = nullptr;
   if (token.logprob) {
     top = json::object();
     for (const TokenLogprob& alternative : token.top)
-      top[token_text(alternative.token)] = json_logprob(alternative.logprob);
+      top[alternative.token == token.token ? token.text : token_text(alternative.token)] =
+          json_logprob(alternative.logprob);
+    if (!top.contains(token.text)) top[token.text] = json_logprob(*token.logprob);
   }
   result["tokens"].push_back(token.text);
   result["token_logprobs"].push_back(token.logprob ? json(json_logprob(*token.logprob)) : json());
@@ -292,15 +304,19 @@ json ResponseBuilder::completion_logprobs(const Delta& delta, ChoiceText& choice
                  {"token_logprobs", json::array()},
                  {"top_logprobs", json::array()},
                  {"text_offset", json::array()}};
-  size_t offset = 0;
+  // A prompt token's place in bytes (where after_token matches it), and in characters before it.
+  size_t offset = 0, counted = 0, characters_before = 0;
   for (const TokenOutput& token : delta.prompt) {
-    add_completion_logprob(result, token, std::min(offset, choice.prompt.size()), token_text_);
+    const size_t at = std::min(offset, choice.prompt.size());
+    characters_before += characters(std::string_view(choice.prompt).substr(counted, at - counted));
+    counted = at;
+    add_completion_logprob(result, token, characters_before, token_text_);
     offset = after_token(choice.prompt, offset, token.text);
   }
   if (prompt_only_) return result;
   for (const TokenOutput& token : delta.tokens) {
     add_completion_logprob(result, token, choice.text_offset, token_text_);
-    choice.text_offset += token.text.size();
+    choice.text_offset += characters(token.text);
   }
   return result;
 }

@@ -5,6 +5,8 @@
 // Choices made here (OpenAI's, or vLLM's where OpenAI has none):
 // - an echoed prompt's logprobs come first, the first token's null (nothing predicts it), their
 //   text_offsets counted in the prompt;
+// - text_offset counts characters (Unicode code points, as Python does), not bytes; a
+//   completions token's top_logprobs hold the token itself besides its alternatives;
 // - completion chunks carry vLLM's stop_reason throughout, chat chunks at their end;
 // - an impossible logprob is -9999, not a non-JSON -infinity;
 // - with stream_options.include_usage, every chunk has "usage": null but the last.
@@ -72,7 +74,7 @@ class ResponseBuilder {
     nlohmann::json logprobs;
     std::string prompt;      // echo: its prompt's text
     bool echo_due = false;   // echo: the prompt is not sent yet
-    size_t text_offset = 0;  // byte offset of the next token in prompt+text
+    size_t text_offset = 0;  // where the next token starts in prompt+text, in characters
   };
 
   nlohmann::json chunk_envelope() const;

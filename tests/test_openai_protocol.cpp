@@ -879,8 +879,9 @@ TEST(Responses, CompletionLogprobsFormatWithOffsetsAfterThePrompt) {
   const json first = builder.delta_chunk(delta(" the cat", two_tokens()))["choices"][0]["logprobs"];
   EXPECT_EQ(first["tokens"], json({" the", " cat"}));
   EXPECT_EQ(first["token_logprobs"], json({-0.5, -9999.0}));
-  EXPECT_EQ(first["top_logprobs"][0], json({{"<10>", -0.5}, {"<11>", -1.5}}));
-  EXPECT_EQ(first["top_logprobs"][1], json::object());
+  // The token itself is among its alternatives, under its own text.
+  EXPECT_EQ(first["top_logprobs"][0], json({{" the", -0.5}, {"<11>", -1.5}}));
+  EXPECT_EQ(first["top_logprobs"][1], json({{" cat", -9999.0}}));
   EXPECT_EQ(first["text_offset"], json({prompt_length, prompt_length + 4}));
   const json next = builder.delta_chunk(
       delta(" sat", {TokenOutput{13, " sat", -0.25f, {}}}))["choices"][0]["logprobs"];
@@ -1001,7 +1002,7 @@ TEST(Responses, EchoPutsThePromptAndItsScoresFirst) {
   EXPECT_EQ(logprobs["tokens"], json({"", " Once", " upon", " a", " time", " there"}));
   EXPECT_EQ(logprobs["token_logprobs"], json({nullptr, -1.0, -2.0, -0.25, -0.75, -0.5}));
   EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
-  EXPECT_EQ(logprobs["top_logprobs"][2], json({{"<12>", -0.5}}));
+  EXPECT_EQ(logprobs["top_logprobs"][2], json({{"<12>", -0.5}, {" upon", -2.0}}));
   // The first word's SentencePiece space is not in the prompt; the answer starts after it.
   EXPECT_EQ(logprobs["text_offset"], json({0, 0, 4, 9, 11, prompt_length}));
   // Later deltas are the answer's alone.
@@ -1016,6 +1017,21 @@ TEST(Responses, EchoPutsThePromptAndItsScoresFirst) {
   EXPECT_EQ(response["text"], "Once upon a time there was");
   EXPECT_EQ(response["logprobs"]["tokens"].size(), 7u);
   EXPECT_EQ(response["logprobs"]["text_offset"].back(), prompt_length + 6);
+}
+
+// OpenAI's text_offset counts characters, as Python's len does, not UTF-8 bytes.
+TEST(Responses, TextOffsetsCountCharactersNotBytes) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions,
+      with(with(with(completion_body(), "prompt", "Le caf\u00e9 est"), "echo", true), "logprobs",
+           0));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  Delta d;
+  for (const char* piece : {"", " Le", " caf", "\u00e9", " est"})
+    d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
+  d.tokens = {TokenOutput{5, " \u00f1u", -1.0f, {}}, TokenOutput{6, " x", -1.0f, {}}};
+  const json offsets = builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
+  EXPECT_EQ(offsets, json({0, 0, 2, 6, 7, 11, 14}));
 }
 
 // SentencePiece collapses a run of spaces into its word-start mark: offsets still point at each
