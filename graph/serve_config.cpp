@@ -3,9 +3,11 @@
 #include "graph/serve_config.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "io/chat_template.h"
 
@@ -327,9 +329,18 @@ void apply_override(YAML::Node& root, const std::string& text, const std::string
 ServeConfig load_serve_config(const std::filesystem::path& file,
                               const std::vector<std::string>& overrides) {
   const std::string name = file.string();
+  if (std::filesystem::is_directory(file))
+    throw ConfigError(name + ": is a folder, not a config file");
   YAML::Node root;
   try {
-    root = YAML::LoadFile(name);
+    // A second document ("---") would be dropped without a word: one config, one document.
+    const std::vector<YAML::Node> documents = YAML::LoadAllFromFile(name);
+    if (documents.size() > 1) {
+      const int line = documents[1].Mark().line;  // -1 for an empty document
+      throw ConfigError(name + (line >= 0 ? ":" + std::to_string(line + 1) : std::string()) +
+                        ": a second YAML document (\"---\"); a config file holds one");
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::BadFile&) {
     throw ConfigError(name + ": cannot read the config file");
   } catch (const YAML::ParserException& e) {

@@ -161,6 +161,20 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
                 "expected one of auto, bf16, f32");
 }
 
+// A second document would be dropped unread, and a folder read as a file failed inside the
+// standard library with a message that named no file.
+TEST_F(ServeConfigTest, OneDocumentInAFile) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_EQ(error_of("model: {path: m}\n---\nscheduler:\n  window_ms: 5\n"),
+            file + ":3: a second YAML document (\"---\"); a config file holds one");
+  try {
+    load_serve_config(dir_, {});
+    ADD_FAILURE() << "a folder was read as a config";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), dir_.string() + ": is a folder, not a config file");
+  }
+}
+
 TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_NE(error_of("model: {path: m}\nschedular: {}\n")
