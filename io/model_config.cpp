@@ -66,6 +66,7 @@ std::vector<int32_t> token_ids(const std::filesystem::path& file, const json& va
     ids.push_back(int32_t(id));
   };
   if (value.is_array()) {
+    if (value.empty()) fail(file, field, "must be a token id or a list of them, got []");
     for (const auto& v : value) add(v);
   } else {
     add(value);

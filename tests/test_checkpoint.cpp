@@ -272,6 +272,13 @@ TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
   EXPECT_NE(error.find("generation_config.json: field 'eos_token_id' holds id 100000"),
             std::string::npos)
       << error;
+  // An empty list names no id (it was read at its first element, beyond its end).
+  std::ofstream(dir_ / "generation_config.json") << R"({"bos_token_id": []})";
+  error = load_error();
+  EXPECT_NE(error.find("generation_config.json: field 'bos_token_id' must be a token id or a list "
+                       "of them, got []"),
+            std::string::npos)
+      << error;
   fs::remove(dir_ / "generation_config.json");
 
   config.erase("num_key_value_heads");
