@@ -77,7 +77,7 @@ int generate_command(int argc, char** argv) {
   const bool json_output = options.flag("--json");
   const std::string device = options.get("--device", "auto");
   RunnerOptions runner_options;
-  runner_options.threads = int(options.integer("--threads", 0));
+  runner_options.threads = int(options.integer("--threads", 0, 0));
   runner_options.max_num_seqs = 1;
   runner_options.kv_cache_dtype =
       dtype_option(options, "--kv-cache-dtype", {"auto", "bf16", "f32"}, std::nullopt);

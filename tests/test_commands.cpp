@@ -166,6 +166,8 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       {{"generate", "--model", "m", "--prompt", "x", "extra"}, "unexpected argument 'extra'"},
       {{"generate", "--model", "m", "--prompt", "x", "--seed", "-3"},
        "--seed: expected an integer of at least 0, got -3"},
+      {{"generate", "--model", "m", "--prompt", "x", "--threads", "-1"},
+       "--threads: expected an integer of at least 0, got -1"},
       {{"generate", "--model", "m", "--prompt", "x", "--kv-cache-dtype", "f16"},
        "--kv-cache-dtype must be one of auto, bf16, f32, got 'f16'"},
       {{"generate", "--model", "m", "--prompt", "x", "--matmul-activations", "auto"},
