@@ -194,11 +194,18 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
                          : (v.is_object() || v.is_array()) && v.empty();
   };
   auto no_call = [](const JsonBody& v) { return v == "none" || v == "auto"; };
+  auto text_only = [](const JsonBody& v) {
+    return v.is_array() &&
+           std::all_of(v.begin(), v.end(), [](const JsonBody& m) { return m == "text"; });
+  };
   refuse_unless("suffix", empty, "");
   refuse_unless("tools", empty, " (no function calling)");
   refuse_unless("functions", empty, " (no function calling)");
   refuse_unless("tool_choice", no_call, " (no function calling)");
   refuse_unless("function_call", no_call, " (no function calling)");
+  // OpenAI's audio output: this server answers in text alone.
+  refuse_unless("modalities", text_only, " beyond [\"text\"] (no audio output)");
+  refuse_unless("audio", empty, " (no audio output)");
   // vLLM's per-request Jinja template: the server applies the one its config names.
   refuse_unless("chat_template", empty, " (the server applies its configured chat template)");
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))

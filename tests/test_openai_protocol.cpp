@@ -468,6 +468,10 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "tools", {{{"type", "function"}}}), "tools", "function calling"},
       {chat, with(chat_body(), "tool_choice", "required"), "tool_choice", "function calling"},
       {chat, with(chat_body(), "functions", {{{"name", "f"}}}), "functions", "function calling"},
+      {chat, with(chat_body(), "modalities", {"text", "audio"}), "modalities", "no audio output"},
+      {chat, with(chat_body(), "modalities", "text"), "modalities", "no audio output"},
+      {chat, with(chat_body(), "audio", {{"voice", "alloy"}, {"format", "wav"}}), "audio",
+       "no audio output"},
       {chat, with(chat_body(), "response_format", "json_object"), "response_format",
        "expected an object"},
       {chat, with(chat_body(), "response_format", json::object()), "response_format.type",
@@ -563,6 +567,7 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
   body.update({{"logit_bias", json::object()},
                {"tools", json::array()},
                {"tool_choice", "none"},
+               {"modalities", {"text"}},
                {"response_format", {{"type", "text"}}},
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
@@ -1021,10 +1026,10 @@ TEST(Responses, EchoPutsThePromptAndItsScoresFirst) {
 
 // OpenAI's text_offset counts characters, as Python's len does, not UTF-8 bytes.
 TEST(Responses, TextOffsetsCountCharactersNotBytes) {
-  const ParsedRequest parsed = parsed_from(
-      Endpoint::Completions,
-      with(with(with(completion_body(), "prompt", "Le caf\u00e9 est"), "echo", true), "logprobs",
-           0));
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::Completions,
+                  with(with(with(completion_body(), "prompt", "Le caf\u00e9 est"), "echo", true),
+                       "logprobs", 0));
   ResponseBuilder builder(parsed, "stories260K", token_text);
   Delta d;
   for (const char* piece : {"", " Le", " caf", "\u00e9", " est"})
