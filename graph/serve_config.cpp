@@ -54,6 +54,15 @@ class FieldReader {
     return file_;
   }
 
+  // A mistake in a key itself: the key's line in the file, whatever an override did to its
+  // value; a key only an override wrote has no line, and is the override's.
+  [[noreturn]] void fail_key(const YAML::Node& key, const std::string& field,
+                             const std::string& what) const {
+    if (key.Mark().line < 0) fail(key, field, what);
+    throw ConfigError(file_ + ":" + std::to_string(key.Mark().line + 1) + ": field '" + field +
+                      "': " + what);
+  }
+
   int line(const YAML::Node& node) const { return node ? node.Mark().line + 1 : 0; }
 
   void require_map(const YAML::Node& node, const std::string& field) const {
@@ -69,9 +78,10 @@ class FieldReader {
       const auto key = entry.first.as<std::string>();
       const std::string field = section.empty() ? key : section + "." + key;
       if (!known.contains(key))
-        fail(entry.first, field, "unknown field (known: " + comma_list(known) + ")");
+        fail_key(entry.first, field, "unknown field (known: " + comma_list(known) + ")");
       if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
-        fail(entry.first, field, "given twice (first on line " + std::to_string(it->second) + ")");
+        fail_key(entry.first, field,
+                 "given twice (first on line " + std::to_string(it->second) + ")");
       key_lines_[field] = line(entry.first);
     }
   }

@@ -222,9 +222,13 @@ TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
       file +
           ": override 'sampling.temperature=-1': field 'sampling.temperature': temperature "
           "must be between 0 and 2, got -1");
-  EXPECT_NE(error_of("model: {path: m}\n", {"scheduler.nope=1"})
-                .find("field 'scheduler.nope': unknown field"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("model: {path: m}\n", {"scheduler.nope=1"})
+          .find(file + ": override 'scheduler.nope=1': field 'scheduler.nope': unknown field"),
+      std::string::npos);
+  // A key the file repeats is the file's mistake, even when an override sets its value.
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  port: 1\n  port: 2\n", {"server.port=0"}),
+            file + ":4: field 'server.port': given twice (first on line 3)");
   EXPECT_NE(error_of("model: {path: m}\n", {"nonsense"}).find("expected section.key=value"),
             std::string::npos);
 }
