@@ -409,28 +409,31 @@ struct HttpServer::Impl {
   // httplib answered without a handler (res.status says how): no route, a known route with
   // another method (405, with the Allow header), or a protocol-level refusal such as 413.
   static void reply_unanswered(const httplib::Request& req, httplib::Response& res) {
-    // httplib refuses a POST whose body it cannot read (no Content-Length, say) before routing.
-    if (res.status == 400)
-      return reply_error(res, make_error(400,
-                                         "The request could not be read: a " + req.method +
-                                             " needs a body with a Content-Length header (or "
-                                             "chunked).",
-                                         "invalid_request_error", ""));
-    if (res.status != 404)
-      return reply_error(
-          res, make_error(res.status,
-                          "The request was refused (HTTP " + std::to_string(res.status) + ").",
-                          "invalid_request_error", ""));
     const std::string allowed = allowed_method(req.path);
-    if (!allowed.empty() && req.method != allowed) {
-      res.set_header("Allow", allowed);
-      return reply_error(
-          res,
-          make_error(405, req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
+    // httplib refuses a POST whose body it cannot read (no Content-Length, say) before routing,
+    // with a 400 that says nothing of the route: the route's own 404 or 405 comes first.
+    if (res.status == 400 || res.status == 404) {
+      if (allowed.empty())
+        return reply_error(
+            res, make_error(404, "Unknown request URL: " + req.method + " " + req.path + ".",
+                            "invalid_request_error", "unknown_url"));
+      if (req.method != allowed) {
+        res.set_header("Allow", allowed);
+        return reply_error(
+            res, make_error(
+                     405, req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
                      "invalid_request_error", "method_not_allowed"));
+      }
+      return reply_error(res, make_error(400,
+                                         "The request body could not be read: a " + req.method +
+                                             " needs a body with a Content-Length header (or "
+                                             "chunked), all of it, uncompressed.",
+                                         "invalid_request_error", ""));
     }
-    reply_error(res, make_error(404, "Unknown request URL: " + req.method + " " + req.path + ".",
-                                "invalid_request_error", "unknown_url"));
+    reply_error(
+        res,
+        make_error(res.status, "The request was refused (HTTP " + std::to_string(res.status) + ").",
+                   "invalid_request_error", ""));
   }
 
   json model_object() const {

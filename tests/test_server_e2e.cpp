@@ -885,26 +885,35 @@ void stream_then_hang_up(int port, const json& body) {
 
 // A POST without a body (no Content-Length: curl -X POST without -d) is refused by httplib
 // before any route, once its 5 s read timeout ends; the answer still says what is wrong, as an
-// OpenAI error body.
+// OpenAI error body: what the body lacks on a POST route, the method on a GET route.
 TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(uint16_t(port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
-  std::string received;
-  char buffer[1024];
-  for (ssize_t n;
-       received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
-    received.append(buffer, size_t(n));
-  close(fd);
-  EXPECT_NE(received.find("HTTP/1.1 400"), std::string::npos) << received;
-  EXPECT_NE(received.find("needs a body with a Content-Length header"), std::string::npos)
-      << received;
+  const auto answer_to_bodyless_post = [&](const std::string& path) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_GE(fd, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(uint16_t(port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    const std::string request = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    EXPECT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+    std::string received;
+    char buffer[1024];
+    for (ssize_t n;
+         received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
+      received.append(buffer, size_t(n));
+    close(fd);
+    return received;
+  };
+  // Side by side: each waits out the read timeout.
+  auto health_answer = std::async(std::launch::async, answer_to_bodyless_post, "/health");
+  const std::string completions = answer_to_bodyless_post("/v1/completions");
+  EXPECT_NE(completions.find("HTTP/1.1 400"), std::string::npos) << completions;
+  EXPECT_NE(completions.find("needs a body with a Content-Length header"), std::string::npos)
+      << completions;
+  const std::string health = health_answer.get();
+  EXPECT_NE(health.find("HTTP/1.1 405"), std::string::npos) << health;
+  EXPECT_NE(health.find("POST is not allowed on /health; use GET."), std::string::npos) << health;
   EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
