@@ -48,6 +48,16 @@ LlamaWeights LlamaWeights::load(const std::filesystem::path& model_dir) {
   w.embed = expect(ckpt, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   w.layers.reserve(size_t(c.num_layers));
   for (int layer = 0; layer < c.num_layers; ++layer) w.layers.push_back(load_layer(ckpt, c, layer));
+  // A config that counts fewer layers than the checkpoint holds would run a model cut short,
+  // and answer wrongly without a word.
+  const std::string next_layer = "model.layers." + std::to_string(c.num_layers) + ".";
+  for (const char* tensor : {"input_layernorm.weight", "self_attn.q_proj.weight"}) {
+    if (ckpt.find(next_layer + tensor))
+      throw CheckpointError((model_dir / "config.json").string() +
+                            ": field 'num_hidden_layers' is " + std::to_string(c.num_layers) +
+                            " but " + ckpt.file_of(next_layer + tensor).string() +
+                            " holds tensor '" + next_layer + tensor + "'");
+  }
   w.final_norm = expect(ckpt, "model.norm.weight", {c.hidden_size});
   // Tied checkpoints use the embedding as the output projection, as Hugging Face does.
   if (c.tie_word_embeddings)

@@ -242,9 +242,24 @@ TEST_F(BrokenCheckpointTest, WrongShapeForTheConfig) {
 TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
   write();
   auto config = nlohmann::json::parse(std::ifstream(dir_ / "config.json"));
-  config["num_key_value_heads"] = 3;
+  // Fewer layers than the checkpoint holds would run a model cut short.
+  const nlohmann::json layers = config["num_hidden_layers"];
+  config["num_hidden_layers"] = layers.get<int>() - 1;
   std::ofstream(dir_ / "config.json") << config.dump();
   auto error = load_error();
+  EXPECT_NE(error.find("config.json: field 'num_hidden_layers' is " +
+                       std::to_string(layers.get<int>() - 1) + " but "),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("holds tensor 'model.layers." + std::to_string(layers.get<int>() - 1) +
+                       ".input_layernorm.weight'"),
+            std::string::npos)
+      << error;
+  config["num_hidden_layers"] = layers;
+
+  config["num_key_value_heads"] = 3;
+  std::ofstream(dir_ / "config.json") << config.dump();
+  error = load_error();
   EXPECT_NE(error.find("config.json: field 'num_key_value_heads'"), std::string::npos) << error;
 
   // Sizes past int (which once wrapped modulo 2^32) and absurd contexts are refused by name.
