@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -167,6 +169,20 @@ class CallChoices {
   std::vector<Completion> completions_;
   size_t finished_ = 0;
 };
+
+// Whether an Authorization header carries `key` as its bearer token. The scheme's case does not
+// matter (RFC 7235); the key is compared in a time that does not depend on where it differs, so
+// that the answers' times do not spell it out.
+bool bearer_matches(const std::string& header, const std::string& key) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (header.size() != kScheme.size() + key.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+  unsigned char differs = 0;
+  for (size_t i = 0; i < key.size(); ++i)
+    differs |= static_cast<unsigned char>(header[kScheme.size() + i] ^ key[i]);
+  return differs == 0;
+}
 
 // Whether a call's client has left while its connection thread waits for events (before a
 // stream's first chunk, and for a whole answer): the socket, asked at most once per kEventPoll
@@ -371,7 +387,7 @@ struct HttpServer::Impl {
       answering.begin(req);
       const std::string& key = engine.config().server.api_key;
       if (key.empty() || req.path == "/health" ||
-          req.get_header_value("Authorization") == "Bearer " + key)
+          bearer_matches(req.get_header_value("Authorization"), key))
         return httplib::Server::HandlerResponse::Unhandled;
       RequestError error = make_error(
           401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",

@@ -1190,6 +1190,13 @@ TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
   EXPECT_EQ(send(server.port(), "GET", "/health", "").status, 200);
   EXPECT_EQ(send(server.port(), "POST", "/v1/chat/completions", body, right).status, 200);
   EXPECT_EQ(send(server.port(), "GET", "/v1/models", "", right).status, 200);
+  // The scheme's case does not matter (RFC 7235); the key's does.
+  EXPECT_EQ(
+      send(server.port(), "GET", "/v1/models", "", {{"Authorization", "bearer sesame"}}).status,
+      200);
+  EXPECT_EQ(
+      send(server.port(), "GET", "/v1/models", "", {{"Authorization", "Bearer SESAME"}}).status,
+      401);
   const std::string tokens = json{{"model", kModel}, {"tokens", {1, 2}}}.dump();
   EXPECT_EQ(send(server.port(), "POST", "/detokenize", tokens, right).status, 200);
 }
