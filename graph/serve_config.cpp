@@ -325,7 +325,7 @@ void apply_override(YAML::Node& root, const std::string& text, const std::string
   } else {
     const auto section = field.substr(0, dot);
     const auto key = field.substr(dot + 1);
-    if (key.empty() || key.find('.') != std::string::npos)
+    if (section.empty() || key.empty() || key.find('.') != std::string::npos)
       throw ConfigError(file + ": override '" + text + "': expected section.key=value");
     if (root[section] && !root[section].IsMap())
       throw ConfigError(file + ": override '" + text + "': '" + section + "' is not a section");

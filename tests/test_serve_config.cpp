@@ -231,6 +231,8 @@ TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
             file + ":4: field 'server.port': given twice (first on line 3)");
   EXPECT_NE(error_of("model: {path: m}\n", {"nonsense"}).find("expected section.key=value"),
             std::string::npos);
+  EXPECT_EQ(error_of("model: {path: m}\n", {".window_ms=1"}),
+            file + ": override '.window_ms=1': expected section.key=value");
 }
 
 TEST_F(ServeConfigTest, ShippedConfigsLoad) {
