@@ -280,8 +280,9 @@ class EventStream {
   bool ended_ = false;
 };
 
-// The clients (host, port) with a request being answered: from routing until the answer is
-// written (httplib's logger runs then, whatever the outcome). The others' connections are idle.
+// The clients (host, port) with a request being answered: from its handler's start (its body
+// read) until the answer is written (httplib's logger runs then, whatever the outcome). The
+// others' connections are idle, or still sending a request.
 class ConnectionsAnswering {
  public:
   void begin(const httplib::Request& req) {
@@ -346,58 +347,75 @@ struct HttpServer::Impl {
     install_guards();
   }
 
+  // A route's handler, its connection counted as answering while it runs. httplib reads a
+  // request's body after the pre-routing handler and before this, so a connection still
+  // sending its body is not answering yet, and shutdown may end it.
+  httplib::Server::Handler answered(httplib::Server::Handler handler) {
+    return
+        [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+          answering.begin(req);
+          handler(req, res);
+        };
+  }
+
   void install_routes() {
     server.Post("/v1/chat/completions",
-                [this](const httplib::Request& req, httplib::Response& res) {
+                answered([this](const httplib::Request& req, httplib::Response& res) {
                   handle_completion(Endpoint::ChatCompletions, req, res);
-                });
-    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_completion(Endpoint::Completions, req, res);
-    });
-    server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-      reply_answer(res, [&] {
-        return tokenize_response(parse_json_body(req.body), served, tokenize_settings);
-      });
-    });
-    server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-      reply_answer(res, [&] { return detokenize_response(parse_json_body(req.body), served); });
-    });
-    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
-    });
-    server.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
-      if (req.matches[1] == served.name) return reply_json(res, 200, model_object());
-      reply_error(res, make_error(404, "The model '" + req.matches[1].str() + "' does not exist",
-                                  "invalid_request_error", "model_not_found"));
-    });
-    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      if (stopping.load()) return reply_json(res, 503, {{"status", "shutting_down"}});
-      reply_json(res, 200, {{"status", "ok"}});
-    });
-    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(engine.metrics_text() + counters.prometheus_text(active.load()),
-                      "text/plain; version=0.0.4");
-    });
+                }));
+    server.Post("/v1/completions",
+                answered([this](const httplib::Request& req, httplib::Response& res) {
+                  handle_completion(Endpoint::Completions, req, res);
+                }));
+    server.Post("/tokenize", answered([this](const httplib::Request& req, httplib::Response& res) {
+                  reply_answer(res, [&] {
+                    return tokenize_response(parse_json_body(req.body), served, tokenize_settings);
+                  });
+                }));
+    server.Post(
+        "/detokenize", answered([this](const httplib::Request& req, httplib::Response& res) {
+          reply_answer(res, [&] { return detokenize_response(parse_json_body(req.body), served); });
+        }));
+    server.Get(
+        "/v1/models", answered([this](const httplib::Request&, httplib::Response& res) {
+          reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
+        }));
+    server.Get("/v1/models/(.+)",
+               answered([this](const httplib::Request& req, httplib::Response& res) {
+                 if (req.matches[1] == served.name) return reply_json(res, 200, model_object());
+                 reply_error(
+                     res, make_error(404, "The model '" + req.matches[1].str() + "' does not exist",
+                                     "invalid_request_error", "model_not_found"));
+               }));
+    server.Get("/health", answered([this](const httplib::Request&, httplib::Response& res) {
+                 if (stopping.load()) return reply_json(res, 503, {{"status", "shutting_down"}});
+                 reply_json(res, 200, {{"status", "ok"}});
+               }));
+    server.Get("/metrics", answered([this](const httplib::Request&, httplib::Response& res) {
+                 res.set_content(engine.metrics_text() + counters.prometheus_text(active.load()),
+                                 "text/plain; version=0.0.4");
+               }));
   }
 
   // Authentication, OpenAI-style bodies for httplib's own errors, counters, and which
   // connections are answering.
   void install_guards() {
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      answering.begin(req);
       const std::string& key = engine.config().server.api_key;
       if (key.empty() || req.path == "/health" ||
           bearer_matches(req.get_header_value("Authorization"), key))
         return httplib::Server::HandlerResponse::Unhandled;
+      answering.begin(req);
       RequestError error = make_error(
           401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",
           "invalid_request_error", "invalid_api_key");
       reply_error(res, error);
       return httplib::Server::HandlerResponse::Handled;
     });
-    const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
-                                                             httplib::Response& res) {
+    const httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request& req,
+                                                                 httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      answering.begin(req);
       reply_unanswered(req, res);
       return httplib::Server::HandlerResponse::Handled;
     };
@@ -615,9 +633,16 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
   const auto answering = [this](const std::string& host, int port) {
     return impl_->answering.contains(host, port);
   };
+  // At first only quiet ones: a request whose bytes just came may not be routed yet. After
+  // kRequestQuiet every connection not answering: a request still arriving (a body sent byte by
+  // byte) would only be refused, and its connection thread would hold the exit for as long as
+  // the client kept sending.
+  const auto reading_any_after = std::chrono::steady_clock::now() + kRequestQuiet;
   while (serving && !impl_->serve_returned.load()) {
     impl_->server.stop();
-    stop_reading_idle_connections(impl_->port, kRequestQuiet, answering);
+    const bool any = std::chrono::steady_clock::now() >= reading_any_after;
+    stop_reading_idle_connections(impl_->port, any ? std::chrono::milliseconds(0) : kRequestQuiet,
+                                  answering);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

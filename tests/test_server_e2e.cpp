@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -1296,6 +1297,35 @@ TEST(ServerE2EShutdown, AnIdleKeepAliveConnectionDoesNotDelayTheExit) {
   const auto start = Clock::now();
   EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
   EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3500)) << server.stderr_text();
+}
+
+// A client still sending its request's body (a byte a second) when the server is told to stop
+// does not hold the exit back: its request would only be refused, and it is cut off.
+TEST(ServerE2EShutdown, AClientStillSendingItsBodyDoesNotHoldTheExit) {
+  ServerProcess server(stories_config("  shutdown_grace_s: 1\n"));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: 100000\r\n\r\n{\"prompt\": \"";
+  ASSERT_EQ(write(fd, head.data(), head.size()), ssize_t(head.size()));
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    while (!done.load() && send(fd, "a", 1, MSG_NOSIGNAL) == 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = Clock::now();
+  EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(8)) << server.stderr_text();
+  done.store(true);
+  trickle.join();
+  close(fd);
 }
 
 // A second SIGTERM ends the grace at once: a request still waiting (here in a long batch
