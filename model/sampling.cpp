@@ -228,37 +228,47 @@ void Sampler::ban_ending() {
 
 bool Sampler::penalises() const {
   const SamplingParams& p = params_;
-  const bool neutral =
-      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
-  return !neutral && p.repeat_last_n != 0;
+  return (p.repetition_penalty != 1.0f && p.repeat_last_n != 0) || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
 }
 
-// CTRL-style repetition penalty, then OpenAI's presence and frequency penalties, once per
-// distinct token of the last repeat_last_n tokens.
+// llama.cpp's repetition penalty, once per distinct token of the sequence's last repeat_last_n
+// tokens (its prompt's too); then OpenAI's presence and frequency penalties over the whole
+// answer so far, the tokens this sampler drew (the history's last drawn_), as OpenAI and vLLM
+// apply them: the prompt's own words are not penalised.
 void Sampler::apply_penalties(std::span<const int32_t> history) {
-  if (!penalises()) return;
   const SamplingParams& p = params_;
+  if (p.repetition_penalty != 1.0f && p.repeat_last_n != 0) {
+    const size_t window =
+        p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
+    for_each_distinct(history.last(window), [&](int32_t token, int) {
+      float& logit = scratch_[token];
+      logit = logit > 0.0f ? logit / p.repetition_penalty : logit * p.repetition_penalty;
+    });
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    const size_t answer = std::min(history.size(), size_t(drawn_));
+    for_each_distinct(history.last(answer), [&](int32_t token, int count) {
+      scratch_[token] -= float(count) * p.frequency_penalty + p.presence_penalty;
+    });
+  }
+}
+
+template <class Visit>
+void Sampler::for_each_distinct(std::span<const int32_t> tokens, Visit&& visit) {
   const size_t vocab = scratch_.size();
-  const size_t window =
-      p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
-  const std::span<const int32_t> recent = history.last(window);
-  for (int32_t token : recent)
+  for (int32_t token : tokens)
     if (token < 0 || size_t(token) >= vocab)
       throw std::invalid_argument("Sampler::sample: history token " + std::to_string(token) +
                                   " is outside the vocabulary of " + std::to_string(vocab));
-
-  if (window_counts_.size() != vocab) window_counts_.assign(vocab, 0);
-  window_tokens_.reserve(vocab);
-  window_tokens_.clear();
-  for (int32_t token : recent)
-    if (window_counts_[token]++ == 0) window_tokens_.push_back(token);
-
-  for (int32_t token : window_tokens_) {
-    float& logit = scratch_[token];
-    if (p.repetition_penalty != 1.0f)
-      logit = logit > 0.0f ? logit / p.repetition_penalty : logit * p.repetition_penalty;
-    logit -= float(window_counts_[token]) * p.frequency_penalty + p.presence_penalty;
-    window_counts_[token] = 0;  // ready for the next call
+  if (token_counts_.size() != vocab) token_counts_.assign(vocab, 0);
+  distinct_tokens_.reserve(vocab);
+  distinct_tokens_.clear();
+  for (int32_t token : tokens)
+    if (token_counts_[token]++ == 0) distinct_tokens_.push_back(token);
+  for (int32_t token : distinct_tokens_) {
+    visit(token, token_counts_[token]);
+    token_counts_[token] = 0;  // ready for the next call
   }
 }
 

@@ -26,9 +26,9 @@ struct SamplingParams {
   float top_p = 1.0f;                 // 1 = off
   float min_p = 0.0f;                 // 0 = off
   float repetition_penalty = 1.0f;    // 1 = off; over the last repeat_last_n tokens
-  int repeat_last_n = 64;             // 0 = off, -1 = whole history
-  float presence_penalty = 0.0f;      // over the same window as repetition_penalty
-  float frequency_penalty = 0.0f;     // over the same window as repetition_penalty
+  int repeat_last_n = 64;             // repetition_penalty's window: 0 = off, -1 = all
+  float presence_penalty = 0.0f;      // over the answer so far, all of it (not the prompt)
+  float frequency_penalty = 0.0f;     // over the answer so far, all of it (not the prompt)
   std::optional<uint64_t> seed;       // same seed, same logits: same tokens
   bool logprobs = false;              // report the chosen token's logprob
   int top_logprobs = 0;               // alternatives to report beside the chosen token
@@ -62,7 +62,8 @@ struct SampledToken {
 // Throws std::invalid_argument on a token outside the logits or logits with no finite maximum.
 SampledToken score_token(std::span<const float> logits, int32_t token, int top_logprobs);
 
-// Draws tokens for one sequence: penalties over the history window (as llama.cpp applies them),
+// Draws tokens for one sequence: the repetition penalty over the history's last repeat_last_n
+// tokens (as llama.cpp applies it), presence and frequency penalties over the answer (OpenAI's),
 // then greedy argmax (temperature 0) or top-k, softmax at the temperature, top-p, min-p and
 // a draw from what is left. Scratch buffers are sized at the first call and reused after.
 class Sampler {
@@ -73,7 +74,8 @@ class Sampler {
   Sampler(const SamplingParams& params, uint64_t fallback_seed,
           std::optional<JsonMode> json_mode = std::nullopt);
 
-  // `history` is the sequence so far (prompt and generated tokens) for the penalties.
+  // `history` is the sequence so far for the penalties: its prompt, then the tokens this sampler
+  // drew, in order.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
   // history, logit_bias or ending token outside the vocabulary, and std::runtime_error when JSON
   // mode leaves no token to draw.
@@ -90,8 +92,12 @@ class Sampler {
   void adjust(std::span<const float> logits, std::span<const int32_t> history);
   bool bans_ending() const { return drawn_ < params_.min_tokens && !params_.ending_tokens.empty(); }
   void ban_ending();
-  bool penalises() const;  // any penalty set, over a window of at least one token
+  bool penalises() const;  // any penalty that can change a logit
   void apply_penalties(std::span<const int32_t> history);
+  // visit(token, count) once per distinct token of `tokens`; throws std::invalid_argument on one
+  // outside the vocabulary.
+  template <class Visit>
+  void for_each_distinct(std::span<const int32_t> tokens, Visit&& visit);
   void apply_logit_bias();
   // The candidates' strict total order: higher scratch_ value first, then the lower id.
   bool more_likely(int32_t a, int32_t b) const {
@@ -103,12 +109,12 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::optional<JsonMode> json_mode_;
-  int drawn_ = 0;                       // tokens drawn so far
-  std::vector<float> scratch_;          // per token id: penalised logit, then probability
-  std::vector<int32_t> order_;          // candidate token ids
-  std::vector<double> bucket_mass_;     // top-p: weight per bucket of weights
-  std::vector<int32_t> window_counts_;  // per token id: occurrences in the penalty window
-  std::vector<int32_t> window_tokens_;  // the window's distinct tokens
+  int drawn_ = 0;                         // tokens drawn so far
+  std::vector<float> scratch_;            // per token id: penalised logit, then probability
+  std::vector<int32_t> order_;            // candidate token ids
+  std::vector<double> bucket_mass_;       // top-p: weight per bucket of weights
+  std::vector<int32_t> token_counts_;     // per token id: occurrences, for for_each_distinct
+  std::vector<int32_t> distinct_tokens_;  // the distinct tokens for_each_distinct visits
 };
 
 }  // namespace pipeline

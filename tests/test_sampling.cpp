@@ -255,13 +255,23 @@ TEST(Sampling, FiltersCombineInOrder) {
 }
 
 // Greedy sampling of [penalised token, rival] tells on which side of `expected` the penalised
-// logit lands; a rival just above and just below pins it to within 0.01.
+// logit lands; a rival just above and just below pins it to within 0.01. The sampler first draws
+// `answer` (each token forced) after `prompt`, so that the history is prompt + answer and the
+// answer is its own.
 void expect_penalised_to(const SamplingParams& penalties, float logit,
-                         const std::vector<int32_t>& history, float expected) {
+                         const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                         float expected) {
   SamplingParams params = penalties;
   params.temperature = 0.0f;
-  Sampler sampler(params, 0);
   for (float offset : {-0.01f, 0.01f}) {
+    Sampler sampler(params, 0);
+    std::vector<int32_t> history = prompt;
+    for (int32_t token : answer) {
+      std::vector<float> forced(8, -1000.0f);
+      forced[size_t(token)] = 1000.0f;
+      ASSERT_EQ(sampler.sample(forced, history).token, token);
+      history.push_back(token);
+    }
     // Token 0 is penalised (it is in the history), token 1 is the rival; the other tokens
     // fill the history's ids and sit far below.
     std::vector<float> logits(8, -100.0f);
@@ -277,22 +287,36 @@ void expect_penalised_to(const SamplingParams& penalties, float logit,
 TEST(Sampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
   SamplingParams params;
   params.repetition_penalty = 1.5f;
-  expect_penalised_to(params, 3.0f, {0}, 2.0f);
-  expect_penalised_to(params, -1.0f, {0}, -1.5f);
-  // Once per distinct token, however often it occurs.
-  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 2.0f);
+  expect_penalised_to(params, 3.0f, {0}, {}, 2.0f);
+  expect_penalised_to(params, -1.0f, {0}, {}, -1.5f);
+  // Once per distinct token, however often it occurs, in the prompt or the answer.
+  expect_penalised_to(params, 3.0f, {0, 0}, {0, 5}, 2.0f);
 }
 
 TEST(Sampling, PresenceAndFrequencyPenaltiesSubtract) {
   SamplingParams presence;
   presence.presence_penalty = 0.5f;
-  expect_penalised_to(presence, 3.0f, {0, 0, 0}, 2.5f);
+  expect_penalised_to(presence, 3.0f, {}, {0, 0, 0}, 2.5f);
   SamplingParams frequency;
   frequency.frequency_penalty = 0.4f;
-  expect_penalised_to(frequency, 3.0f, {0, 0, 0}, 1.8f);
+  expect_penalised_to(frequency, 3.0f, {}, {0, 0, 0}, 1.8f);
   // Negative penalties encourage repetition.
   frequency.frequency_penalty = -0.5f;
-  expect_penalised_to(frequency, 1.0f, {0, 0}, 2.0f);
+  expect_penalised_to(frequency, 1.0f, {}, {0, 0}, 2.0f);
+}
+
+// OpenAI's and vLLM's: the answer's tokens count, all of them, and the prompt's do not
+// (repeat_last_n is the repetition penalty's window alone, as in llama.cpp).
+TEST(Sampling, PresenceAndFrequencyPenaltiesCountTheWholeAnswerAndNotThePrompt) {
+  SamplingParams params;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 1.0f;
+  expect_penalised_to(params, 3.0f, {0, 0, 0}, {}, 3.0f);
+  expect_penalised_to(params, 3.0f, {0, 0, 0}, {5, 0}, 1.5f);
+  params.repeat_last_n = 2;
+  expect_penalised_to(params, 3.0f, {}, {0, 0, 5, 6}, 0.5f);
+  params.repeat_last_n = 0;
+  expect_penalised_to(params, 3.0f, {}, {0}, 1.5f);
 }
 
 TEST(Sampling, RepetitionPenaltyComesBeforePresenceAndFrequency) {
@@ -301,22 +325,23 @@ TEST(Sampling, RepetitionPenaltyComesBeforePresenceAndFrequency) {
   params.presence_penalty = 0.5f;
   params.frequency_penalty = 0.25f;
   // 3 / 1.5 - 0.5 - 2 * 0.25 = 1 (the other order would give 1.33).
-  expect_penalised_to(params, 3.0f, {0, 6, 0}, 1.0f);
+  expect_penalised_to(params, 3.0f, {}, {0, 6, 0}, 1.0f);
 }
 
-TEST(Sampling, PenaltiesLookOnlyAtTheLastRepeatLastNTokens) {
+TEST(Sampling, RepetitionPenaltyLooksOnlyAtTheLastRepeatLastNTokens) {
   SamplingParams params;
-  params.frequency_penalty = 1.0f;
+  params.repetition_penalty = 2.0f;
   params.repeat_last_n = 2;
-  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 2.0f);  // one 0 among the last two
-  expect_penalised_to(params, 3.0f, {0, 5, 6}, 3.0f);     // none
+  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, {}, 1.5f);  // a 0 among the last two
+  expect_penalised_to(params, 3.0f, {0, 5, 6}, {}, 3.0f);     // none
+  expect_penalised_to(params, 3.0f, {0, 5}, {6}, 3.0f);       // the window spans the answer
   params.repeat_last_n = -1;
-  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 0.0f);  // the whole history
+  expect_penalised_to(params, 3.0f, {0, 5, 6}, {}, 1.5f);  // the whole history
   params.repeat_last_n = 0;
-  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, 3.0f);  // off
+  expect_penalised_to(params, 3.0f, {0, 0, 0, 5}, {}, 3.0f);  // off
   // A longer window than the history takes the whole history.
   params.repeat_last_n = 64;
-  expect_penalised_to(params, 3.0f, {0, 0}, 1.0f);
+  expect_penalised_to(params, 3.0f, {0}, {5}, 1.5f);
 }
 
 TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
@@ -342,7 +367,7 @@ TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
   SamplingParams both;
   both.presence_penalty = 0.5f;
   both.logit_bias = {{0, 0.25f}};
-  expect_penalised_to(both, 3.0f, {0}, 2.75f);
+  expect_penalised_to(both, 3.0f, {}, {0}, 2.75f);
 }
 
 // min_tokens: the ending tokens cannot be drawn in the first min_tokens draws, greedy or not,
@@ -488,7 +513,7 @@ TEST(Sampling, BadInputIsRejected) {
   EXPECT_THROW(sampler.sample(std::vector<float>{-inf, -inf}, {}), std::invalid_argument);
   SamplingParams penalised;
   penalised.temperature = 0.0f;
-  penalised.frequency_penalty = 1.0f;
+  penalised.repetition_penalty = 2.0f;
   Sampler penalising(penalised, 0);
   const std::vector<float> logits{1.0f, 2.5f};
   try {
@@ -497,7 +522,7 @@ TEST(Sampling, BadInputIsRejected) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("history token 7"), std::string::npos) << e.what();
   }
-  // The rejected call counted nothing: token 1 occurs once, 2.5 - 1 > 1.
+  // The rejected call left nothing behind: token 1 is penalised once, 2.5 / 2 > 1.
   EXPECT_EQ(penalising.sample(logits, std::vector<int32_t>{1}).token, 1);
 
   SamplingParams biased;

@@ -533,6 +533,23 @@ TEST_F(ServerE2E, EchoScoresThePromptAsLoglikelihoodEvaluationsAskIt) {
             tokenizer.encode(prompts[0], true).size() + tokenizer.encode(prompts[1], true).size());
 }
 
+// OpenAI's presence and frequency penalties weigh the answer's tokens, not the prompt's: the
+// first token is the same with them as without ("." ends the prompt's sentences too).
+TEST_F(ServerE2E, PresenceAndFrequencyPenaltiesLeaveThePromptsTokensAlone) {
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball";
+  const json plain = completion_body(prompt, 1);
+  const Reply reference = post(port(), "/v1/completions", plain);
+  ASSERT_EQ(reference.status, 200) << reference.raw;
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    const Reply penalised = post(port(), "/v1/completions", with(plain, penalty, 2.0));
+    ASSERT_EQ(penalised.status, 200) << penalised.raw;
+    EXPECT_EQ(penalised.body["choices"][0]["text"], reference.body["choices"][0]["text"])
+        << penalty;
+  }
+}
+
 TEST_F(ServerE2E, EchoWithNoNewTokensAnswersThePromptAloneWholeOrStreamed) {
   const json body = with(with(completion_body("Once upon a time", 0), "echo", true), "logprobs", 0);
   const Reply whole = post(port(), "/v1/completions", body);
