@@ -865,13 +865,9 @@ TEST_F(ServerE2E, SixteenConcurrentStreamsArePrefilledTogetherAndMatchTheirSoloA
   EXPECT_EQ(metric(batched.port(), "pipeline_prefill_batch_size_sum"), kRequests);
 }
 
-// A raw connection on which a completion request was sent; the caller closes it.
-int send_raw_completion(int port, const json& body) {
-  const std::string payload = body.dump();
-  const std::string request =
-      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-      "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+// A raw connection to the server on which `bytes` were sent (a request, or the start of one);
+// the caller closes it.
+int send_raw(int port, const std::string& bytes) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("socket() failed");
   sockaddr_in address{};
@@ -879,11 +875,20 @@ int send_raw_completion(int port, const json& body) {
   address.sin_port = htons(uint16_t(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      write(fd, request.data(), request.size()) != ssize_t(request.size())) {
+      write(fd, bytes.data(), bytes.size()) != ssize_t(bytes.size())) {
     close(fd);
     throw std::runtime_error("cannot send a request to port " + std::to_string(port));
   }
   return fd;
+}
+
+// A raw connection on which a completion request was sent; the caller closes it.
+int send_raw_completion(int port, const json& body) {
+  const std::string payload = body.dump();
+  return send_raw(port,
+                  "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  "Content-Type: application/json\r\nContent-Length: " +
+                      std::to_string(payload.size()) + "\r\n\r\n" + payload);
 }
 
 // Opens a streaming request on a raw socket, reads until the first bytes of the body arrived,
@@ -906,15 +911,7 @@ void stream_then_hang_up(int port, const json& body) {
 // OpenAI error body: what the body lacks on a POST route, the method on a GET route.
 TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
   const auto answer_to_bodyless_post = [&](const std::string& path) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    EXPECT_GE(fd, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(uint16_t(port()));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-    const std::string request = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-    EXPECT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+    const int fd = send_raw(port(), "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     std::string received;
     char buffer[1024];
     for (ssize_t n;
@@ -1320,17 +1317,10 @@ TEST(ServerE2EShutdown, AnIdleKeepAliveConnectionDoesNotDelayTheExit) {
 // does not hold the exit back: its request would only be refused, and it is cut off.
 TEST(ServerE2EShutdown, AClientStillSendingItsBodyDoesNotHoldTheExit) {
   ServerProcess server(stories_config("  shutdown_grace_s: 1\n"));
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(uint16_t(server.port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  const std::string head =
-      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-      "Content-Length: 100000\r\n\r\n{\"prompt\": \"";
-  ASSERT_EQ(write(fd, head.data(), head.size()), ssize_t(head.size()));
+  const int fd = send_raw(server.port(),
+                          "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                          "{\"prompt\": \"");
   std::atomic<bool> done{false};
   std::thread trickle([&] {
     while (!done.load() && send(fd, "a", 1, MSG_NOSIGNAL) == 1)
