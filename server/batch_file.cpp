@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 #include <string_view>
+#include <utility>
 
 #include "server/openai_response.h"
 
@@ -126,7 +127,9 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
   // but only once every whole line has proved to be a result and it looks like the start of
   // one, so that a file that is no batch output (the input, say) is refused, never cut.
   const size_t complete = contents.rfind('\n') == std::string::npos ? 0 : contents.rfind('\n') + 1;
-  std::istringstream lines(contents.substr(0, complete));
+  const std::string torn = contents.substr(complete);
+  contents.resize(complete);
+  std::istringstream lines(std::move(contents));
   std::map<std::string, int> first_line;
   std::string text;
   int number = 1;
@@ -147,8 +150,8 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
           "custom_id: '" + id + "' already has a result on line " + std::to_string(at->second));
     finished.insert(id);
   }
-  if (complete < contents.size()) {
-    if (!starts_like_a_result(std::string_view(contents).substr(complete)))
+  if (!torn.empty()) {
+    if (!starts_like_a_result(torn))
       throw error_at(file, number, "not a result line (and no newline at its end)");
     std::filesystem::resize_file(file, complete);
   }
