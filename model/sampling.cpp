@@ -227,9 +227,15 @@ void Sampler::ban_ending() {
 }
 
 bool Sampler::penalises() const {
-  const SamplingParams& p = params_;
-  return (p.repetition_penalty != 1.0f && p.repeat_last_n != 0) || p.presence_penalty != 0.0f ||
-         p.frequency_penalty != 0.0f;
+  return penalises_repetition() || penalises_answer();
+}
+
+bool Sampler::penalises_repetition() const {
+  return params_.repetition_penalty != 1.0f && params_.repeat_last_n != 0;
+}
+
+bool Sampler::penalises_answer() const {
+  return params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
 }
 
 // llama.cpp's repetition penalty, once per distinct token of the sequence's last repeat_last_n
@@ -238,7 +244,7 @@ bool Sampler::penalises() const {
 // apply them: the prompt's own words are not penalised.
 void Sampler::apply_penalties(std::span<const int32_t> history) {
   const SamplingParams& p = params_;
-  if (p.repetition_penalty != 1.0f && p.repeat_last_n != 0) {
+  if (penalises_repetition()) {
     const size_t window =
         p.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.repeat_last_n));
     for_each_distinct(history.last(window), [&](int32_t token, int) {
@@ -246,7 +252,7 @@ void Sampler::apply_penalties(std::span<const int32_t> history) {
       logit = logit > 0.0f ? logit / p.repetition_penalty : logit * p.repetition_penalty;
     });
   }
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+  if (penalises_answer()) {
     const size_t answer = std::min(history.size(), size_t(drawn_));
     for_each_distinct(history.last(answer), [&](int32_t token, int count) {
       scratch_[token] -= float(count) * p.frequency_penalty + p.presence_penalty;

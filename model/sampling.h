@@ -92,7 +92,9 @@ class Sampler {
   void adjust(std::span<const float> logits, std::span<const int32_t> history);
   bool bans_ending() const { return drawn_ < params_.min_tokens && !params_.ending_tokens.empty(); }
   void ban_ending();
-  bool penalises() const;  // any penalty that can change a logit
+  bool penalises() const;             // any penalty that can change a logit
+  bool penalises_repetition() const;  // a repetition penalty over a window of some tokens
+  bool penalises_answer() const;      // a presence or frequency penalty
   void apply_penalties(std::span<const int32_t> history);
   // visit(token, count) once per distinct token of `tokens`; throws std::invalid_argument on one
   // outside the vocabulary.
