@@ -59,8 +59,7 @@ class FieldReader {
   [[noreturn]] void fail_key(const YAML::Node& key, const std::string& field,
                              const std::string& what) const {
     if (key.Mark().line < 0) fail(key, field, what);
-    throw ConfigError(file_ + ":" + std::to_string(key.Mark().line + 1) + ": field '" + field +
-                      "': " + what);
+    throw ConfigError(file_ + ":" + std::to_string(line(key)) + ": field '" + field + "': " + what);
   }
 
   int line(const YAML::Node& node) const { return node ? node.Mark().line + 1 : 0; }
