@@ -224,6 +224,24 @@ std::shared_ptr<const JsonSchema> compile_schema(const JsonBody& schema, const s
   }
 }
 
+// json_schema.name, which OpenAI and vLLM require: up to 64 of a-z, A-Z, 0-9, '_' and '-'.
+// Nothing else reads it; a name OpenAI would refuse is refused here too, so that a request
+// works against either server or neither.
+void read_schema_name(const JsonBody& spec) {
+  constexpr const char* kParam = "response_format.json_schema.name";
+  const JsonBody* name = find_field(spec, "name");
+  if (!name) throw invalid(kParam, "response_format json_schema needs a name");
+  if (!name->is_string()) throw wrong_type(kParam, "a string", *name);
+  const std::string& text = name->get_ref<const std::string&>();
+  const bool allowed = std::ranges::all_of(text, [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+  if (text.empty() || text.size() > 64 || !allowed)
+    throw invalid(kParam, kParam + std::string(" must be 1 to 64 characters of a-z, A-Z, 0-9, "
+                                               "'_' and '-'"));
+}
+
 // The schema in response_format json_schema: {"name", "schema", "strict", "description"}, as
 // OpenAI's structured outputs take it. The answer is always held to the schema (strict or not).
 std::shared_ptr<const JsonSchema> read_json_schema(const JsonBody& format) {
@@ -232,8 +250,7 @@ std::shared_ptr<const JsonSchema> read_json_schema(const JsonBody& format) {
     throw invalid("response_format.json_schema",
                   "response_format json_schema needs json_schema: {\"name\", \"schema\"}");
   if (!spec->is_object()) throw wrong_type("response_format.json_schema", "an object", *spec);
-  if (const JsonBody* name = find_field(*spec, "name"); name && !name->is_string())
-    throw wrong_type("response_format.json_schema.name", "a string", *name);
+  read_schema_name(*spec);
   // strict: the answer is held to the schema either way; read so that a value that is not a
   // boolean is refused.
   if (const JsonBody* strict = find_field(*spec, "strict"); strict && !strict->is_boolean())
