@@ -63,7 +63,7 @@ void check_readable_kind(const std::filesystem::path& file, bool pipe_allowed, c
 }
 
 // Whether `tail`, a last line with no newline, can be the start of a line batch_output_line
-// wrote: every one starts with its custom_id (the keys come out in sorted order).
+// wrote: every one starts with its custom_id.
 bool starts_like_a_result(std::string_view tail) {
   constexpr std::string_view kStart = R"({"custom_id":")";
   const size_t n = std::min(tail.size(), kStart.size());
@@ -159,14 +159,18 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
 }
 
 std::string batch_output_line(const BatchInput& input, const std::string& request_id,
-                              int status_code, const nlohmann::json& body) {
-  const json line = {{"id", "batch_req_" + std::to_string(input.line)},
-                     {"custom_id", input.custom_id},
-                     {"response",
-                      {{"status_code", status_code},
-                       {"request_id", request_id.empty() ? json(nullptr) : json(request_id)},
-                       {"body", body}}},
-                     {"error", nullptr}};
+                              int status_code, const ResponseJson& body) {
+  // custom_id first (OpenAI writes id first): a reader scanning the file finds the request it
+  // named at once, and a torn last line is told by its start (starts_like_a_result), as in
+  // files earlier versions wrote.
+  const ResponseJson line = {
+      {"custom_id", input.custom_id},
+      {"id", "batch_req_" + std::to_string(input.line)},
+      {"response",
+       {{"status_code", status_code},
+        {"request_id", request_id.empty() ? json(nullptr) : json(request_id)},
+        {"body", body}}},
+      {"error", nullptr}};
   return to_json_text(line) + "\n";
 }
 

@@ -13,9 +13,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "server/openai_request.h"
+#include "server/openai_response.h"
 
 namespace pipeline {
 
@@ -48,6 +47,6 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
 
 // One output line, newline included. `request_id` empty: null (the request never started).
 std::string batch_output_line(const BatchInput& input, const std::string& request_id,
-                              int status_code, const nlohmann::json& body);
+                              int status_code, const ResponseJson& body);
 
 }  // namespace pipeline

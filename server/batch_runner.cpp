@@ -17,7 +17,7 @@
 
 namespace pipeline {
 
-using json = nlohmann::json;
+using json = ResponseJson;
 using Clock = std::chrono::steady_clock;
 
 // A request's outcome, ready to be written.

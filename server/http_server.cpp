@@ -27,7 +27,7 @@
 
 namespace pipeline {
 
-using nlohmann::json;
+using json = ResponseJson;
 
 namespace {
 

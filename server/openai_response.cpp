@@ -8,7 +8,7 @@
 
 namespace pipeline {
 
-using nlohmann::json;
+using json = ResponseJson;
 
 json error_body(const RequestError& error) {
   auto or_null = [](const std::string& s) { return s.empty() ? json() : json(s); };
@@ -59,8 +59,8 @@ size_t characters(std::string_view text) {
   }));
 }
 
-JsonBody utf8_bytes(const std::string& text) {
-  JsonBody bytes = JsonBody::array();
+json utf8_bytes(const std::string& text) {
+  json bytes = json::array();
   for (unsigned char c : text) bytes.push_back(int(c));
   return bytes;
 }
@@ -135,28 +135,29 @@ bool ResponseBuilder::shows(const Delta& delta, int choice) const {
 json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
   ChoiceText& state = choices_.at(size_t(choice));
   json chunk = chunk_envelope();
-  json entry = {
-      {"index", choice}, {"logprobs", logprobs(delta, state)}, {"finish_reason", nullptr}};
-  if (chat_) {
+  json entry = {{"index", choice}};
+  if (chat_)
     entry["delta"] = {{"content", delta.text}};
-  } else {  // vLLM's completion chunks carry stop_reason throughout, its chat chunks at the end
+  else
     entry["text"] = take_text(delta, state);
-    entry["stop_reason"] = nullptr;
-  }
+  entry["logprobs"] = logprobs(delta, state);
+  entry["finish_reason"] = nullptr;
+  // vLLM's completion chunks carry stop_reason throughout, its chat chunks at the end.
+  if (!chat_) entry["stop_reason"] = nullptr;
   chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
 
 json ResponseBuilder::finish_chunk(const Completion& completion, int choice) {
   json chunk = chunk_envelope();
-  json entry = {{"index", choice},
-                {"logprobs", nullptr},
-                {"finish_reason", finish_reason_name(shown_reason(completion.reason))},
-                {"stop_reason", shown_stop_reason(completion)}};
+  json entry = {{"index", choice}};
   if (chat_)
     entry["delta"] = json::object();
   else  // an echo no delta carried (an answer with no text) comes here
     entry["text"] = take_text(Delta{}, choices_.at(size_t(choice)));
+  entry["logprobs"] = nullptr;
+  entry["finish_reason"] = finish_reason_name(shown_reason(completion.reason));
+  entry["stop_reason"] = shown_stop_reason(completion);
   chunk["choices"].push_back(std::move(entry));
   return chunk;
 }
@@ -186,14 +187,14 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
   json entries = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceText& state = choices_.at(i);
-    json entry = {{"index", i},
-                  {"logprobs", state.logprobs},
-                  {"finish_reason", finish_reason_name(shown_reason(choices[i].reason))},
-                  {"stop_reason", shown_stop_reason(choices[i])}};
+    json entry = {{"index", i}};
     if (chat_)
       entry["message"] = {{"role", "assistant"}, {"content", state.text}, {"refusal", nullptr}};
     else  // an echo no delta carried: the prompt is the whole text
       entry["text"] = state.echo_due ? state.prompt + state.text : state.text;
+    entry["logprobs"] = state.logprobs;
+    entry["finish_reason"] = finish_reason_name(shown_reason(choices[i].reason));
+    entry["stop_reason"] = shown_stop_reason(choices[i]);
     entries.push_back(std::move(entry));
   }
   return {{"id", id_},
@@ -297,13 +298,13 @@ size_t after_token(const std::string& prompt, size_t offset, const std::string& 
 
 }  // namespace
 
-// {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}], "text_offset"}:
+// {"text_offset", "token_logprobs", "tokens", "top_logprobs": [{text: logprob}]} (vLLM's order):
 // an echoed prompt's tokens, then the delta's own (none for prompt_only).
 json ResponseBuilder::completion_logprobs(const Delta& delta, ChoiceText& choice) const {
-  json result = {{"tokens", json::array()},
+  json result = {{"text_offset", json::array()},
                  {"token_logprobs", json::array()},
-                 {"top_logprobs", json::array()},
-                 {"text_offset", json::array()}};
+                 {"tokens", json::array()},
+                 {"top_logprobs", json::array()}};
   // A prompt token's place in bytes (where after_token matches it), and in characters before it.
   size_t offset = 0, counted = 0, characters_before = 0;
   for (const TokenOutput& token : delta.prompt) {

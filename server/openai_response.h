@@ -9,7 +9,9 @@
 //   completions token's top_logprobs hold the token itself besides its alternatives;
 // - completion chunks carry vLLM's stop_reason throughout, chat chunks at their end;
 // - an impossible logprob is -9999, not a non-JSON -infinity;
-// - with stream_options.include_usage, every chunk has "usage": null but the last.
+// - with stream_options.include_usage, every chunk has "usage": null but the last;
+// - members come in the order OpenAI writes them (id, object, created, model, choices, usage),
+//   and a completions token's top_logprobs from the likeliest down.
 #pragma once
 
 #include <cstddef>
@@ -27,19 +29,22 @@
 
 namespace pipeline {
 
+// A response as JSON whose objects keep their members in the order they were added.
+using ResponseJson = nlohmann::ordered_json;
+
 // What the usage of a call's choices adds up to: each prompt once (its cached tokens the least
 // any of its choices found: what the cache held before the call), every choice's tokens.
 Completion total_usage(std::span<const Completion> choices, int per_prompt);
 
 // {"error": {"message", "type", "param", "code"}}, empty strings as null.
-nlohmann::json error_body(const RequestError& error);
+ResponseJson error_body(const RequestError& error);
 
 // One server-sent event carrying `payload`, and the stream's last event.
-std::string sse_event(const nlohmann::json& payload);
+std::string sse_event(const ResponseJson& payload);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 
 // Serialises a response; invalid UTF-8 (a token that is part of a character) becomes U+FFFD.
-std::string to_json_text(const nlohmann::json& value);
+std::string to_json_text(const ResponseJson& value);
 
 // A token's text as OpenAI reports it in logprobs: the "▁" word marker as a space, a
 // byte-fallback piece as its byte.
@@ -56,36 +61,36 @@ class ResponseBuilder {
   // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
   // A delta that shows() nothing (no new token, text or logprobs, or a prompt_only answer's
   // token after the echo) needs no chunk.
-  nlohmann::json role_chunk(int choice = 0) const;
+  ResponseJson role_chunk(int choice = 0) const;
   bool shows(const Delta& delta, int choice = 0) const;
-  nlohmann::json delta_chunk(const Delta& delta, int choice = 0);
-  nlohmann::json finish_chunk(const Completion& completion, int choice = 0);
-  nlohmann::json usage_chunk(std::span<const Completion> choices) const;
+  ResponseJson delta_chunk(const Delta& delta, int choice = 0);
+  ResponseJson finish_chunk(const Completion& completion, int choice = 0);
+  ResponseJson usage_chunk(std::span<const Completion> choices) const;
 
   // Non-streaming: collect every delta, then build chat.completion or text_completion from
   // every choice's completion.
   void append(const Delta& delta, int choice = 0);
-  nlohmann::json whole_response(std::span<const Completion> choices) const;
+  ResponseJson whole_response(std::span<const Completion> choices) const;
 
  private:
   // A choice's answer so far (non-streaming) and its place in the text (completions logprobs).
   struct ChoiceText {
     std::string text;
-    nlohmann::json logprobs;
+    ResponseJson logprobs;
     std::string prompt;      // echo: its prompt's text
     bool echo_due = false;   // echo: the prompt is not sent yet
     size_t text_offset = 0;  // where the next token starts in prompt+text, in characters
   };
 
-  nlohmann::json chunk_envelope() const;
-  nlohmann::json usage(std::span<const Completion> choices) const;
+  ResponseJson chunk_envelope() const;
+  ResponseJson usage(std::span<const Completion> choices) const;
   FinishReason shown_reason(FinishReason reason) const;
-  nlohmann::json shown_stop_reason(const Completion& completion) const;
+  ResponseJson shown_stop_reason(const Completion& completion) const;
   // The text a delta adds to the answer: the echoed prompt first, if due (and then no longer).
   std::string take_text(const Delta& delta, ChoiceText& choice) const;
-  nlohmann::json logprobs(const Delta& delta, ChoiceText& choice) const;
-  nlohmann::json chat_logprobs(const std::vector<TokenOutput>& tokens) const;
-  nlohmann::json completion_logprobs(const Delta& delta, ChoiceText& choice) const;
+  ResponseJson logprobs(const Delta& delta, ChoiceText& choice) const;
+  ResponseJson chat_logprobs(const std::vector<TokenOutput>& tokens) const;
+  ResponseJson completion_logprobs(const Delta& delta, ChoiceText& choice) const;
 
   std::string id_;
   bool chat_;

@@ -6,7 +6,7 @@
 
 namespace pipeline {
 
-using nlohmann::json;
+using json = ResponseJson;
 
 namespace {
 

@@ -23,10 +23,9 @@
 // - /detokenize takes ids of the tokenizer's vocabulary; an empty list decodes to "".
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include "io/chat_template.h"
 #include "server/openai_request.h"
+#include "server/openai_response.h"
 
 namespace pipeline {
 
@@ -38,8 +37,8 @@ struct TokenizeSettings {
 
 // The answers to one request body; `model.tokenizer` must be set. Throws ApiError (400 naming
 // the parameter, 404 for an unknown model) on a body they cannot answer.
-nlohmann::json tokenize_response(const JsonBody& body, const ServedModel& model,
-                                 const TokenizeSettings& settings);
-nlohmann::json detokenize_response(const JsonBody& body, const ServedModel& model);
+ResponseJson tokenize_response(const JsonBody& body, const ServedModel& model,
+                               const TokenizeSettings& settings);
+ResponseJson detokenize_response(const JsonBody& body, const ServedModel& model);
 
 }  // namespace pipeline

@@ -17,7 +17,7 @@
 namespace pipeline {
 namespace {
 
-using nlohmann::json;
+using json = ResponseJson;  // ordered: a response's members are compared in their order
 
 using testing::stories_tokenizer;
 
@@ -842,6 +842,27 @@ TEST(Responses, WholeChatCompletion) {
   EXPECT_EQ(choice["finish_reason"], "stop");
   EXPECT_TRUE(choice.at("stop_reason").is_null());  // an end of sequence
   EXPECT_EQ(response["usage"], usage_json(7, 2));
+}
+
+std::vector<std::string> keys(const json& object) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : object.items()) names.push_back(name);
+  return names;
+}
+
+// Members come in the order OpenAI writes them, so that a response reads as OpenAI's does.
+TEST(Responses, MembersComeInOpenAIsOrder) {
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, chat_body());
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  builder.append(delta("Once"));
+  const json response = builder.whole_response(one({FinishReason::Stop, 7, 1}));
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(keys(response), Names({"id", "object", "created", "model", "choices", "usage"}));
+  EXPECT_EQ(keys(response["choices"][0]),
+            Names({"index", "message", "logprobs", "finish_reason", "stop_reason"}));
+  EXPECT_EQ(keys(response["usage"]),
+            Names({"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}));
+  EXPECT_EQ(keys(error_body(RequestError{})["error"]), Names({"message", "type", "param", "code"}));
 }
 
 TEST(Responses, WholeTextCompletion) {
