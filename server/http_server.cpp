@@ -42,6 +42,31 @@ constexpr std::chrono::milliseconds kRequestQuiet{500};
 
 constexpr const char* kJson = "application/json";
 
+// Where a request's refused Content-Encoding is kept (see refuse_body_encoding).
+constexpr const char* kRefusedEncoding = "X-Pipeline-Refused-Content-Encoding";
+
+// httplib inflates a gzip, deflate or br body as it reads it, with no bound on the inflated
+// size: its payload limit holds the bytes sent, and a 1 MB gzip body of spaces grew to 3 GB. So
+// the encoding is taken off the request before httplib reads the body (this runs before, from
+// the pre-routing handler; httplib passes its own, non-const request there as const), the body
+// is read as sent, within the payload limit, and the route answers 415 (refused_encoding).
+// OpenAI's clients send bodies uncompressed, and vLLM does not inflate them either.
+void refuse_body_encoding(const httplib::Request& req) {
+  const std::string encoding = req.get_header_value("Content-Encoding");
+  if (encoding.empty() || encoding == "identity") return;
+  auto& request = const_cast<httplib::Request&>(req);
+  request.headers.erase("Content-Encoding");
+  request.set_header(kRefusedEncoding, encoding);
+}
+
+std::optional<RequestError> refused_encoding(const httplib::Request& req) {
+  if (!req.has_header(kRefusedEncoding)) return std::nullopt;
+  return RequestError{415,
+                      "Content-Encoding '" + req.get_header_value(kRefusedEncoding) +
+                          "' is not supported: send the request body uncompressed.",
+                      "invalid_request_error", "", "unsupported_content_encoding"};
+}
+
 // The routes and their one method, for telling 405 from 404.
 const std::map<std::string, std::string>& route_methods() {
   static const std::map<std::string, std::string> routes = {
@@ -69,7 +94,7 @@ std::string allowed_method(const std::string& path) {
 // label set without bound.
 std::string route_label(const std::string& path) {
   if (route_methods().contains(path)) return path;
-  if (path.starts_with(kModelPrefix)) return "/v1/models/{id}";
+  if (path.size() > kModelPrefix.size() && path.starts_with(kModelPrefix)) return "/v1/models/{id}";
   return "other";
 }
 
@@ -354,6 +379,7 @@ struct HttpServer::Impl {
     return
         [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
           answering.begin(req);
+          if (auto refused = refused_encoding(req)) return reply_error(res, *refused);
           handler(req, res);
         };
   }
@@ -401,6 +427,7 @@ struct HttpServer::Impl {
   // connections are answering.
   void install_guards() {
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      refuse_body_encoding(req);
       const std::string& key = engine.config().server.api_key;
       if (key.empty() || req.path == "/health" ||
           bearer_matches(req.get_header_value("Authorization"), key))

@@ -932,6 +932,27 @@ TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
   EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
+// A compressed body is refused with 415, not inflated: httplib would inflate it with no bound
+// on its size. The body is read as sent, so the connection serves its next request.
+TEST_F(ServerE2E, ACompressedBodyIsRefusedWithoutBeingInflated) {
+  httplib::Client client("127.0.0.1", port());
+  client.set_read_timeout(60);
+  client.set_keep_alive(true);
+  client.set_compress(true);  // gzip
+  const std::string body = completion_body("Hi", 4).dump();
+  httplib::Result refused = client.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 415) << refused->body;
+  const json error = json::parse(refused->body)["error"];
+  EXPECT_EQ(error["code"], "unsupported_content_encoding");
+  EXPECT_NE(error["message"].get<std::string>().find("Content-Encoding 'gzip'"), std::string::npos)
+      << error;
+  client.set_compress(false);
+  httplib::Result answered = client.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(answered) << httplib::to_string(answered.error());
+  EXPECT_EQ(answered->status, 200) << answered->body;
+}
+
 TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
   for (int choices : {1, 3}) {
     SCOPED_TRACE("n = " + std::to_string(choices));
