@@ -283,15 +283,21 @@ void add_completion_logprob(json& result, const TokenOutput& token, size_t text_
 // Where a prompt token that starts at `offset` of the prompt's text ends. A token's text is
 // normally the prompt's next bytes; SentencePiece's word-start space, though, may stand for no
 // space (the prompt's first word) or for a run of them (it collapses whitespace), so a token
-// that starts with one is matched past whatever whitespace the prompt has there.
+// that starts with one is matched past whatever whitespace the prompt has there. A token of
+// spaces alone (the word-start mark before a prompt that opens with a newline or a tab, whose
+// own tokens follow) takes the spaces there, if any, and nothing else.
 size_t after_token(const std::string& prompt, size_t offset, const std::string& text) {
   if (offset > prompt.size()) return offset + text.size();
   if (prompt.compare(offset, text.size(), text) == 0) return offset + text.size();
   if (text.empty() || text[0] != ' ') return offset + text.size();
-  size_t at = offset;
-  while (at < prompt.size() && std::isspace(static_cast<unsigned char>(prompt[at]))) ++at;
   const std::string_view word =
       std::string_view(text).substr(std::min(text.find_first_not_of(' '), text.size()));
+  size_t at = offset;
+  if (word.empty()) {
+    while (at < prompt.size() && prompt[at] == ' ') ++at;
+    return at;
+  }
+  while (at < prompt.size() && std::isspace(static_cast<unsigned char>(prompt[at]))) ++at;
   if (prompt.compare(at, word.size(), word) == 0) return at + word.size();
   return offset + text.size();  // the tokenizer changed more than whitespace: count its bytes
 }

@@ -1090,6 +1090,21 @@ TEST(Responses, EchoedOffsetsFollowThePromptThroughCollapsedWhitespace) {
   EXPECT_EQ(offsets, json({0, 0, 1, 2, 3, 6, 7, 8, 10, 11}));
 }
 
+// A prompt that opens with a newline gets the word-start mark as a token of its own, a space
+// the prompt does not have: it takes no room, and the newline's token starts at 0.
+TEST(Responses, EchoedOffsetsOfAPromptOpeningWithANewline) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions,
+      with(with(with(completion_body(), "prompt", "\n\tOnce upon"), "echo", true), "logprobs", 0));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  Delta d;
+  for (const char* piece : {"", " ", "\n", "\t", "O", "n", "ce", " upon"})
+    d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
+  d.tokens = {TokenOutput{5, ",", -1.0f, {}}};
+  const json offsets = builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
+  EXPECT_EQ(offsets, json({0, 0, 0, 1, 2, 3, 4, 6, 11}));
+}
+
 TEST(Responses, AnEchoNoDeltaCarriedComesWithTheEnd) {
   const ParsedRequest parsed =
       parsed_from(Endpoint::Completions, with(completion_body(), "echo", true));
