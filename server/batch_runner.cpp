@@ -149,12 +149,37 @@ BatchRunner::BatchRunner(Engine& engine, std::string input_name, std::FILE* outp
 
 BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
                                std::chrono::milliseconds period, const Report& report) {
-  const ServeConfig& config = engine_.config();
-  const size_t max_in_flight = size_t(std::clamp(
-      config.scheduler.max_num_seqs + config.scheduler.max_batch, 1, config.server.max_queue));
   Results results;
   BatchProgress progress;
   progress.total = todo.size();
+  // A failed write ends the run, but only once every request in flight has ended: their sinks
+  // push into `results` until then.
+  std::exception_ptr failure;
+  try {
+    submit_and_write(todo, stop, period, report, results, progress);
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  if (progress.written < todo.size()) {
+    // Stopped: the engine finishes what it can within its grace and fails the rest; after a
+    // failed write there is no grace, and nothing more is written.
+    progress.interrupted = true;
+    const std::chrono::seconds grace(failure ? 0 : engine_.config().server.shutdown_grace_s);
+    engine_.shutdown(grace);
+    drain(results, progress, failure);
+  }
+  if (failure) std::rethrow_exception(failure);
+  report(progress);
+  return progress;
+}
+
+void BatchRunner::submit_and_write(const std::vector<BatchInput>& todo,
+                                   const std::atomic<bool>& stop, std::chrono::milliseconds period,
+                                   const Report& report, Results& results,
+                                   BatchProgress& progress) {
+  const ServeConfig& config = engine_.config();
+  const size_t max_in_flight = size_t(std::clamp(
+      config.scheduler.max_num_seqs + config.scheduler.max_batch, 1, config.server.max_queue));
   size_t next = 0;
   auto next_report = Clock::now() + period;
   while (progress.written < todo.size() && !stop.load()) {
@@ -182,21 +207,24 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
       next_report = Clock::now() + period;
     }
   }
-  if (progress.written < todo.size()) {
-    // Stopped: the engine finishes what it can within its grace and fails the rest.
-    progress.interrupted = true;
-    engine_.shutdown(std::chrono::seconds(config.server.shutdown_grace_s));
-    while (progress.in_flight > 0) {
-      auto event = results.pop(Clock::now() + std::chrono::seconds(10));
-      if (!event) break;  // cannot happen: shutdown has ended every request
-      const auto* finished = std::get_if<Finished>(&*event);
-      if (!finished) continue;  // a cancellation: shutdown ends them all anyway
-      --progress.in_flight;
-      if (!finished->cut_short) write(*finished, progress);
+}
+
+// After the engine's shutdown, which ends every request: takes their outcomes, writing those
+// that finished (not those it cut short, which a rerun does) until a write fails (`failure`).
+void BatchRunner::drain(Results& results, BatchProgress& progress, std::exception_ptr& failure) {
+  while (progress.in_flight > 0) {
+    auto event = results.pop(Clock::now() + std::chrono::seconds(10));
+    if (!event) break;  // cannot happen: shutdown has ended every request
+    const auto* finished = std::get_if<Finished>(&*event);
+    if (!finished) continue;  // a cancellation: shutdown ends them all anyway
+    --progress.in_flight;
+    if (failure || finished->cut_short) continue;
+    try {
+      write(*finished, progress);
+    } catch (const std::exception&) {
+      failure = std::current_exception();
     }
   }
-  report(progress);
-  return progress;
 }
 
 bool BatchRunner::submit(const BatchInput& input, Results& results, BatchProgress& progress) {

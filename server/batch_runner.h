@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,7 +39,8 @@ class BatchRunner {
   // each line as its request finishes; calls `report` about every `period` and once at the end.
   // When `stop` turns true nothing more is submitted; the engine shuts down with its grace
   // (server.shutdown_grace_s), the requests that finished are written and those it cut short
-  // are not, so a rerun does them. Throws std::runtime_error when the output cannot be written.
+  // are not, so a rerun does them. Throws std::runtime_error when the output cannot be written,
+  // once the engine has failed every request still in flight.
   BatchProgress run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
                     std::chrono::milliseconds period, const Report& report);
 
@@ -49,6 +51,10 @@ class BatchRunner {
   class Answer;
   class ChoiceSink;
 
+  void submit_and_write(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
+                        std::chrono::milliseconds period, const Report& report, Results& results,
+                        BatchProgress& progress);
+  void drain(Results& results, BatchProgress& progress, std::exception_ptr& failure);
   // False when the engine's queue is full (try again later); a request the API refuses gets
   // its line at once.
   bool submit(const BatchInput& input, Results& results, BatchProgress& progress);

@@ -460,6 +460,24 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
     EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 64) << line["custom_id"];
 }
 
+// A write that fails (here the file-size limit, as a full disk would) ends the run with its
+// error, once the requests in flight have ended (their results arrived after the run was gone,
+// and the process aborted); what was written is kept for the rerun.
+TEST_F(BatchCommandTest, AFailedWriteEndsTheRunWithItsErrorWhileRequestsAreInFlight) {
+  const auto in = write("in.jsonl", long_requests(100, 16));
+  const auto out = dir_ / "out.jsonl";
+  // 4 KiB: a few lines. SIGXFSZ ignored, so a write past the limit fails with EFBIG.
+  const auto result =
+      run_shell("ulimit -f 4; trap '' XFSZ; " + shell_command(in, out) + " 2>&1; echo \"exit $?\"");
+  EXPECT_NE(result.out.find("writing the batch output failed: File too large"), std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("exit 1\n"), std::string::npos) << result.out;
+
+  const auto finished = batch(in, out);
+  ASSERT_EQ(finished.exit_code, 0) << finished.err;
+  EXPECT_EQ(by_custom_id(lines_of(out)).size(), 100u);
+}
+
 // A second SIGINT does not wait for the requests in flight (the grace here would be a minute):
 // they fail at once and get no line, every line written is whole, and the same command then
 // finishes the batch.
