@@ -9,6 +9,11 @@ namespace pipeline {
 
 namespace {
 
+// Deeper nesting is refused: no request needs it, and copying or printing a value recurses once
+// a level (a batch line nested 100,000 deep overflowed the stack when its body was copied).
+// Python's json, which vLLM's server reads with, stops near the same depth.
+constexpr size_t kMaxDepth = 1000;
+
 // A SAX handler (nlohmann's json_sax interface) that builds a JsonBody.
 class JsonBodyBuilder {
  public:
@@ -45,6 +50,10 @@ class JsonBodyBuilder {
     return true;
   }
   bool open(JsonBody container) {
+    if (open_.size() == kMaxDepth)
+      throw JsonBody::other_error::create(
+          501, "arrays and objects nest deeper than " + std::to_string(kMaxDepth) + " levels",
+          nullptr);
     JsonBody& value = slot();
     value = std::move(container);
     open_.push_back({&value, {}});

@@ -16,7 +16,7 @@ using JsonBody = nlohmann::ordered_json;
 
 // The JSON text as a value, a repeated key's last value kept (as nlohmann's parser keeps it).
 // Throws nlohmann::json::parse_error where the text is not JSON, out_of_range for a number
-// beyond a double.
+// beyond a double, other_error for arrays and objects nested more than 1,000 deep.
 JsonBody read_json_body(std::string_view text);
 
 }  // namespace pipeline

@@ -120,6 +120,9 @@ TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
       {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions"})"
        "\n",
        ":1: body: required"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"x": )" +
+           std::string(100000, '[') + std::string(100000, ']') + "}}\n",
+       ":1: not JSON: arrays and objects nest deeper than 1000 levels"},
   };
   for (const auto& [text, expected] : cases) {
     const std::string message = input_error(text);

@@ -322,6 +322,19 @@ TEST(ParseRequest, BodiesKeepTheirObjectsOrder) {
   }
 }
 
+// Arrays and objects nest at most 1,000 deep: deeper values cannot be copied or printed without
+// overflowing the stack.
+TEST(ParseRequest, BodiesNestAtMostAThousandDeep) {
+  const auto nested = [](int depth) {
+    return "{\"a\": " + std::string(size_t(depth - 1), '[') + std::string(size_t(depth - 1), ']') +
+           "}";
+  };
+  EXPECT_EQ(read_json_body(nested(1000)).dump().size(), nested(1000).size() - 1);
+  EXPECT_THROW(read_json_body(nested(1001)), nlohmann::json::other_error);
+  EXPECT_THROW(read_json_body(nested(100000)), nlohmann::json::other_error);
+  EXPECT_THROW(parse_json_body(nested(1001)), ApiError);
+}
+
 // One bad input per row: the parameter the 400 must name and a word its message must hold.
 struct BadInput {
   Endpoint endpoint;
