@@ -110,6 +110,40 @@ std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
   return inputs;
 }
 
+namespace {
+
+// The custom_id of a line of the output file, once the line has proved to be a result of this
+// batch (of `expected`) and the only one of its custom_id (`first_line` holds those seen).
+std::string result_id(const std::filesystem::path& file, int number, const std::string& text,
+                      const std::set<std::string>& expected,
+                      std::map<std::string, int>& first_line) {
+  const json object = parse_object(file, number, text);
+  const auto custom_id = object.find("custom_id");
+  if (custom_id == object.end() || !custom_id->is_string() || !object.contains("response"))
+    throw error_at(file, number, "not a result line: no custom_id and response");
+  const std::string id = custom_id->get<std::string>();
+  if (!expected.contains(id))
+    throw error_at(
+        file, number,
+        "custom_id: '" + id + "' is not in the batch input; is this the output of another batch?");
+  if (const auto [at, added] = first_line.emplace(id, number); !added)
+    throw error_at(
+        file, number,
+        "custom_id: '" + id + "' already has a result on line " + std::to_string(at->second));
+  return id;
+}
+
+bool is_json(const std::string& text) {
+  try {
+    read_json_body(text);
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 std::set<std::string> finished_in_output(const std::filesystem::path& file,
                                          const std::set<std::string>& expected) {
   std::set<std::string> finished;
@@ -123,9 +157,9 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
     all << in.rdbuf();
     contents = all.str();
   }
-  // Everything after the last newline was being written when the run stopped: it is cut off,
-  // but only once every whole line has proved to be a result and it looks like the start of
-  // one, so that a file that is no batch output (the input, say) is refused, never cut.
+  // Everything after the last newline was being written when the run stopped. The file changes
+  // only once every whole line has proved to be a result, so that a file that is no batch
+  // output (the input, say) is refused, never cut.
   const size_t complete = contents.rfind('\n') == std::string::npos ? 0 : contents.rfind('\n') + 1;
   const std::string torn = contents.substr(complete);
   contents.resize(complete);
@@ -133,27 +167,17 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
   std::map<std::string, int> first_line;
   std::string text;
   int number = 1;
-  for (; std::getline(lines, text); ++number) {
-    if (blank(text)) continue;
-    const json object = parse_object(file, number, text);
-    const auto custom_id = object.find("custom_id");
-    if (custom_id == object.end() || !custom_id->is_string() || !object.contains("response"))
-      throw error_at(file, number, "not a result line: no custom_id and response");
-    const std::string id = custom_id->get<std::string>();
-    if (!expected.contains(id))
-      throw error_at(file, number,
-                     "custom_id: '" + id +
-                         "' is not in the batch input; is this the output of another batch?");
-    if (const auto [at, added] = first_line.emplace(id, number); !added)
-      throw error_at(
-          file, number,
-          "custom_id: '" + id + "' already has a result on line " + std::to_string(at->second));
-    finished.insert(id);
-  }
-  if (!torn.empty()) {
-    if (!starts_like_a_result(torn))
-      throw error_at(file, number, "not a result line (and no newline at its end)");
-    std::filesystem::resize_file(file, complete);
+  for (; std::getline(lines, text); ++number)
+    if (!blank(text)) finished.insert(result_id(file, number, text, expected, first_line));
+  if (torn.empty() || blank(torn)) return finished;
+  if (is_json(torn)) {
+    // A whole line whose newline was not written: a result like any other, or a refusal.
+    finished.insert(result_id(file, number, torn, expected, first_line));
+    std::ofstream(file, std::ios::app | std::ios::binary) << '\n';
+  } else if (starts_like_a_result(torn)) {
+    std::filesystem::resize_file(file, complete);  // cut off while it was written
+  } else {
+    throw error_at(file, number, "not a result line (and no newline at its end)");
   }
   return finished;
 }

@@ -38,10 +38,11 @@ struct BatchInput {
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file);
 
 // The custom_ids that already have a line in the output file (none when it does not exist).
-// A last line cut short (no newline at its end: a run stopped while writing it) is removed from
-// the file, once every other line has proved to be a result and it starts as one does. Throws
-// BatchFileError, the file untouched, on any other line that is not a result, or whose custom_id
-// is not in `expected` (the output of another batch).
+// A last line with no newline at its end is a result like any other if it is whole JSON (its
+// newline is then added); if not, it was cut short by a run stopped while writing it, and is
+// removed from the file, once every other line has proved to be a result and it starts as one
+// does. Throws BatchFileError, the file untouched, on any other line that is not a result, or
+// whose custom_id is not in `expected` (the output of another batch).
 std::set<std::string> finished_in_output(const std::filesystem::path& file,
                                          const std::set<std::string>& expected);
 

@@ -162,6 +162,22 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
     EXPECT_THROW(finished_in_output(file, expected), BatchFileError) << text;
     EXPECT_EQ(contents(file), text);
   }
+  // A whole last line without its newline is a line like any other: this batch's result is
+  // kept (and its newline added), another batch's is refused, the file untouched.
+  const std::string whole = torn.substr(0, torn.size() - 1);
+  const auto unterminated = write("unterminated.jsonl", complete + whole);
+  EXPECT_EQ(finished_in_output(unterminated, expected), expected);
+  EXPECT_EQ(contents(unterminated), complete + torn);
+  const auto foreign = write("foreign.jsonl", whole);
+  try {
+    finished_in_output(foreign, {"a"});
+    FAIL() << "another batch's result with no newline was accepted";
+  } catch (const BatchFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("foreign.jsonl:1: custom_id: 'c' is not in the batch"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(contents(foreign), whole);
   write("bad.jsonl", "not json\n" + complete);
   EXPECT_THROW(finished_in_output(dir_ / "bad.jsonl", expected), BatchFileError);
   write("twice.jsonl", complete + batch_output_line(a, "cmpl-2", 200, {}));
