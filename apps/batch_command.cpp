@@ -113,6 +113,8 @@ int batch_command(int argc, char** argv) {
     throw UsageError("--output " + output_file + " is the input file: the results go to a file " +
                      "of their own");
   const std::vector<BatchInput> inputs = read_batch_input(input_file);
+  const OutputCreatedByRun created(output_file);
+  const BatchOutput output = open_batch_output(output_file);  // before it is read: locked
   const std::vector<BatchInput> todo = not_in_output(inputs, output_file);
   if (todo.empty()) {
     std::fprintf(stderr, "pipeline batch: all %zu requests of %s already have results in %s\n",
@@ -123,10 +125,6 @@ int batch_command(int argc, char** argv) {
   if (finished > 0)
     std::fprintf(stderr, "pipeline batch: resuming: %zu of %zu requests already have results\n",
                  finished, inputs.size());
-  const OutputCreatedByRun created(output_file);
-  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> output(std::fopen(output_file.c_str(), "a"),
-                                                               &std::fclose);
-  if (!output) throw std::runtime_error(output_file + ": cannot open the batch output file");
 
   block_stop_signals();  // before the engine starts its threads, so that they inherit it
   Engine engine(config);

@@ -1,6 +1,10 @@
 #include "server/batch_file.h"
 
+#include <sys/file.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -143,6 +147,23 @@ bool is_json(const std::string& text) {
 }
 
 }  // namespace
+
+BatchOutput open_batch_output(const std::filesystem::path& file) {
+  check_readable_kind(file, /*pipe_allowed=*/false, "output");
+  BatchOutput output(std::fopen(file.c_str(), "a"), &std::fclose);
+  if (!output)
+    throw BatchFileError(file.string() +
+                         ": cannot open the batch output file: " + std::strerror(errno));
+  // A second run on the same output would find the same results and answer every missing
+  // request again beside this one: each line would be written twice.
+  if (flock(fileno(output.get()), LOCK_EX | LOCK_NB) != 0)
+    throw BatchFileError(
+        file.string() +
+        (errno == EWOULDBLOCK
+             ? ": another pipeline batch is writing this output file"
+             : ": cannot lock the batch output file: " + std::string(std::strerror(errno))));
+  return output;
+}
 
 std::set<std::string> finished_in_output(const std::filesystem::path& file,
                                          const std::set<std::string>& expected) {

@@ -7,7 +7,9 @@
 // output is also the batch's record of what is done: a rerun skips every custom_id it holds.
 #pragma once
 
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -37,7 +39,14 @@ struct BatchInput {
 // (an object) is missing or wrong.
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file);
 
-// The custom_ids that already have a line in the output file (none when it does not exist).
+// The output file, opened for appending (created if missing) and locked (flock) by this process
+// until it is closed. Throws BatchFileError when it is no regular file, cannot be opened, or
+// another process holds it (a second run on the same output would answer the same requests).
+using BatchOutput = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+BatchOutput open_batch_output(const std::filesystem::path& file);
+
+// The custom_ids that already have a line in the output file (none when it does not exist); read
+// while open_batch_output holds it.
 // A last line with no newline at its end is a result like any other if it is whole JSON (its
 // newline is then added); if not, it was cut short by a run stopped while writing it, and is
 // removed from the file, once every other line has proved to be a result and it starts as one

@@ -184,6 +184,34 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   EXPECT_THROW(finished_in_output(dir_ / "twice.jsonl", expected), BatchFileError);
 }
 
+// Two runs on one output would both find the same results missing and write each twice: the
+// output is held by one run at a time.
+TEST_F(BatchTest, OneRunAtATimeHoldsTheOutput) {
+  const auto out = dir_ / "out.jsonl";
+  {
+    const BatchOutput first = open_batch_output(out);
+    try {
+      open_batch_output(out);
+      FAIL() << "a second run opened the output the first holds";
+    } catch (const BatchFileError& e) {
+      EXPECT_NE(std::string(e.what()).find("another pipeline batch is writing this output file"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(open_batch_output(out));  // held until closed
+  const auto message = [&](const std::filesystem::path& file) {
+    try {
+      open_batch_output(file);
+    } catch (const BatchFileError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(dir_ / "no-dir" / "out.jsonl").find("No such file or directory"),
+            std::string::npos);
+}
+
 // /dev/zero reads on without end: a read of it as the input, or as the output a rerun scans,
 // grew without bound until memory ran out. A pipe is an input that ends, not an output.
 TEST_F(BatchTest, ADeviceIsRefusedAsInputOrOutputAndAPipeAsOutput) {
