@@ -88,6 +88,7 @@ int generate_command(int argc, char** argv) {
 
   auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::load(model_dir));
   const Tokenizer tokenizer(model_dir / "tokenizer.model");
+  tokenizer.check_fits(weights->config.vocab_size);
   auto runner = make_runner(device, weights, runner_options);
   request.prompt = tokenizer.encode(prompt, /*add_bos=*/true);
 

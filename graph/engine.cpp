@@ -61,6 +61,7 @@ Engine::Impl::Impl(const ServeConfig& cfg)
       model_name(config.model.name.empty() ? folder_name(config.model.path) : config.model.name),
       weights(std::make_shared<const LlamaWeights>(LlamaWeights::load(config.model.path))),
       tokenizer(config.model.path / "tokenizer.model") {
+  tokenizer.check_fits(weights->config.vocab_size);
   RunnerOptions options;
   options.kv_block_size = config.scheduler.kv_block_size;
   options.kv_cache_blocks = config.scheduler.kv_cache_blocks;

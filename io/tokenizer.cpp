@@ -55,6 +55,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
 int Tokenizer::vocab_size() const {
   return sp_->GetPieceSize();
 }
+void Tokenizer::check_fits(int model_vocab_size) const {
+  if (vocab_size() > model_vocab_size)
+    throw CheckpointError("tokenizer model " + model_file_.string() + " has " +
+                          std::to_string(vocab_size()) + " pieces but the model's vocab_size is " +
+                          std::to_string(model_vocab_size) +
+                          ": the tokenizer belongs to another model");
+}
+
 int32_t Tokenizer::bos_id() const {
   return sp_->bos_id();
 }

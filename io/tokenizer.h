@@ -31,6 +31,10 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids) const;
 
   int vocab_size() const;
+  // Throws CheckpointError when the tokenizer has more pieces than the model has embeddings
+  // (`model_vocab_size`): text would become ids the model cannot take. Fewer is fine (a
+  // checkpoint may pad its vocabulary).
+  void check_fits(int model_vocab_size) const;
   int32_t bos_id() const;  // -1 when the model has none
   int32_t eos_id() const;  // -1 when the model has none
   int32_t unk_id() const;

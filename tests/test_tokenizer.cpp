@@ -58,6 +58,22 @@ TEST(Tokenizer, Llama2SpecialIds) {
   EXPECT_FALSE(tokenizer.is_control(15043));  // "▁Hello"
 }
 
+// A tokenizer with more pieces than the model has embeddings (LLaMA-2's beside stories260K's
+// vocabulary of 512) is refused: its ids past the model's would fail every batch they joined.
+TEST(Tokenizer, ATokenizerLargerThanTheModelsVocabularyIsRefused) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  try {
+    tokenizer.check_fits(512);
+    FAIL() << "a tokenizer of 32000 pieces was taken for a model of 512";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("has 32000 pieces but the model's vocab_size is 512"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(tokenizer.check_fits(32000));
+  EXPECT_NO_THROW(tokenizer.check_fits(32064));  // a padded vocabulary
+}
+
 TEST(Tokenizer, AddBosPrependsTheBosId) {
   const Tokenizer tokenizer = llama2_tokenizer();
   EXPECT_EQ(tokenizer.encode("Hello world", /*add_bos=*/true),
