@@ -162,7 +162,7 @@ class CudaRunner final : public ModelRunner {
   std::unique_ptr<Workspace> workspace_;
   PinnedBuffer<int32_t> staging_;       // host image of workspace_->indices
   PinnedBuffer<float> logits_staging_;  // host landing of workspace_->logits
-  // (batch size, decode_splits) -> eager runs, and the captured step.
+  // (batch size, decode_splits) -> eager runs, and the captured step (null: capture failed).
   std::map<std::pair<int, int>, int> decode_sightings_;
   std::map<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_;
   std::vector<std::string> setup_report_;  // what tune_projections() measured
@@ -327,14 +327,22 @@ void CudaRunner::ensure_capacity(int tokens, int seqs, int logit_rows) {
     grown.seqs = std::max(grown.seqs, workspace_->capacity.seqs);
     grown.logit_rows = std::max(grown.logit_rows, workspace_->capacity.logit_rows);
   }
-  // Captured graphs point into the old buffers.
+  // Captured graphs point into the old buffers. The old buffers go before the new ones come
+  // (device memory may not hold both), and the new ones are kept only all together: after a
+  // failed allocation no workspace is left, so the next step allocates again, rather than a
+  // larger workspace beside host buffers sized for the old one.
   decode_graphs_.clear();
   decode_sightings_.clear();
   workspace_.reset();
-  workspace_ =
+  staging_ = {};
+  logits_staging_ = {};
+  auto workspace =
       std::make_unique<Workspace>(config_, grown, max_blocks_per_seq_, max_splits_, stream_.get());
-  staging_ = PinnedBuffer<int32_t>(workspace_->layout.total);
-  logits_staging_ = PinnedBuffer<float>(workspace_->logits.size());
+  PinnedBuffer<int32_t> staging(workspace->layout.total);
+  PinnedBuffer<float> logits_staging(workspace->logits.size());
+  workspace_ = std::move(workspace);
+  staging_ = std::move(staging);
+  logits_staging_ = std::move(logits_staging);
 }
 
 void CudaRunner::forward(const Batch& batch, Logits& logits) {
@@ -343,20 +351,27 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
   Workspace& ws = *workspace_;
   const StepShape shape = pack_step(batch, ws.layout, kv_shape_.block_size, staging_.data());
   cudaStream_t stream = stream_.get();
-  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(ws.indices.data(), staging_.data(),
-                                      shape.packed_elements * sizeof(int32_t),
-                                      cudaMemcpyHostToDevice, stream));
-  if (shape.decode) {
-    run_decode(shape);
-  } else {
-    enqueue_forward(shape);
-  }
-  // Through pinned memory: a direct copy into pageable memory is staged by the driver at a
-  // fraction of the bus speed, and a step's logits are megabytes at large batches.
   const size_t count = size_t(shape.logit_rows) * config_.vocab_size;
-  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits_staging_.data(), ws.logits.data(),
-                                      count * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  try {
+    PIPELINE_CUDA_CHECK(cudaMemcpyAsync(ws.indices.data(), staging_.data(),
+                                        shape.packed_elements * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, stream));
+    if (shape.decode) {
+      run_decode(shape);
+    } else {
+      enqueue_forward(shape);
+    }
+    // Through pinned memory: a direct copy into pageable memory is staged by the driver at a
+    // fraction of the bus speed, and a step's logits are megabytes at large batches.
+    PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits_staging_.data(), ws.logits.data(),
+                                        count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    // What was queued before the failure still reads staging_ and writes the KV cache: it must
+    // be done before the next step rewrites them. Its own error, if any, is the one thrown.
+    cudaStreamSynchronize(stream);
+    throw;
+  }
   logits.vocab = config_.vocab_size;
   copy_out(logits_staging_.data(), count, logits.data);
 }
@@ -372,7 +387,8 @@ int CudaRunner::decode_splits(const StepShape& shape) const {
 
 // First sight of a (batch size, splits) pair runs eagerly; the second captures the step into
 // a graph; later ones replay it. Pairs seen once (the tail of a draining batch) never pay for
-// a capture.
+// a capture. A pair whose capture failed (no memory left to instantiate it, say) runs eagerly
+// from then on: the graph saves launch time, and its absence fails nothing.
 void CudaRunner::run_decode(const StepShape& shape) {
   cudaStream_t stream = stream_.get();
   const std::pair<int, int> key{shape.seqs, decode_splits(shape)};
@@ -382,8 +398,17 @@ void CudaRunner::run_decode(const StepShape& shape) {
       enqueue_forward(shape);
       return;
     }
-    found =
-        decode_graphs_.emplace(key, capture_graph(stream, [&] { enqueue_forward(shape); })).first;
+    std::unique_ptr<GraphExec> graph;
+    try {
+      graph = capture_graph(stream, [&] { enqueue_forward(shape); });
+    } catch (const std::runtime_error&) {  // a CUDA or cuBLAS error (cuda_check.h)
+      (void)cudaGetLastError();            // the capture's error is not the step's
+    }
+    found = decode_graphs_.emplace(key, std::move(graph)).first;
+  }
+  if (!found->second) {
+    enqueue_forward(shape);
+    return;
   }
   NvtxRange range{"decode_graph"};
   found->second->launch(stream);
