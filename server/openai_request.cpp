@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -18,6 +19,10 @@ namespace {
 
 std::string type_name(const JsonBody& value) {
   if (value.is_number_integer()) return "an integer";
+  // A whole number past 64 bits is read as a double: say so, not that it has a fraction.
+  if (value.is_number_float() && std::abs(value.get<double>()) >= 0x1p63 &&
+      std::trunc(value.get<double>()) == value.get<double>())
+    return "a number beyond 64-bit integers";
   if (value.is_number()) return "a number";
   if (value.is_string()) return "a string";
   if (value.is_boolean()) return "a boolean";
