@@ -549,10 +549,15 @@ struct HttpServer::Impl {
                                                 std::move(builder), parsed.options.include_usage,
                                                 std::move(*first), std::move(active_response));
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [stream](size_t, httplib::DataSink& out) { return stream->write_next(out); },
-        [stream](bool success) { stream->released(success); });
+    auto next = [stream](size_t, httplib::DataSink& out) { return stream->write_next(out); };
+    auto released = [stream](bool success) { stream->released(success); };
+    // HTTP/1.0 has no chunked encoding, and nginx, whose proxying speaks it by default, refuses
+    // a chunked answer: there the stream is the body up to the connection's end, which httplib
+    // closes after an HTTP/1.0 request that did not ask to be kept alive.
+    if (req.version == "HTTP/1.0" && req.get_header_value("Connection") != "Keep-Alive")
+      res.set_content_provider("text/event-stream", std::move(next), std::move(released));
+    else
+      res.set_chunked_content_provider("text/event-stream", std::move(next), std::move(released));
   }
 
   // The call's next event; nothing when its client left first, and then every choice is

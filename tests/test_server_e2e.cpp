@@ -953,6 +953,27 @@ TEST_F(ServerE2E, ACompressedBodyIsRefusedWithoutBeingInflated) {
   EXPECT_EQ(answered->status, 200) << answered->body;
 }
 
+// HTTP/1.0 knows no chunked encoding (nginx proxies with it by default, and refuses a chunked
+// answer): a stream is the body until the server closes the connection.
+TEST_F(ServerE2E, AnHttp10StreamIsNotChunkedAndEndsWithTheConnection) {
+  const std::string payload = with(completion_body("Once upon a time", 8), "stream", true).dump();
+  const int fd = send_raw(port(),
+                          "POST /v1/completions HTTP/1.0\r\nContent-Type: "
+                          "application/json\r\nContent-Length: " +
+                              std::to_string(payload.size()) + "\r\n\r\n" + payload);
+  std::string received;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  close(fd);
+  const size_t body = received.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos) << received;
+  const std::string headers = received.substr(0, body);
+  EXPECT_NE(headers.find(" 200 "), std::string::npos) << headers;
+  EXPECT_EQ(headers.find("Transfer-Encoding"), std::string::npos) << headers;
+  EXPECT_TRUE(received.substr(body + 4).starts_with("data: {")) << received;
+  EXPECT_TRUE(received.ends_with("data: [DONE]\n\n")) << received;
+}
+
 TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
   for (int choices : {1, 3}) {
     SCOPED_TRACE("n = " + std::to_string(choices));
