@@ -48,17 +48,19 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// "37/100 done, 2 failed, 8 in flight, 12034 tokens (412 tok/s), 29 s, about 50 s left"
-void print_progress(const BatchProgress& p, double seconds) {
+// "37/100 done, 2 failed, 8 in flight, 12034 tokens (412 tok/s), 29 s, about 50 s left": the
+// whole batch's requests done, `earlier` of them by earlier runs; the rest of the line is this
+// run's, the time left at this run's pace (none once it was interrupted).
+void print_progress(const BatchProgress& p, size_t earlier, double seconds) {
   std::string eta;
-  if (p.written > 0 && p.written < p.total)
+  if (p.written > 0 && p.written < p.total && !p.interrupted)
     eta = ", about " +
           std::to_string(int(seconds / double(p.written) * double(p.total - p.written) + 0.5)) +
           " s left";
   std::fprintf(stderr,
                "pipeline batch: %zu/%zu done, %zu failed, %zu in flight, %llu tokens (%.0f "
                "tok/s), %.0f s%s\n",
-               p.written, p.total, p.failed, p.in_flight,
+               earlier + p.written, earlier + p.total, p.failed, p.in_flight,
                static_cast<unsigned long long>(p.completion_tokens),
                seconds > 0 ? double(p.completion_tokens) / seconds : 0.0, seconds, eta.c_str());
 }
@@ -145,7 +147,7 @@ int batch_command(int argc, char** argv) {
         engine.end_grace();
       });
   const BatchProgress progress = runner.run(todo, stop, kReportPeriod, [&](const BatchProgress& p) {
-    print_progress(p, seconds_since(start));
+    print_progress(p, finished, seconds_since(start));
   });
   const size_t done = finished + progress.written;
   if (progress.interrupted) {

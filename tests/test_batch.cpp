@@ -416,6 +416,8 @@ TEST_F(BatchCommandTest, ResumesWithOnlyWhatIsMissing) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.err.find("resuming: 3 of 8 requests already have results"), std::string::npos)
       << result.err;
+  // Progress counts the whole batch, the 3 requests earlier runs did among them.
+  EXPECT_NE(result.err.find("pipeline batch: 8/8 done"), std::string::npos) << result.err;
   const std::string resumed = contents(out);
   EXPECT_EQ(resumed.substr(0, kept.size()), kept);  // what was done stays as it was
   const auto after = lines_of(out);
@@ -493,6 +495,10 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
                 " ]; do sleep 0.02; done; kill -INT $pid; wait $pid; echo \"exit $?\"");
   EXPECT_NE(interrupted.out.find("exit 130"), std::string::npos) << interrupted.out;
   EXPECT_NE(interrupted.out.find("interrupted: "), std::string::npos) << interrupted.out;
+  // The last progress line, once stopped, foresees no time left.
+  const size_t last_progress = interrupted.out.rfind(" done, ");
+  ASSERT_NE(last_progress, std::string::npos) << interrupted.out;
+  EXPECT_EQ(interrupted.out.find(" s left", last_progress), std::string::npos) << interrupted.out;
   const auto partial = lines_of(out);  // every line parses: none was cut
   EXPECT_GT(partial.size(), 0u);
   EXPECT_LT(partial.size(), 300u);
