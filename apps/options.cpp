@@ -40,9 +40,13 @@ bool Options::flag(const std::string& name) {
   return flags_given_.count(name) > 0;
 }
 
-std::optional<std::string> Options::find(const std::string& name) {
+void Options::read_value_option(const std::string& name) {
   read_.insert(name);
   if (dangling_ == name) throw UsageError(name + " needs a value");
+}
+
+std::optional<std::string> Options::find(const std::string& name) {
+  read_value_option(name);
   const auto count = values_.count(name);
   if (count == 0) return std::nullopt;
   if (count > 1) throw UsageError(name + " given more than once");
@@ -91,7 +95,7 @@ double Options::number(const std::string& name, double fallback) {
 }
 
 std::vector<std::string> Options::all(const std::string& name) {
-  read_.insert(name);
+  read_value_option(name);
   std::vector<std::string> result;
   for (auto [it, end] = values_.equal_range(name); it != end; ++it) result.push_back(it->second);
   return result;

@@ -43,6 +43,9 @@ class Options {
   void finish() const;
 
  private:
+  // Marks `name` read; throws when it was given last with no value after it.
+  void read_value_option(const std::string& name);
+
   std::string usage_;
   std::set<std::string> flags_given_;
   std::multimap<std::string, std::string> values_;

@@ -175,6 +175,10 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       {{"make-model", "--shape", "tiny", "--out", "d", "extra"}, "unexpected argument 'extra'"},
       {{"batch", "--input", "f", "--output", "o"}, "expected 1 argument, got 0"},
       {{"graph", "c.yaml", "k=v"}, "expected 1 argument, got 2"},
+      // A repeatable option needs its value as much as any other.
+      {{"batch", "c.yaml", "--input", "i", "--output", "o", "--set"}, "--set needs a value"},
+      {{"run", "c.yaml", "--set"}, "--set needs a value"},
+      {{"graph", "c.yaml", "--set"}, "--set needs a value"},
   };
   for (const auto& c : cases) {
     const auto result = run_pipeline(c.args);
