@@ -102,11 +102,10 @@ class OutputCreatedByRun {
 int batch_command(int argc, char** argv) {
   Options options(argc, argv, kUsage);
   if (options.help()) return 0;
-  const std::string config_file = options.positional(1, 1)[0];
   const std::string input_file = options.required("--input");
   const std::string output_file = options.required("--output");
   const std::vector<std::string> overrides = config_overrides(options);
-  options.finish();
+  const std::string config_file = options.finish(1, 1)[0];
   const ServeConfig config = load_serve_config(config_file, overrides);
 
   // Both files are checked before the model loads.

@@ -377,7 +377,6 @@ int bench_serve_command(int argc, char** argv) {
   Options options(argc, argv, kUsage, {"--chat", "--json"});
   if (options.help()) return 0;
   BenchSettings s = settings_from(options);
-  options.positional(0, 0);
   options.finish();
 
   std::optional<SseClient> client;

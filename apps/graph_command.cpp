@@ -26,10 +26,9 @@ constexpr const char* kUsage =
 int graph_command(int argc, char** argv) {
   Options options(argc, argv, kUsage, {"--dot"});
   if (options.help()) return 0;
-  const std::string config_file = options.positional(1, 1)[0];
   const bool dot = options.flag("--dot");
   const std::vector<std::string> overrides = config_overrides(options);
-  options.finish();
+  const std::string config_file = options.finish(1, 1)[0];
   const ServeConfig config = load_serve_config(config_file, overrides);
   const GraphPlan plan = plan_graph(config);
   const std::string text = dot ? graph_to_dot(plan) : describe_graph(plan);

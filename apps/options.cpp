@@ -4,6 +4,14 @@
 
 namespace pipeline {
 
+namespace {
+
+bool is_option(const std::string& arg) {
+  return arg.size() > 2 && arg.rfind("--", 0) == 0;
+}
+
+}  // namespace
+
 Options::Options(int argc, char** argv, std::string usage, std::initializer_list<const char*> flags)
     : usage_(std::move(usage)) {
   std::set<std::string> flag_names(flags.begin(), flags.end());
@@ -21,10 +29,10 @@ Options::Options(int argc, char** argv, std::string usage, std::initializer_list
       flags_given_.insert(name);
     } else if (eq != std::string::npos) {
       values_.emplace(name, arg.substr(eq + 1));
-    } else if (i + 1 < argc) {
+    } else if (i + 1 < argc && !is_option(argv[i + 1])) {
       values_.emplace(name, argv[++i]);
     } else {
-      dangling_ = name;
+      without_value_[name] = i + 1 < argc ? argv[i + 1] : "";
     }
   }
 }
@@ -42,7 +50,11 @@ bool Options::flag(const std::string& name) {
 
 void Options::read_value_option(const std::string& name) {
   read_.insert(name);
-  if (dangling_ == name) throw UsageError(name + " needs a value");
+  const auto missing = without_value_.find(name);
+  if (missing == without_value_.end()) return;
+  if (missing->second.empty()) throw UsageError(name + " needs a value");
+  throw UsageError(name + " needs a value, not the option " + missing->second + " (a value that " +
+                   "starts with -- is given as " + name + "=VALUE)");
 }
 
 std::optional<std::string> Options::find(const std::string& name) {
@@ -101,8 +113,17 @@ std::vector<std::string> Options::all(const std::string& name) {
   return result;
 }
 
-std::vector<std::string> Options::positional(size_t min_count, size_t max_count) {
-  positional_read_ = true;
+std::vector<std::string> Options::finish(size_t min_count, size_t max_count) const {
+  // Unknown options first: one may have taken the argument after it as its value, which would
+  // make a count of the arguments mislead.
+  for (const auto& [name, next] : without_value_)
+    if (!read_.count(name)) throw UsageError("unknown option " + name);
+  for (const auto& name : flags_given_)
+    if (!read_.count(name) && name != "--help") throw UsageError("unknown option " + name);
+  for (const auto& [name, value] : values_)
+    if (!read_.count(name)) throw UsageError("unknown option " + name);
+  if (max_count == 0 && !positional_.empty())
+    throw UsageError("unexpected argument '" + positional_.front() + "'");
   if (positional_.size() < min_count || positional_.size() > max_count)
     throw UsageError("expected " +
                      (min_count == max_count
@@ -111,16 +132,6 @@ std::vector<std::string> Options::positional(size_t min_count, size_t max_count)
                      (max_count == 1 ? " argument" : " arguments") + ", got " +
                      std::to_string(positional_.size()) + "\n" + usage_);
   return positional_;
-}
-
-void Options::finish() const {
-  if (dangling_ && !read_.count(*dangling_)) throw UsageError("unknown option " + *dangling_);
-  if (!positional_read_ && !positional_.empty())
-    throw UsageError("unexpected argument '" + positional_.front() + "'");
-  for (const auto& name : flags_given_)
-    if (!read_.count(name) && name != "--help") throw UsageError("unknown option " + name);
-  for (const auto& [name, value] : values_)
-    if (!read_.count(name)) throw UsageError("unknown option " + name);
 }
 
 }  // namespace pipeline

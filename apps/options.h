@@ -1,6 +1,7 @@
 // Command-line options of one subcommand: "--name value", "--name=value", boolean flags named
 // up front, and positional arguments; -h is --help. Every mistake throws UsageError naming the
-// option or argument.
+// option or argument. A value that starts with "--" is given as --name=value: "--name --other"
+// is two options, so that a mistyped option never takes the option after it as its value.
 #pragma once
 
 #include <cstdint>
@@ -36,25 +37,23 @@ class Options {
   int64_t integer(const std::string& name, int64_t fallback, int64_t min);
   double number(const std::string& name, double fallback);
   std::vector<std::string> all(const std::string& name);  // a repeatable option
-  std::vector<std::string> positional(size_t min_count, size_t max_count);
 
-  // Throws UsageError on any option the command did not read, and on positional arguments a
-  // command that takes none was given.
-  void finish() const;
+  // Called once every option is read: throws UsageError on any option the command did not
+  // read, then on a count of positional arguments outside [min_count, max_count]; returns them.
+  std::vector<std::string> finish(size_t min_count = 0, size_t max_count = 0) const;
 
  private:
-  // Marks `name` read; throws when it was given last with no value after it.
+  // Marks `name` read; throws when it was given with no value after it.
   void read_value_option(const std::string& name);
 
   std::string usage_;
   std::set<std::string> flags_given_;
   std::multimap<std::string, std::string> values_;
   std::vector<std::string> positional_;
-  bool positional_read_ = false;
   std::set<std::string> read_;
-  // The last argument, when it is an option name with no value after it: "needs a value" if the
-  // command reads it, "unknown option" if not.
-  std::optional<std::string> dangling_;
+  // Options given with no value after them (last, or followed by another option) -> what came
+  // next ("" when nothing): "needs a value" if the command reads one, "unknown option" if not.
+  std::map<std::string, std::string> without_value_;
 };
 
 }  // namespace pipeline

@@ -57,9 +57,8 @@ std::vector<std::string> overrides_from(Options& options) {
 int run_command(int argc, char** argv) {
   Options options(argc, argv, kUsage);
   if (options.help()) return 0;
-  const std::string config_file = options.positional(1, 1)[0];
   const std::vector<std::string> overrides = overrides_from(options);
-  options.finish();
+  const std::string config_file = options.finish(1, 1)[0];
   const ServeConfig config = load_serve_config(config_file, overrides);
 
   // Before any thread starts, so all of them inherit it: SIGINT and SIGTERM go to the one

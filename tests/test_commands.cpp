@@ -179,6 +179,16 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       {{"batch", "c.yaml", "--input", "i", "--output", "o", "--set"}, "--set needs a value"},
       {{"run", "c.yaml", "--set"}, "--set needs a value"},
       {{"graph", "c.yaml", "--set"}, "--set needs a value"},
+      // An unknown option is named, whatever follows it: it takes no option as its value, and
+      // is reported before the count of arguments that a value it took would spoil.
+      {{"batch", "c.yaml", "--input", "i", "--verbose", "--output", "o"},
+       "unknown option --verbose"},
+      {{"generate", "--model", "m", "--prompt", "x", "--verbose", "--max-tokens", "3"},
+       "unknown option --verbose"},
+      {{"graph", "--verbose", "c.yaml"}, "unknown option --verbose"},
+      {{"generate", "--model", "m", "--prompt", "--max-tokens", "3"},
+       "--prompt needs a value, not the option --max-tokens (a value that starts with -- is given "
+       "as --prompt=VALUE)"},
   };
   for (const auto& c : cases) {
     const auto result = run_pipeline(c.args);
