@@ -75,21 +75,14 @@ struct RequestResult {
   Clock::time_point sent, finished;
 };
 
-int64_t positive(Options& options, const std::string& name, int64_t fallback) {
-  const int64_t value = options.integer(name, fallback);
-  if (value < 1) throw UsageError(name + " must be 1 or more, got " + std::to_string(value));
-  return value;
-}
-
 BenchSettings settings_from(Options& options) {
   BenchSettings s;
   s.url = options.required("--url");
   if (s.url.ends_with('/')) s.url.pop_back();  // the root; paths are appended with their slash
-  s.requests = int(positive(options, "--requests", s.requests));
-  s.concurrency =
-      int(std::min<int64_t>(positive(options, "--concurrency", s.requests), s.requests));
-  s.max_tokens = int(positive(options, "--max-tokens", s.max_tokens));
-  s.choices = int(positive(options, "--n", s.choices));
+  s.requests = options.int_value("--requests", s.requests, 1);
+  s.concurrency = std::min(options.int_value("--concurrency", s.requests, 1), s.requests);
+  s.max_tokens = options.int_value("--max-tokens", s.max_tokens, 1);
+  s.choices = options.int_value("--n", s.choices, 1);
   const auto prompt = options.find("--prompt");
   const auto prompt_tokens = options.find("--prompt-tokens");
   if (prompt && prompt_tokens) throw UsageError("give --prompt or --prompt-tokens, not both");
@@ -97,15 +90,15 @@ BenchSettings settings_from(Options& options) {
     if (prompt->empty()) throw UsageError("--prompt must not be empty");
     s.prompt = *prompt;
   } else {
-    s.prompt_words = positive(options, "--prompt-tokens", 32);
+    s.prompt_words = options.int_value("--prompt-tokens", 32, 1);
   }
   s.chat = options.flag("--chat");
   s.model = options.get("--model", "");
   s.temperature = options.number("--temperature", 0.0);
   if (s.temperature < 0) throw UsageError("--temperature must be 0 or more");
   s.client.api_key = options.get("--api-key", "");
-  const int64_t timeout = positive(options, "--timeout", 300);
-  s.client.connect_timeout = std::chrono::seconds(std::min<int64_t>(timeout, 10));
+  const int timeout = options.int_value("--timeout", 300, 1);
+  s.client.connect_timeout = std::chrono::seconds(std::min(timeout, 10));
   s.client.read_timeout = std::chrono::seconds(timeout);
   s.json_output = options.flag("--json");
   return s;

@@ -36,11 +36,11 @@ constexpr const char* kUsage =
 SamplingParams sampling_from(Options& options) {
   SamplingParams p;
   p.temperature = float(options.number("--temperature", p.temperature));
-  p.top_k = int(options.integer("--top-k", p.top_k));
+  p.top_k = options.int_value("--top-k", p.top_k);
   p.top_p = float(options.number("--top-p", p.top_p));
   p.min_p = float(options.number("--min-p", p.min_p));
   p.repetition_penalty = float(options.number("--repetition-penalty", p.repetition_penalty));
-  p.repeat_last_n = int(options.integer("--repeat-last-n", p.repeat_last_n));
+  p.repeat_last_n = options.int_value("--repeat-last-n", p.repeat_last_n);
   p.presence_penalty = float(options.number("--presence-penalty", p.presence_penalty));
   p.frequency_penalty = float(options.number("--frequency-penalty", p.frequency_penalty));
   if (const auto seed = options.find("--seed")) p.seed = options.integer("--seed", 0, 0);
@@ -71,20 +71,19 @@ int generate_command(int argc, char** argv) {
   const std::filesystem::path model_dir = options.required("--model");
   const std::string prompt = options.required("--prompt");
   GenerationRequest request;
-  request.max_tokens = int(options.integer("--max-tokens", 256));
+  request.max_tokens = options.int_value("--max-tokens", 256, 0);
   request.sampling = sampling_from(options);
   request.ignore_eos = options.flag("--ignore-eos");
   const bool json_output = options.flag("--json");
   const std::string device = options.get("--device", "auto");
   RunnerOptions runner_options;
-  runner_options.threads = int(options.integer("--threads", 0, 0));
+  runner_options.threads = options.int_value("--threads", 0, 0);
   runner_options.max_num_seqs = 1;
   runner_options.kv_cache_dtype =
       dtype_option(options, "--kv-cache-dtype", {"auto", "bf16", "f32"}, std::nullopt);
   runner_options.matmul_activations =
       *dtype_option(options, "--matmul-activations", {"bf16", "f32"}, DType::BF16);
   options.finish();
-  if (request.max_tokens < 0) throw UsageError("--max-tokens must be 0 or more");
 
   auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::load(model_dir));
   const Tokenizer tokenizer(model_dir / "tokenizer.model");

@@ -86,12 +86,19 @@ int64_t Options::integer(const std::string& name, int64_t fallback) {
   throw UsageError(name + ": expected an integer, got '" + *value + "'");
 }
 
-int64_t Options::integer(const std::string& name, int64_t fallback, int64_t min) {
+int64_t Options::integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) {
   const int64_t n = integer(name, fallback);
   if (n < min)
     throw UsageError(name + ": expected an integer of at least " + std::to_string(min) + ", got " +
                      std::to_string(n));
+  if (n > max)
+    throw UsageError(name + ": expected an integer of at most " + std::to_string(max) + ", got " +
+                     std::to_string(n));
   return n;
+}
+
+int Options::int_value(const std::string& name, int fallback, int min, int max) {
+  return int(integer(name, fallback, min, max));
 }
 
 double Options::number(const std::string& name, double fallback) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -33,8 +34,12 @@ class Options {
   std::string get(const std::string& name, const std::string& fallback);
   std::string required(const std::string& name);
   int64_t integer(const std::string& name, int64_t fallback);
-  // An integer at least `min`.
-  int64_t integer(const std::string& name, int64_t fallback, int64_t min);
+  // An integer from `min` to `max`.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min,
+                  int64_t max = std::numeric_limits<int64_t>::max());
+  // An int from `min` to `max`: a value past an int is refused, never cut to 32 bits.
+  int int_value(const std::string& name, int fallback, int min = std::numeric_limits<int>::min(),
+                int max = std::numeric_limits<int>::max());
   double number(const std::string& name, double fallback);
   std::vector<std::string> all(const std::string& name);  // a repeatable option
 
