@@ -26,7 +26,8 @@ constexpr const char* kUsage =
     "  --repetition-penalty R --repeat-last-n N --presence-penalty X --frequency-penalty X\n"
     "  --seed S                makes a sampled answer reproducible\n"
     "  --ignore-eos            generate past end-of-sequence tokens\n"
-    "  --device auto|cpu|cuda  (default auto)   --threads N  CPU threads (default all)\n"
+    "  --device auto|cpu|cuda  (default auto)\n"
+    "  --threads N             CPU threads (default all cores; at most 1024)\n"
     "  --kv-cache-dtype auto|bf16|f32       the KV cache's elements (default auto: f32 for a\n"
     "                          float32 checkpoint, else bf16), as scheduler.kv_cache_dtype\n"
     "  --matmul-activations bf16|f32        what a bf16 checkpoint's matmuls round their inputs\n"
@@ -77,7 +78,7 @@ int generate_command(int argc, char** argv) {
   const bool json_output = options.flag("--json");
   const std::string device = options.get("--device", "auto");
   RunnerOptions runner_options;
-  runner_options.threads = options.int_value("--threads", 0, 0);
+  runner_options.threads = options.int_value("--threads", 0, 0, kMaxThreads);
   runner_options.max_num_seqs = 1;
   runner_options.kv_cache_dtype =
       dtype_option(options, "--kv-cache-dtype", {"auto", "bf16", "f32"}, std::nullopt);

@@ -10,6 +10,11 @@
 
 namespace pipeline {
 
+// The most CPU kernel threads a runner is given (a config's `threads`, --threads): more than
+// the hardware threads of the largest servers, and far below the counts whose thread slots
+// exhaust memory (16000000 threw std::bad_alloc, and 100000 crashed the process at exit).
+constexpr int kMaxThreads = 1024;
+
 // Throws std::invalid_argument on an unknown device name, std::runtime_error when "cuda" is
 // asked for but this build or this machine has no CUDA device (the message says which).
 std::unique_ptr<ModelRunner> make_runner(const std::string& device,

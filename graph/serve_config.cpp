@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "graph/runner_factory.h"
 #include "io/chat_template.h"
 
 namespace pipeline {
@@ -370,7 +371,9 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   if (!root["model"]) throw ConfigError(name + ": section 'model' is required (model.path)");
   read_model(r, root["model"], base, applied.contains("model.path"), config.model);
   if (root["device"]) config.device = r.one_of(root["device"], "device", {"auto", "cpu", "cuda"});
-  if (root["threads"]) config.threads = r.integer(root["threads"], "threads", 0);
+  if (root["threads"])
+    config.threads = r.integer(root["threads"], "threads", 0, kMaxThreads,
+                               "more threads than a machine's cores only cost memory");
   if (root["server"]) read_server(r, root["server"], config.server);
   if (root["scheduler"]) read_scheduler(r, root["scheduler"], config.scheduler);
   if (root["sampling"]) read_sampling(r, root["sampling"], config.sampling);

@@ -168,6 +168,9 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
        "--seed: expected an integer of at least 0, got -3"},
       {{"generate", "--model", "m", "--prompt", "x", "--threads", "-1"},
        "--threads: expected an integer of at least 0, got -1"},
+      // A thread count no machine has only exhausts memory (1073741824 crashed).
+      {{"generate", "--model", "m", "--prompt", "x", "--threads", "1073741824"},
+       "--threads: expected an integer of at most 1024, got 1073741824"},
       // An int option past 32 bits is refused, not cut to its low bits (4294967297 was 1).
       {{"generate", "--model", "m", "--prompt", "x", "--max-tokens", "4294967297"},
        "--max-tokens: expected an integer of at most 2147483647, got 4294967297"},

@@ -127,6 +127,14 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file +
                 ":3: field 'scheduler.max_num_seqs': must be at most 4096 (each running request "
                 "holds a connection thread)");
+  EXPECT_EQ(error_of("model: {path: m}\nthreads: 100000\n"),
+            file +
+                ":2: field 'threads': must be at most 1024 (more threads than a machine's cores "
+                "only cost memory)");
+  EXPECT_EQ(error_of("model: {path: m}\n", {"threads=1025"}),
+            file +
+                ": override 'threads=1025': field 'threads': must be at most 1024 (more threads "
+                "than a machine's cores only cost memory)");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  kv_block_size: 2147483647\n"),
             file + ":3: field 'scheduler.kv_block_size': must be at most 1024");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  max_batch: 0\n"),
