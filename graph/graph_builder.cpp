@@ -37,7 +37,7 @@ bool has_type(const YAML::Node& value, ParamType type) {
   try {
     switch (type) {
       case ParamType::Integer:
-        value.as<long long>();
+        yaml_integer<long long>(value);
         return true;
       case ParamType::Number:
         value.as<double>();

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 #include <vector>
 
 #include "graph/runner_factory.h"
@@ -90,7 +91,10 @@ class FieldReader {
   T scalar(const YAML::Node& node, const std::string& field, const char* expected) const {
     if (!node.IsScalar()) fail(node, field, std::string("expected ") + expected);
     try {
-      return node.as<T>();
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        return yaml_integer<T>(node);
+      else
+        return node.as<T>();
     } catch (const YAML::Exception&) {
       fail(node, field, std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
     }
@@ -244,7 +248,7 @@ int read_concurrency(const FieldReader& r, const YAML::Node& node, const std::st
   if (node.IsScalar() && node.Scalar() == "serial") return 1;
   if (!node.IsScalar()) r.fail(node, field, "expected a positive integer, 'serial' or 'unlimited'");
   try {
-    const int n = node.as<int>();
+    const int n = yaml_integer<int>(node);
     if (n >= 1) return n;
   } catch (const YAML::Exception&) {
   }

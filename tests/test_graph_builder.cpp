@@ -263,6 +263,9 @@ TEST_F(GraphBuilderTest, StageParameters) {
                 "'test_counted_sink'");
   EXPECT_NO_THROW(plan_graph(load_serve_config(
       write(six_nodes("{ name: emit, stage: test_counted_sink, limit: 3, label: x }")))));
+  // A leading zero is decimal, as in every other integer field (as octal, 08 was no integer).
+  EXPECT_NO_THROW(plan_graph(
+      load_serve_config(write(six_nodes("{ name: emit, stage: test_counted_sink, limit: 08 }")))));
   EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: emit, limit: 3 }")),
             file() + ":12: field 'graph.nodes[5].limit': unknown parameter for stage 'emit'");
 }

@@ -113,6 +113,32 @@ TEST_F(ServeConfigTest, OverridesApplyBeforeValidation) {
   EXPECT_EQ(config.model.path, "/x/y");
 }
 
+// YAML 1.2 reads 037061 as decimal, as --port does; yaml-cpp's conversion took it for octal
+// (a server on 15921). Every integer field, from the file or an override, reads it so.
+TEST_F(ServeConfigTest, ALeadingZeroIsDecimal) {
+  const auto config = load_serve_config(write(R"(
+model: {path: m}
+server: {port: 037061}
+scheduler: {window_ms: 0100, kv_block_size: 0x10}
+sampling: {seed: 010, top_k: -01}
+graph:
+  nodes: [{name: t, stage: tokenize, concurrency: 08}]
+  edges: []
+)"),
+                                        {"scheduler.max_batch=0012", "server.max_queue=+09"});
+  EXPECT_EQ(config.server.port, 37061);
+  EXPECT_EQ(config.scheduler.window_ms, 100);
+  EXPECT_EQ(config.scheduler.kv_block_size, 16);  // hex stays hex
+  EXPECT_EQ(config.sampling.params.seed, 10u);
+  EXPECT_EQ(config.sampling.params.top_k, -1);
+  EXPECT_EQ(config.graph.nodes[0].concurrency, 8);
+  EXPECT_EQ(config.scheduler.max_batch, 12);
+  EXPECT_EQ(config.server.max_queue, 9);
+  EXPECT_EQ(load_serve_config(write("model: {path: m}\n"), {"server.port=023417"}).server.port,
+            23417);
+  EXPECT_EQ(load_serve_config(write("model: {path: m}\nserver: {port: 0}\n")).server.port, 0);
+}
+
 TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  window_ms: soon\n"),
