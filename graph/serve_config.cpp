@@ -2,6 +2,8 @@
 // naming the file, the line and the field ("serve.yaml:7: field 'scheduler.window_ms': ...").
 #include "graph/serve_config.h"
 
+#include <yaml-cpp/depthguard.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -32,6 +34,14 @@ edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill-
 
 // The most requests waiting (server.max_queue), and the most running (scheduler.max_num_seqs).
 constexpr int kMaxRequests = 4096;
+
+// What is wrong with YAML that yaml-cpp refused: its message for nesting past its limit is just
+// "bad file".
+std::string yaml_problem(const YAML::Exception& e) {
+  if (dynamic_cast<const YAML::DeepRecursion*>(&e))
+    return "lists and mappings nested deeper than yaml-cpp reads";
+  return e.msg;
+}
 
 // Reads fields of one YAML document and words errors with the file and line they came from.
 // Overridden fields are reported as the override that set them.
@@ -70,13 +80,23 @@ class FieldReader {
     if (!node.IsMap()) fail(node, field, "expected a mapping");
   }
 
+  // A key is a name: not a list or a mapping ("? [a, b]", "{x: 1}: 2"), nor null, of which
+  // yaml-cpp's conversion said only "bad conversion", naming no file.
+  std::string key_name(const YAML::Node& key, const std::string& section) const {
+    if (key.IsScalar()) return key.Scalar();
+    const std::string kind = key.IsSequence() ? "a list" : key.IsMap() ? "a mapping" : "null";
+    throw ConfigError(file_ + ":" + std::to_string(line(key)) + ": " +
+                      (section.empty() ? "" : "field '" + section + "': ") +
+                      "a key must be a name, not " + kind);
+  }
+
   // Every key of `node` must be one of `known`, and appear once: yaml-cpp keeps a repeated
   // key and reads the first, which would silently drop the second.
   void check_keys(const YAML::Node& node, const std::string& section,
                   const std::set<std::string>& known) const {
     std::map<std::string, int> first_line;
     for (const auto& entry : node) {
-      const auto key = entry.first.as<std::string>();
+      const auto key = key_name(entry.first, section);
       const std::string field = section.empty() ? key : section + "." + key;
       if (!known.contains(key))
         fail_key(entry.first, field, "unknown field (known: " + comma_list(known) + ")");
@@ -294,6 +314,7 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
     const auto& n = node["nodes"][i];
     const auto field = "graph.nodes[" + std::to_string(i) + "]";
     r.require_map(n, field);
+    for (const auto& entry : n) r.key_name(entry.first, field);  // stages' parameters are named
     GraphNodeSpec out;
     out.line = r.line(n);
     if (!n["name"]) r.fail(n, field + ".name", "is required");
@@ -322,7 +343,8 @@ void apply_override(YAML::Node& root, const std::string& text, const std::string
   try {
     parsed = YAML::Load(value);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(file + ": override '" + text + "': value is not valid YAML: " + e.msg);
+    throw ConfigError(file + ": override '" + text +
+                      "': value is not valid YAML: " + yaml_problem(e));
   }
   if (dot == std::string::npos || dot > eq) {
     root[field] = parsed;  // a top-level scalar such as device=cpu
@@ -358,7 +380,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   } catch (const YAML::BadFile&) {
     throw ConfigError(name + ": cannot read the config file");
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+    throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": " + yaml_problem(e));
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw ConfigError(name + ": expected a mapping of sections");

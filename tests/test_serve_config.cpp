@@ -237,6 +237,30 @@ TEST_F(ServeConfigTest, SamplingAndGraphErrors) {
             file + ":4: field 'graph.edges[0]': expected 'from->to', got 'a=>b'");
 }
 
+// yaml-cpp read such keys with "bad conversion", and too deep a nesting with "bad file", naming
+// neither the file nor what was wrong.
+TEST_F(ServeConfigTest, KeysThatAreNotNamesAndDeepNestingAreNamed) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_EQ(error_of("model: {path: m}\n? [a, b]\n: 1\n"),
+            file + ":2: a key must be a name, not a list");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  {x: 1}: 2\n"),
+            file + ":3: field 'scheduler': a key must be a name, not a mapping");
+  EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes:\n    - name: t\n      {x: 1}: 2\n"
+                     "  edges: []\n"),
+            file + ":5: field 'graph.nodes[0]': a key must be a name, not a mapping");
+  EXPECT_EQ(error_of("model: {path: m}\nserver: {~: 1}\n"),
+            file + ":2: field 'server': a key must be a name, not null");
+  // The line is where yaml-cpp gave up, below the nesting's first line.
+  const std::string deep = "model: {path: m}\nx: " + std::string(100000, '[') + "\n";
+  const std::string too_deep = "lists and mappings nested deeper than yaml-cpp reads";
+  const std::string error = error_of(deep);
+  EXPECT_EQ(error.rfind(file + ":", 0), 0u) << error;
+  EXPECT_NE(error.find(": " + too_deep), std::string::npos) << error;
+  EXPECT_NE(error_of("model: {path: m}\n", {"x.y=" + std::string(100000, '[')})
+                .find("': value is not valid YAML: " + too_deep),
+            std::string::npos);
+}
+
 TEST_F(ServeConfigTest, MissingModelPathIsAnError) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_NE(error_of("device: cpu\n").find(file + ": section 'model' is required"),
