@@ -63,6 +63,11 @@ class FieldReader {
       if (auto it = key_lines_.find(field); it != key_lines_.end())
         return file_ + ":" + std::to_string(it->second);
     if (node && node.Mark().line >= 0) return file_ + ":" + std::to_string(node.Mark().line + 1);
+    // No line of the file holds it: an override of a field within it wrote it (--set bogus.x=1
+    // writes the section 'bogus').
+    const auto within = overrides_.lower_bound(field + ".");
+    if (within != overrides_.end() && within->first.starts_with(field + "."))
+      return file_ + ": override '" + within->first + "=" + within->second + "'";
     return file_;
   }
 

@@ -280,6 +280,10 @@ TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
       file +
           ": override 'sampling.temperature=-1': field 'sampling.temperature': temperature "
           "must be between 0 and 2, got -1");
+  // A section only an override wrote is the override's mistake too.
+  EXPECT_NE(error_of("model: {path: m}\n", {"scheduler.window_ms=1", "bogus.x=1"})
+                .find(file + ": override 'bogus.x=1': field 'bogus': unknown field"),
+            std::string::npos);
   EXPECT_NE(
       error_of("model: {path: m}\n", {"scheduler.nope=1"})
           .find(file + ": override 'scheduler.nope=1': field 'scheduler.nope': unknown field"),
