@@ -4,6 +4,8 @@
 
 #include <yaml-cpp/depthguard.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -267,6 +269,14 @@ void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefault
   }
 }
 
+// Letters, digits, '_', '.' and '-': a node's name goes bare into edges ("from->to"), Graphviz
+// DOT and metrics, where a quote, "->" or nothing at all would break them.
+bool is_node_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '.' || c == '-';
+  });
+}
+
 // "unlimited" (0), "serial" (1) or a positive count.
 int read_concurrency(const FieldReader& r, const YAML::Node& node, const std::string& field) {
   if (node.IsScalar() && node.Scalar() == "unlimited") return 0;
@@ -324,6 +334,9 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
     out.line = r.line(n);
     if (!n["name"]) r.fail(n, field + ".name", "is required");
     out.name = r.string(n["name"], field + ".name");
+    if (!is_node_name(out.name))
+      r.fail(n["name"], field + ".name",
+             "'" + out.name + "' is not a node name: letters, digits, '_', '.' and '-'");
     out.stage = n["stage"] ? r.string(n["stage"], field + ".stage") : out.name;
     if (n["concurrency"])
       out.concurrency = read_concurrency(r, n["concurrency"], field + ".concurrency");

@@ -233,6 +233,12 @@ TEST_F(ServeConfigTest, SamplingAndGraphErrors) {
       file +
           ":4: field 'graph.nodes[0].concurrency': expected a positive integer, 'serial' "
           "or 'unlimited', got 'lots'");
+  // A name goes bare into edges and Graphviz DOT: a quote made `pipeline graph --dot` invalid.
+  for (const std::string name : {R"('e"m')", "''", "'a->b'", "'a b'"})
+    EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes:\n    - {name: " + name +
+                       ", stage: tokenize}\n  edges: []\n"),
+              file + ":4: field 'graph.nodes[0].name': '" + name.substr(1, name.size() - 2) +
+                  "' is not a node name: letters, digits, '_', '.' and '-'");
   EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes: [{name: a}]\n  edges: [a=>b]\n"),
             file + ":4: field 'graph.edges[0]': expected 'from->to', got 'a=>b'");
 }
