@@ -37,11 +37,22 @@ constexpr const char* kUsage =
     "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
     "and exit 0; a second one fails those still in flight at once.";
 
+// The address a client reaches: an IPv6 address goes in brackets (http://[::1]:2000), as a
+// URL's port would otherwise be read as part of it.
+std::string listening_url(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return "http://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 // --host and --port, then the overrides every config-loading command takes (--set last, so
 // that it wins).
 std::vector<std::string> overrides_from(Options& options) {
   std::vector<std::string> overrides;
-  if (auto host = options.find("--host")) overrides.push_back("server.host=" + yaml_string(*host));
+  if (auto host = options.find("--host")) {
+    if (host->empty())
+      throw UsageError("--host must not be empty (" + std::string(kHostChoices) + ")");
+    overrides.push_back("server.host=" + yaml_string(*host));
+  }
   if (options.find("--port")) {
     const int64_t port = options.integer("--port", 0);
     if (port < 0 || port > 65535)
@@ -69,8 +80,8 @@ int run_command(int argc, char** argv) {
   Engine engine(config);
   HttpServer server(engine);
   const int port = server.bind(config.server.host, config.server.port);
-  std::fprintf(stderr, "pipeline run: serving model '%s'; listening on http://%s:%d\n",
-               engine.model_name().c_str(), config.server.host.c_str(), port);
+  std::fprintf(stderr, "pipeline run: serving model '%s'; listening on %s\n",
+               engine.model_name().c_str(), listening_url(config.server.host, port).c_str());
 
   std::atomic<bool> signalled{false};
   // The shutdown runs on a thread started now, not at the signal: by then the process may have

@@ -197,6 +197,9 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
   r.require_map(node, "server");
   r.check_keys(node, "server", {"host", "port", "api_key", "max_queue", "shutdown_grace_s"});
   if (node["host"]) server.host = r.string(node["host"], "server.host");
+  // An empty host binds wherever cpp-httplib's lookup of "" lands (IPv6 loopback, here).
+  if (server.host.empty())
+    r.fail(node["host"], "server.host", "must not be empty (" + std::string(kHostChoices) + ")");
   if (node["port"]) server.port = r.integer(node["port"], "server.port", 0, 65535);
   if (node["api_key"] && !node["api_key"].IsNull())
     server.api_key = r.string(node["api_key"], "server.api_key");

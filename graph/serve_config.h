@@ -24,6 +24,10 @@ struct ModelSection {
   DType matmul_activations = DType::BF16;
 };
 
+// What server.host and --host may name, for the messages that refuse an empty one.
+constexpr const char* kHostChoices =
+    "0.0.0.0 listens on every interface, 127.0.0.1 on this machine alone";
+
 struct ServerSection {
   std::string host = "127.0.0.1";
   int port = 2000;

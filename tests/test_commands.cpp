@@ -195,6 +195,8 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       {{"batch", "c.yaml", "--input", "i", "--output", "o", "--set"}, "--set needs a value"},
       {{"run", "c.yaml", "--set"}, "--set needs a value"},
       {{"graph", "c.yaml", "--set"}, "--set needs a value"},
+      // An empty host bound the IPv6 loopback and was printed as http://:PORT.
+      {{"run", "c.yaml", "--host", ""}, "--host must not be empty (0.0.0.0 listens on every"},
       // An unknown option is named, whatever follows it: it takes no option as its value, and
       // is reported before the count of arguments that a value it took would spoil.
       {{"batch", "c.yaml", "--input", "i", "--verbose", "--output", "o"},

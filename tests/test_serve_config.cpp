@@ -153,6 +153,10 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file +
                 ":3: field 'scheduler.max_num_seqs': must be at most 4096 (each running request "
                 "holds a connection thread)");
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  host: ''\n"),
+            file +
+                ":3: field 'server.host': must not be empty (0.0.0.0 listens on every interface, "
+                "127.0.0.1 on this machine alone)");
   EXPECT_EQ(error_of("model: {path: m}\nthreads: 100000\n"),
             file +
                 ":2: field 'threads': must be at most 1024 (more threads than a machine's cores "

@@ -1227,6 +1227,30 @@ TEST(ServerE2ESmallKvPool, EveryRequestCompletesAsItWouldAlone) {
   EXPECT_EQ(server.terminate(std::chrono::seconds(20)), 0) << server.stderr_text();
 }
 
+bool can_listen_on_ipv6_loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  close(fd);
+  return bound;
+}
+
+// The address printed is one a client can use: an IPv6 host in brackets (it was http://::1:PORT).
+TEST(ServerE2EHost, AnIpv6HostIsPrintedInBracketsAndServes) {
+  if (!can_listen_on_ipv6_loopback()) GTEST_SKIP() << "no IPv6 loopback on this machine";
+  ServerProcess server(stories_config(), {"--host", "::1"});
+  EXPECT_NE(server.stderr_text().find("listening on http://[::1]:" + std::to_string(server.port())),
+            std::string::npos)
+      << server.stderr_text();
+  httplib::Client client("::1", server.port());
+  const auto health = client.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+}
+
 TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
   ServerProcess server(stories_config("  api_key: sesame\n"));
   const httplib::Headers right = {{"Authorization", "Bearer sesame"}};

@@ -129,7 +129,7 @@ class ServerProcess {
   }
 
   void wait_until_listening() {
-    static const std::regex listening(R"(listening on http://[^:\s]+:(\d+))");
+    static const std::regex listening(R"(listening on http://(?:\[[^\]\s]+\]|[^:\s]+):(\d+))");
     std::unique_lock lock(mutex_);
     std::smatch match;
     const bool ready = changed_.wait_for(lock, std::chrono::seconds(60), [&] {
