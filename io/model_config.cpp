@@ -131,6 +131,7 @@ LlamaConfig load_llama_config(const std::filesystem::path& model_dir) {
   const auto gen_file = model_dir / "generation_config.json";
   if (std::filesystem::exists(gen_file)) {
     const json g = read_json(gen_file);
+    if (!g.is_object()) throw CheckpointError(gen_file.string() + ": not a JSON object");
     if (g.contains("eos_token_id") && !g["eos_token_id"].is_null()) {
       c.eos_token_ids = token_ids(gen_file, g["eos_token_id"], "eos_token_id");
       eos_file = gen_file;

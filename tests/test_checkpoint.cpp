@@ -294,6 +294,10 @@ TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
                        "of them, got []"),
             std::string::npos)
       << error;
+  // Not an object: refused, as config.json is, rather than read as naming nothing.
+  std::ofstream(dir_ / "generation_config.json") << "[]";
+  error = load_error();
+  EXPECT_NE(error.find("generation_config.json: not a JSON object"), std::string::npos) << error;
   fs::remove(dir_ / "generation_config.json");
 
   config.erase("num_key_value_heads");
