@@ -1,28 +1,21 @@
 #include "apps/config_overrides.h"
 
-#include <yaml-cpp/yaml.h>
-
-#include <set>
-
 namespace pipeline {
 
 namespace {
 
-// YAML reads "#s3cret" as a comment, and so as null: --set server.api_key=#s3cret turned
-// authentication off without a word. A null is asked for by writing one.
-void refuse_accidental_null(const std::string& assignment) {
+// YAML reads a '#' that starts a plain value, or follows a space in it, as a comment:
+// --set server.api_key=#s3cret was read as null and turned authentication off without a word,
+// and api_key=abc #def as "abc". A quoted value keeps its '#'.
+void refuse_comment(const std::string& assignment) {
   const auto eq = assignment.find('=');
   const std::string value = assignment.substr(eq + 1);
-  static const std::set<std::string> kNulls = {"", "~", "null", "Null", "NULL"};
-  if (kNulls.contains(value)) return;
-  try {
-    if (!YAML::Load(value).IsNull()) return;
-  } catch (const YAML::Exception&) {
-    return;  // not YAML at all: load_serve_config names the override
-  }
-  throw UsageError("--set " + assignment + ": YAML reads '" + value +
-                   "' as null ('#' starts a comment); quote the value to keep it: --set \"" +
-                   assignment.substr(0, eq) + "=" + yaml_string(value) + "\"");
+  if (value.starts_with('\'') || value.starts_with('"')) return;
+  for (size_t i = 0; i < value.size(); ++i)
+    if (value[i] == '#' && (i == 0 || value[i - 1] == ' ' || value[i - 1] == '\t'))
+      throw UsageError("--set " + assignment + ": YAML reads '" + value.substr(i) +
+                       "' as a comment; quote the value to keep it: --set \"" +
+                       assignment.substr(0, eq) + "=" + yaml_string(value) + "\"");
 }
 
 }  // namespace
@@ -49,7 +42,7 @@ std::vector<std::string> config_overrides(Options& options) {
   for (const auto& assignment : options.all("--set")) {
     if (assignment.find('=') == std::string::npos)
       throw UsageError("--set: expected section.key=value, got '" + assignment + "'");
-    refuse_accidental_null(assignment);
+    refuse_comment(assignment);
     overrides.push_back(assignment);
   }
   return overrides;

@@ -252,11 +252,13 @@ TEST(GraphCommand, TakesTheSameOverridesAsRun) {
   EXPECT_NE(result.err.find("override 'graph.nodes=[]'"), std::string::npos) << result.err;
 }
 
-// YAML reads '#...' as a comment, so as null: an api_key of '#s3cret' turned authentication
-// off, a seed of '#1' left answers unseeded. Only a null written as one is taken as null.
-TEST(GraphCommand, ASetValueThatYamlReadsAsNullMustBeWrittenAsOne) {
+// YAML reads '#...' at a value's start or after a space as a comment: an api_key of '#s3cret'
+// (null) turned authentication off, a seed of '#1' left answers unseeded, and 'abc #def' was
+// read as 'abc'. A value with a comment in it must be quoted.
+TEST(GraphCommand, ASetValueWithACommentInItMustBeQuoted) {
   const auto config = (testing::source_dir() / "configs/demo.yaml").string();
-  for (const std::string assignment : {"server.api_key=#s3cret", "sampling.seed=#1"}) {
+  for (const std::string assignment :
+       {"server.api_key=#s3cret", "sampling.seed=#1", "server.api_key=abc #def"}) {
     const auto result = run_pipeline({"graph", config, "--set", assignment});
     EXPECT_EQ(result.exit_code, 2) << assignment;
     EXPECT_NE(result.err.find("--set " + assignment + ": YAML reads '"), std::string::npos)
@@ -264,7 +266,8 @@ TEST(GraphCommand, ASetValueThatYamlReadsAsNullMustBeWrittenAsOne) {
   }
   const auto quoted = run_pipeline({"graph", config, "--set", "server.api_key=#s3cret"});
   EXPECT_NE(quoted.err.find("--set \"server.api_key='#s3cret'\""), std::string::npos) << quoted.err;
-  for (const std::string value : {"", "~", "null", "Null", "NULL", "'#s3cret'"}) {
+  for (const std::string value :
+       {"", "~", "null", "Null", "NULL", "'#s3cret'", "\"a #b\"", "a#b"}) {
     const auto result = run_pipeline({"graph", config, "--set", "server.api_key=" + value});
     EXPECT_EQ(result.exit_code, 0) << value << ": " << result.err;
   }
