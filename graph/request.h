@@ -104,6 +104,10 @@ struct Request {
   // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
   // the prefix cache, since cached positions have no logits.
   bool prompt_logprobs = false;
+  // Echo with max_tokens 0: the answer is the prompt alone. One token is still generated (the
+  // engine samples after every prompt) and dropped, never computed at a position of its own,
+  // so the prompt may fill the whole context (lm-eval's loglikelihood windows do).
+  bool prompt_only = false;
   std::shared_ptr<RequestSink> sink;
   // Set by Engine::submit when it accepts the request: its sequence's number, which
   // Engine::cancel finds it by. Read on the thread that submitted.

@@ -556,7 +556,7 @@ void apply_echo(ParsedRequest& parsed) {
   parsed.options.echo = true;
   request.prompt_logprobs = request.sampling.logprobs;
   if (request.max_tokens == 0) {
-    parsed.options.prompt_only = true;
+    request.prompt_only = true;
     request.max_tokens = 1;
   }
 }

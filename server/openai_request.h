@@ -70,7 +70,6 @@ struct ResponseOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool echo = false;           // completions: the prompt before the answer
-  bool prompt_only = false;    // echo with max_tokens 0: the one token generated is not shown
 };
 
 struct ParsedRequest {

@@ -86,7 +86,7 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
       chat_(parsed.request->chat),
       logprobs_(parsed.request->sampling.logprobs),
       include_usage_(parsed.options.include_usage),
-      prompt_only_(parsed.options.prompt_only),
+      prompt_only_(parsed.request->prompt_only),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()),

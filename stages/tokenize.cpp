@@ -93,22 +93,28 @@ void TokenizeStage::prepare(Sequence& seq) const {
   const int n = int(seq.tokens.size());
   if (n == 0) throw Refusal{"the prompt is empty", prompt_param};
   const int context = ctx_.model.max_position_embeddings;
-  if (n >= context) {
+  // Positions the answer needs beside the prompt: at least one, none for a prompt-only answer
+  // (its one token is dropped, never computed).
+  const int answer = req.prompt_only ? 0 : 1;
+  if (n + answer > context) {
     throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the model's context is " +
-                      std::to_string(context) + " tokens, which leaves no room for a completion",
+                      std::to_string(context) + " tokens" +
+                      (answer ? ", which leaves no room for a completion" : ""),
                   prompt_param};
   }
   const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
-  if (n >= pool) {
+  if (n + answer > pool) {
     throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the KV cache holds only " +
                       std::to_string(pool) + " tokens",
                   prompt_param};
   }
-  if (!req.max_tokens_param.empty())
+  if (!req.max_tokens_param.empty() && !req.prompt_only)
     check_room(n, req.max_tokens, context, pool, prompt_param, req.max_tokens_param);
   seq.prompt_len = n;
-  seq.max_tokens = int(
-      std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX, context - n, pool - n}));
+  seq.max_tokens = req.prompt_only
+                       ? 1
+                       : int(std::min<int64_t>({req.max_tokens > 0 ? req.max_tokens : INT_MAX,
+                                                context - n, pool - n}));
   if (req.sampling.min_tokens > seq.max_tokens)
     throw Refusal{"min_tokens is " + std::to_string(req.sampling.min_tokens) + " but only " +
                       std::to_string(seq.max_tokens) + " tokens fit after the " +

@@ -1036,13 +1036,13 @@ TEST(ParseRequest, EchoScoresThePromptOnlyWithLogprobsAndAllowsNoNewTokens) {
   const ParsedRequest plain = parse_completion(with(completion_body(), "echo", true));
   EXPECT_TRUE(plain.options.echo);
   EXPECT_FALSE(plain.request->prompt_logprobs);
-  EXPECT_FALSE(plain.options.prompt_only);
+  EXPECT_FALSE(plain.request->prompt_only);
   const ParsedRequest scored =
       parse_completion(with(with(completion_body(), "echo", true), "logprobs", 1));
   EXPECT_TRUE(scored.request->prompt_logprobs);
   const ParsedRequest prompt_only =
       parse_completion(with(with(completion_body(), "echo", true), "max_tokens", 0));
-  EXPECT_TRUE(prompt_only.options.prompt_only);
+  EXPECT_TRUE(prompt_only.request->prompt_only);
   EXPECT_EQ(prompt_only.request->max_tokens, 1);  // one token is generated, and not shown
   EXPECT_FALSE(parse_completion(completion_body()).options.echo);
 }

@@ -572,6 +572,42 @@ TEST_F(ServerE2E, EchoWithNoNewTokensAnswersThePromptAloneWholeOrStreamed) {
   EXPECT_EQ(echoed.text, "Once upon a time" + plain.body["choices"][0]["text"].get<std::string>());
 }
 
+// A prompt-only answer computes no position past its prompt, so the prompt may fill the whole
+// context (512 tokens here), as lm-eval's loglikelihood windows of max_length tokens do; one
+// more token, or an answer asked for, does not fit.
+TEST_F(ServerE2E, APromptOnlyEchoMayFillTheWholeContext) {
+  const pipeline::Tokenizer tokenizer(
+      pipeline::testing::shared_path("models/stories260K/tokenizer.model"));
+  std::vector<int32_t> window;
+  while (window.size() < 513) {
+    const auto story =
+        tokenizer.encode("Once upon a time, there was a little dog named Max. ", window.empty());
+    window.insert(window.end(), story.begin(), story.end());
+  }
+  window.resize(512);
+  const auto scored = [&](const std::vector<int32_t>& prompt, int max_tokens) {
+    json body = with(with(completion_body("", max_tokens), "echo", true), "logprobs", 0);
+    body["prompt"] = prompt;
+    return post(port(), "/v1/completions", body);
+  };
+  const Reply whole = scored(window, 0);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const json& logprobs = whole.body["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["token_logprobs"].size(), 512u);
+  // Causal: the window's first 100 scores are those of its first 100 tokens alone.
+  const Reply start = scored({window.begin(), window.begin() + 100}, 0);
+  ASSERT_EQ(start.status, 200) << start.raw;
+  for (size_t t = 1; t < 100; ++t)
+    EXPECT_NEAR(logprobs["token_logprobs"][t].get<double>(),
+                start.body["choices"][0]["logprobs"]["token_logprobs"][t].get<double>(), 1e-4)
+        << t;
+
+  std::vector<int32_t> longer = window;
+  longer.push_back(window[1]);
+  EXPECT_EQ(scored(longer, 0).status, 400);
+  EXPECT_EQ(scored(window, 1).status, 400);
+}
+
 TEST_F(ServerE2E, AStopStringEndsTheAnswerBeforeIt) {
   const std::string full = post(port(), "/v1/completions", completion_body("Once upon a time", 40))
                                .body["choices"][0]["text"];
