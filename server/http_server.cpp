@@ -497,11 +497,13 @@ struct HttpServer::Impl {
                    "invalid_request_error", ""));
   }
 
+  // OpenAI's model object, and vLLM's max_model_len: the context, which clients size prompts by.
   json model_object() const {
     return {{"id", served.name},
             {"object", "model"},
             {"created", created},
-            {"owned_by", "llm-pipeline"}};
+            {"owned_by", "llm-pipeline"},
+            {"max_model_len", tokenize_settings.max_model_len}};
   }
 
   void handle_completion(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {

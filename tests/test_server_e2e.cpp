@@ -1168,6 +1168,7 @@ TEST_F(ServerE2E, ModelsHealthAndMetrics) {
   ASSERT_EQ(models.body["data"].size(), 1u);
   EXPECT_EQ(models.body["data"][0]["id"], kModel);
   EXPECT_EQ(models.body["data"][0]["object"], "model");
+  EXPECT_EQ(models.body["data"][0]["max_model_len"], 512);  // vLLM's: the model's context
   EXPECT_EQ(send(port(), "GET", std::string("/v1/models/") + kModel, "").body["id"], kModel);
   const Reply health = send(port(), "GET", "/health", "");
   EXPECT_EQ(health.status, 200);
