@@ -42,29 +42,60 @@ constexpr std::chrono::milliseconds kRequestQuiet{500};
 
 constexpr const char* kJson = "application/json";
 
-// Where a request's refused Content-Encoding is kept (see refuse_body_encoding).
+// Refusals the pre-routing handler decides are answered only once httplib has read the body:
+// answered from there, a body of more than a few KiB was left unread, and the connection took
+// its bytes for the next request (a body could carry a request of its own past the API key).
+// They are kept on the request (httplib passes its own, non-const request to the pre-routing
+// handler as const, and the same request on to the route), under names a client's own headers
+// of those names are cleared from.
 constexpr const char* kRefusedEncoding = "X-Pipeline-Refused-Content-Encoding";
+constexpr const char* kRefusedKey = "X-Pipeline-Refused-Api-Key";
+
+httplib::Request& pending(const httplib::Request& req) {
+  return const_cast<httplib::Request&>(req);
+}
+
+bool is_identity(std::string coding) {
+  coding.erase(0, coding.find_first_not_of(" \t"));
+  coding.erase(coding.find_last_not_of(" \t") + 1);
+  std::transform(coding.begin(), coding.end(), coding.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
+  return coding.empty() || coding == "identity";
+}
 
 // httplib inflates a gzip, deflate or br body as it reads it, with no bound on the inflated
 // size: its payload limit holds the bytes sent, and a 1 MB gzip body of spaces grew to 3 GB. So
-// the encoding is taken off the request before httplib reads the body (this runs before, from
-// the pre-routing handler; httplib passes its own, non-const request there as const), the body
-// is read as sent, within the payload limit, and the route answers 415 (refused_encoding).
+// every Content-Encoding header is taken off before httplib reads the body, the body is read as
+// sent, within the payload limit, and answered 415 unless each coding it named is identity.
 // OpenAI's clients send bodies uncompressed, and vLLM does not inflate them either.
-void refuse_body_encoding(const httplib::Request& req) {
-  const std::string encoding = req.get_header_value("Content-Encoding");
-  if (encoding.empty() || encoding == "identity") return;
-  auto& request = const_cast<httplib::Request&>(req);
-  request.headers.erase("Content-Encoding");
-  request.set_header(kRefusedEncoding, encoding);
+void take_off_body_encoding(const httplib::Request& req) {
+  std::string codings;
+  bool identity = true;
+  for (auto [it, end] = req.headers.equal_range("Content-Encoding"); it != end; ++it) {
+    codings += (codings.empty() ? "" : ", ") + it->second;
+    for (size_t at = 0; at != std::string::npos;) {
+      const size_t comma = it->second.find(',', at);
+      identity = identity && is_identity(it->second.substr(at, comma - at));
+      at = comma == std::string::npos ? comma : comma + 1;
+    }
+  }
+  pending(req).headers.erase("Content-Encoding");
+  if (!identity) pending(req).set_header(kRefusedEncoding, codings);
 }
 
-std::optional<RequestError> refused_encoding(const httplib::Request& req) {
-  if (!req.has_header(kRefusedEncoding)) return std::nullopt;
-  return RequestError{415,
-                      "Content-Encoding '" + req.get_header_value(kRefusedEncoding) +
-                          "' is not supported: send the request body uncompressed.",
-                      "invalid_request_error", "", "unsupported_content_encoding"};
+// The refusal decided before the body was read, if any: a wrong or missing API key first, then
+// a compressed body.
+std::optional<RequestError> pending_refusal(const httplib::Request& req) {
+  if (req.has_header(kRefusedKey))
+    return RequestError{
+        401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",
+        "invalid_request_error", "", "invalid_api_key"};
+  if (req.has_header(kRefusedEncoding))
+    return RequestError{415,
+                        "Content-Encoding '" + req.get_header_value(kRefusedEncoding) +
+                            "' is not supported: send the request body uncompressed.",
+                        "invalid_request_error", "", "unsupported_content_encoding"};
+  return std::nullopt;
 }
 
 // The routes and their one method, for telling 405 from 404.
@@ -379,7 +410,7 @@ struct HttpServer::Impl {
     return
         [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
           answering.begin(req);
-          if (auto refused = refused_encoding(req)) return reply_error(res, *refused);
+          if (auto refused = pending_refusal(req)) return reply_error(res, *refused);
           handler(req, res);
         };
   }
@@ -426,24 +457,27 @@ struct HttpServer::Impl {
   // Authentication, OpenAI-style bodies for httplib's own errors, counters, and which
   // connections are answering.
   void install_guards() {
-    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      refuse_body_encoding(req);
+    // Decides what to refuse before httplib reads the body; the route (or the error handler,
+    // for a request no route took) answers it after (pending_refusal).
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response&) {
+      pending(req).headers.erase(kRefusedEncoding);
+      pending(req).headers.erase(kRefusedKey);
+      take_off_body_encoding(req);
       const std::string& key = engine.config().server.api_key;
-      if (key.empty() || req.path == "/health" ||
-          bearer_matches(req.get_header_value("Authorization"), key))
-        return httplib::Server::HandlerResponse::Unhandled;
-      answering.begin(req);
-      RequestError error = make_error(
-          401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",
-          "invalid_request_error", "invalid_api_key");
-      reply_error(res, error);
-      return httplib::Server::HandlerResponse::Handled;
+      if (!key.empty() && req.path != "/health" &&
+          !bearer_matches(req.get_header_value("Authorization"), key))
+        pending(req).set_header(kRefusedKey, "1");
+      return httplib::Server::HandlerResponse::Unhandled;
     });
     const httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request& req,
                                                                  httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       answering.begin(req);
-      reply_unanswered(req, res);
+      // Without the key nothing is said about the routes, as before any route was looked up.
+      if (auto refused = pending_refusal(req); refused && refused->http_status == 401)
+        reply_error(res, *refused);
+      else
+        reply_unanswered(req, res);
       return httplib::Server::HandlerResponse::Handled;
     };
     server.set_error_handler(on_error);

@@ -987,6 +987,13 @@ TEST_F(ServerE2E, ACompressedBodyIsRefusedWithoutBeingInflated) {
   httplib::Result answered = client.Post("/v1/completions", body, "application/json");
   ASSERT_TRUE(answered) << httplib::to_string(answered.error());
   EXPECT_EQ(answered->status, 200) << answered->body;
+  // Every coding of every Content-Encoding header counts; "identity" in any case is none.
+  const httplib::Headers identity_then_gzip = {{"Content-Encoding", "identity"},
+                                               {"Content-Encoding", "gzip"}};
+  EXPECT_EQ(send(port(), "POST", "/v1/completions", body, identity_then_gzip).status, 415);
+  EXPECT_EQ(
+      send(port(), "POST", "/v1/completions", body, {{"Content-Encoding", "IDENTITY"}}).status,
+      200);
 }
 
 // HTTP/1.0 knows no chunked encoding (nginx proxies with it by default, and refuses a chunked
@@ -1317,6 +1324,35 @@ TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
       401);
   const std::string tokens = json{{"model", kModel}, {"tokens", {1, 2}}}.dump();
   EXPECT_EQ(send(server.port(), "POST", "/detokenize", tokens, right).status, 200);
+}
+
+// A refused request's body is read before the refusal is answered: left unread, its bytes were
+// taken for the next requests on the connection, so a body could carry a request of its own
+// past the key (here /health requests, whose answers would come before the models list).
+TEST(ServerE2EApiKey, ARefusedBodyIsReadNotTakenForTheNextRequest) {
+  ServerProcess server(stories_config("  api_key: sesame\n"));
+  std::string smuggled = "ZZZZZZ";
+  while (smuggled.size() < 20000) smuggled += "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const int fd = send_raw(server.port(),
+                          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          "application/json\r\nContent-Length: " +
+                              std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
+  std::string received;
+  char buffer[4096];
+  for (ssize_t n;
+       received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
+    received.append(buffer, size_t(n));
+  EXPECT_NE(received.find("HTTP/1.1 401"), std::string::npos) << received;
+  const std::string next =
+      "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame\r\n"
+      "Connection: close\r\n\r\n";
+  ASSERT_EQ(write(fd, next.data(), next.size()), ssize_t(next.size()));
+  received.clear();
+  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  close(fd);
+  EXPECT_TRUE(received.starts_with("HTTP/1.1 200")) << received.substr(0, 300);
+  EXPECT_NE(received.find("\"object\":\"list\""), std::string::npos) << received.substr(0, 300);
+  EXPECT_EQ(received.find("\"status\":\"ok\""), std::string::npos) << received.substr(0, 300);
 }
 
 // More requests at once than any fixed pool of connection threads would serve: every one the
