@@ -39,7 +39,12 @@ bool blank(const std::string& text) {
 json parse_object(const std::filesystem::path& file, int number, const std::string& text) {
   json value;
   try {
-    value = read_json_body(text);
+    // A line's body, one level in, may nest as deep as a request's.
+    value = read_json_body(text, kMaxJsonDepth + 1);
+  } catch (const nlohmann::json::other_error&) {
+    throw error_at(file, number,
+                   "the body nests arrays and objects deeper than " +
+                       std::to_string(kMaxJsonDepth) + " levels");
   } catch (const nlohmann::json::exception& e) {  // not JSON, or a number beyond a double
     throw error_at(file, number, "not JSON: " + parse_problem(e));
   }
@@ -67,11 +72,14 @@ void check_readable_kind(const std::filesystem::path& file, bool pipe_allowed, c
 }
 
 // Whether `tail`, a last line with no newline, can be the start of a line batch_output_line
-// wrote: every one starts with its custom_id.
+// wrote: every one starts with its id, as OpenAI's do (or, written by earlier versions, with
+// its custom_id).
 bool starts_like_a_result(std::string_view tail) {
-  constexpr std::string_view kStart = R"({"custom_id":")";
-  const size_t n = std::min(tail.size(), kStart.size());
-  return tail.substr(0, n) == kStart.substr(0, n);
+  for (std::string_view start : {R"({"id":"batch_req_)", R"({"custom_id":")"}) {
+    const size_t n = std::min(tail.size(), start.size());
+    if (tail.substr(0, n) == start.substr(0, n)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -205,12 +213,9 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
 
 std::string batch_output_line(const BatchInput& input, const std::string& request_id,
                               int status_code, const ResponseJson& body) {
-  // custom_id first (OpenAI writes id first): a reader scanning the file finds the request it
-  // named at once, and a torn last line is told by its start (starts_like_a_result), as in
-  // files earlier versions wrote.
   const ResponseJson line = {
-      {"custom_id", input.custom_id},
       {"id", "batch_req_" + std::to_string(input.line)},
+      {"custom_id", input.custom_id},
       {"response",
        {{"status_code", status_code},
         {"request_id", request_id.empty() ? json(nullptr) : json(request_id)},

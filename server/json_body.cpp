@@ -9,15 +9,10 @@ namespace pipeline {
 
 namespace {
 
-// Deeper nesting is refused: no request needs it, and copying or printing a value recurses once
-// a level (a batch line nested 100,000 deep overflowed the stack when its body was copied).
-// Python's json, which vLLM's server reads with, stops near the same depth.
-constexpr size_t kMaxDepth = 1000;
-
 // A SAX handler (nlohmann's json_sax interface) that builds a JsonBody.
 class JsonBodyBuilder {
  public:
-  explicit JsonBodyBuilder(JsonBody& root) : root_(root) {}
+  JsonBodyBuilder(JsonBody& root, int max_depth) : root_(root), max_depth_(size_t(max_depth)) {}
 
   bool null() { return place(nullptr); }
   bool boolean(bool value) { return place(value); }
@@ -50,9 +45,9 @@ class JsonBodyBuilder {
     return true;
   }
   bool open(JsonBody container) {
-    if (open_.size() == kMaxDepth)
+    if (open_.size() == max_depth_)
       throw JsonBody::other_error::create(
-          501, "arrays and objects nest deeper than " + std::to_string(kMaxDepth) + " levels",
+          501, "arrays and objects nest deeper than " + std::to_string(max_depth_) + " levels",
           nullptr);
     JsonBody& value = slot();
     value = std::move(container);
@@ -83,15 +78,16 @@ class JsonBodyBuilder {
   }
 
   JsonBody& root_;
+  size_t max_depth_;
   std::vector<Open> open_;
   std::string key_;
 };
 
 }  // namespace
 
-JsonBody read_json_body(std::string_view text) {
+JsonBody read_json_body(std::string_view text, int max_depth) {
   JsonBody root;
-  JsonBodyBuilder builder(root);
+  JsonBodyBuilder builder(root, max_depth);
   JsonBody::sax_parse(text, &builder);
   return root;
 }

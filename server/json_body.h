@@ -14,9 +14,15 @@ namespace pipeline {
 
 using JsonBody = nlohmann::ordered_json;
 
+// Arrays and objects nest at most this deep in a request: no request needs more, and copying or
+// printing a value recurses once a level (a batch line nested 100,000 deep overflowed the stack
+// when its body was copied). Python's json, which vLLM's server reads with, stops near the same
+// depth.
+inline constexpr int kMaxJsonDepth = 1000;
+
 // The JSON text as a value, a repeated key's last value kept (as nlohmann's parser keeps it).
 // Throws nlohmann::json::parse_error where the text is not JSON, out_of_range for a number
-// beyond a double, other_error for arrays and objects nested more than 1,000 deep.
-JsonBody read_json_body(std::string_view text);
+// beyond a double, other_error for arrays and objects nested more than `max_depth` deep.
+JsonBody read_json_body(std::string_view text, int max_depth = kMaxJsonDepth);
 
 }  // namespace pipeline

@@ -122,13 +122,18 @@ TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
        ":1: body: required"},
       {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"x": )" +
            std::string(100000, '[') + std::string(100000, ']') + "}}\n",
-       ":1: not JSON: arrays and objects nest deeper than 1000 levels"},
+       ":1: the body nests arrays and objects deeper than 1000 levels"},
   };
   for (const auto& [text, expected] : cases) {
     const std::string message = input_error(text);
     EXPECT_NE(message.find(file + expected), std::string::npos) << message;
   }
   EXPECT_NE(input_error("\n\n").find(file + ": no requests"), std::string::npos);
+  // A body nested as deep as a request may be (1000 levels) is a line like any other.
+  EXPECT_EQ(input_error(R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", )"
+                        R"("body": {"x": )" +
+                        std::string(999, '[') + std::string(999, ']') + "}}\n"),
+            "no error");
   EXPECT_THROW(read_batch_input(dir_ / "missing.jsonl"), BatchFileError);
 }
 
@@ -144,6 +149,10 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   const auto out = write("out.jsonl", complete + torn.substr(0, torn.size() / 2));
   EXPECT_EQ(finished_in_output(out, expected), (std::set<std::string>{"a", "b"}));
   EXPECT_EQ(contents(out), complete);  // the torn line is gone, the rest kept byte for byte
+  // Earlier versions wrote custom_id first: their torn lines are known too.
+  const auto earlier = write("earlier.jsonl", complete + R"({"custom_id":"c","id":"batch_r)");
+  EXPECT_EQ(finished_in_output(earlier, expected), (std::set<std::string>{"a", "b"}));
+  EXPECT_EQ(contents(earlier), complete);
 
   write("other.jsonl", complete);
   try {
@@ -250,6 +259,10 @@ TEST_F(BatchTest, OutputLineHasOpenAIsBatchShape) {
   BatchInput input{4, "q", Endpoint::ChatCompletions, {}};
   const std::string text = batch_output_line(input, "chatcmpl-9", 200, {{"object", "x"}});
   ASSERT_EQ(text.back(), '\n');
+  // In OpenAI's order: id, custom_id, response {status_code, request_id, body}, error.
+  EXPECT_TRUE(text.starts_with(R"({"id":"batch_req_4","custom_id":"q","response":{"status_code")"))
+      << text;
+  EXPECT_NE(text.find(R"(},"error":null})"), std::string::npos) << text;
   const json line = json::parse(text);
   EXPECT_EQ(line["id"], "batch_req_4");
   EXPECT_EQ(line["custom_id"], "q");
