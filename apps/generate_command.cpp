@@ -20,7 +20,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: pipeline generate --model DIR --prompt TEXT [options]\n"
-    "  --max-tokens N          tokens to generate (default 256; 0: up to the context end)\n"
+    "  --max-tokens N          tokens to generate, at most to the context's end (default 256;\n"
+    "                          0: up to the context end)\n"
     "  --temperature T         0 = greedy (default 1.0)\n"
     "  --top-k K --top-p P --min-p P\n"
     "  --repetition-penalty R --repeat-last-n N --presence-penalty X --frequency-penalty X\n"
@@ -77,6 +78,8 @@ int generate_command(int argc, char** argv) {
   request.ignore_eos = options.flag("--ignore-eos");
   const bool json_output = options.flag("--json");
   const std::string device = options.get("--device", "auto");
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    throw UsageError("--device: expected auto, cpu or cuda, got '" + device + "'");
   RunnerOptions runner_options;
   runner_options.threads = options.int_value("--threads", 0, 0, kMaxThreads);
   runner_options.max_num_seqs = 1;
