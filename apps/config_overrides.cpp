@@ -1,5 +1,7 @@
 #include "apps/config_overrides.h"
 
+#include "graph/runner_factory.h"
+
 namespace pipeline {
 
 namespace {
@@ -34,11 +36,8 @@ std::vector<std::string> config_overrides(Options& options) {
   std::vector<std::string> overrides;
   if (auto model = options.find("--model"))
     overrides.push_back("model.path=" + yaml_string(*model));
-  if (auto device = options.find("--device")) {
-    if (*device != "cpu" && *device != "cuda" && *device != "auto")
-      throw UsageError("--device: expected cpu, cuda or auto, got '" + *device + "'");
+  if (auto device = options.one_of("--device", kDeviceNames))
     overrides.push_back("device=" + *device);
-  }
   for (const auto& assignment : options.all("--set")) {
     if (assignment.find('=') == std::string::npos)
       throw UsageError("--set: expected section.key=value, got '" + assignment + "'");

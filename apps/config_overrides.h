@@ -11,7 +11,7 @@ namespace pipeline {
 
 // --model DIR (model.path), --device cpu|cuda|auto, then every --set section.key=value, in that
 // order so that --set wins. Throws UsageError naming a flag with a bad value, and a --set value
-// that YAML reads as null unless it is written as one (empty, null, Null, NULL or ~).
+// with a YAML comment in it ('#' at its start or after a space) unless it is quoted.
 std::vector<std::string> config_overrides(Options& options);
 
 // `text` as a YAML single-quoted scalar: an override's value stays a string whatever it holds.

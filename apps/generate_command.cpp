@@ -1,9 +1,10 @@
 // `pipeline generate`: completes one raw prompt (BOS + its tokens, no chat template) and streams
 // the text to stdout, or prints one JSON object with --json.
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
+#include <string_view>
 
 #include "apps/commands.h"
 #include "apps/options.h"
@@ -50,18 +51,15 @@ SamplingParams sampling_from(Options& options) {
   return p;
 }
 
+constexpr std::string_view kKvCacheDtypes[] = {"auto", "bf16", "f32"};
+constexpr std::string_view kMatmulActivations[] = {"bf16", "f32"};
+
 // The element type `name` names, one of `choices` ("auto" stands for none), or `fallback`.
 std::optional<DType> dtype_option(Options& options, const std::string& name,
-                                  std::initializer_list<std::string_view> choices,
+                                  std::span<const std::string_view> choices,
                                   std::optional<DType> fallback) {
-  const std::optional<std::string> value = options.find(name);
+  const std::optional<std::string> value = options.one_of(name, choices);
   if (!value) return fallback;
-  if (std::find(choices.begin(), choices.end(), *value) == choices.end()) {
-    std::string listed;
-    for (std::string_view choice : choices)
-      listed += (listed.empty() ? "" : ", ") + std::string(choice);
-    throw UsageError(name + " must be one of " + listed + ", got '" + *value + "'");
-  }
   return *value == "auto" ? std::nullopt : parse_dtype(*value);
 }
 
@@ -77,16 +75,14 @@ int generate_command(int argc, char** argv) {
   request.sampling = sampling_from(options);
   request.ignore_eos = options.flag("--ignore-eos");
   const bool json_output = options.flag("--json");
-  const std::string device = options.get("--device", "auto");
-  if (device != "auto" && device != "cpu" && device != "cuda")
-    throw UsageError("--device: expected auto, cpu or cuda, got '" + device + "'");
+  const std::string device = options.one_of("--device", kDeviceNames).value_or("auto");
   RunnerOptions runner_options;
   runner_options.threads = options.int_value("--threads", 0, 0, kMaxThreads);
   runner_options.max_num_seqs = 1;
   runner_options.kv_cache_dtype =
-      dtype_option(options, "--kv-cache-dtype", {"auto", "bf16", "f32"}, std::nullopt);
+      dtype_option(options, "--kv-cache-dtype", kKvCacheDtypes, std::nullopt);
   runner_options.matmul_activations =
-      *dtype_option(options, "--matmul-activations", {"bf16", "f32"}, DType::BF16);
+      *dtype_option(options, "--matmul-activations", kMatmulActivations, DType::BF16);
   options.finish();
 
   auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::load(model_dir));

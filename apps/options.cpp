@@ -1,5 +1,6 @@
 #include "apps/options.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace pipeline {
@@ -111,6 +112,16 @@ double Options::number(const std::string& name, double fallback) {
   } catch (const std::exception&) {
   }
   throw UsageError(name + ": expected a number, got '" + *value + "'");
+}
+
+std::optional<std::string> Options::one_of(const std::string& name,
+                                           std::span<const std::string_view> choices) {
+  std::optional<std::string> value = find(name);
+  if (!value || std::find(choices.begin(), choices.end(), *value) != choices.end()) return value;
+  std::string listed;
+  for (std::string_view choice : choices)
+    listed += (listed.empty() ? "" : ", ") + std::string(choice);
+  throw UsageError(name + " must be one of " + listed + ", got '" + *value + "'");
 }
 
 std::vector<std::string> Options::all(const std::string& name) {

@@ -10,8 +10,10 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pipeline {
@@ -41,6 +43,9 @@ class Options {
   int int_value(const std::string& name, int fallback, int min = std::numeric_limits<int>::min(),
                 int max = std::numeric_limits<int>::max());
   double number(const std::string& name, double fallback);
+  // The value when given, which must be one of `choices`.
+  std::optional<std::string> one_of(const std::string& name,
+                                    std::span<const std::string_view> choices);
   std::vector<std::string> all(const std::string& name);  // a repeatable option
 
   // Called once every option is read: throws UsageError on any option the command did not

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "model/llama_weights.h"
 #include "model/model_runner.h"
@@ -14,6 +15,9 @@ namespace pipeline {
 // the hardware threads of the largest servers, and far below the counts whose thread slots
 // exhaust memory (16000000 threw std::bad_alloc, and 100000 crashed the process at exit).
 constexpr int kMaxThreads = 1024;
+
+// The devices make_runner takes: a config's `device`, the commands' --device.
+inline constexpr std::string_view kDeviceNames[] = {"auto", "cpu", "cuda"};
 
 // Throws std::invalid_argument on an unknown device name, std::runtime_error when "cuda" is
 // asked for but this build or this machine has no CUDA device (the message says which).

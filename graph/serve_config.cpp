@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -417,7 +418,9 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   const auto base = std::filesystem::absolute(file).parent_path();
   if (!root["model"]) throw ConfigError(name + ": section 'model' is required (model.path)");
   read_model(r, root["model"], base, applied.contains("model.path"), config.model);
-  if (root["device"]) config.device = r.one_of(root["device"], "device", {"auto", "cpu", "cuda"});
+  if (root["device"])
+    config.device =
+        r.one_of(root["device"], "device", {std::begin(kDeviceNames), std::end(kDeviceNames)});
   if (root["threads"])
     config.threads = r.integer(root["threads"], "threads", 0, kMaxThreads,
                                "more threads than a machine's cores only cost memory");

@@ -163,7 +163,7 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
   } cases[] = {
       {{"generate", "--model", "m", "--prompt", "x", "--bogus"}, "unknown option --bogus"},
       {{"generate", "--model", "m", "--prompt", "x", "--device", "gpu"},
-       "--device: expected auto, cpu or cuda, got 'gpu'"},
+       "--device must be one of auto, cpu, cuda, got 'gpu'"},
       {{"generate", "--model", "m", "--prompt", "x", "--max-tokens"}, "--max-tokens needs a value"},
       {{"generate", "--model", "m", "--prompt", "x", "extra"}, "unexpected argument 'extra'"},
       {{"generate", "--model", "m", "--prompt", "x", "--seed", "-3"},
