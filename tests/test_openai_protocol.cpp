@@ -1077,49 +1077,39 @@ TEST(Responses, EchoPutsThePromptAndItsScoresFirst) {
   EXPECT_EQ(response["logprobs"]["text_offset"].back(), prompt_length + 6);
 }
 
-// OpenAI's text_offset counts characters, as Python's len does, not UTF-8 bytes.
-TEST(Responses, TextOffsetsCountCharactersNotBytes) {
-  const ParsedRequest parsed =
-      parsed_from(Endpoint::Completions,
-                  with(with(with(completion_body(), "prompt", "Le caf\u00e9 est"), "echo", true),
-                       "logprobs", 0));
+// The text_offsets of an echoed completions call of `prompt`, its tokens' texts `pieces` (the
+// first "": BOS), followed by the answer's tokens of texts `answer`, in one delta.
+json echoed_offsets(const std::string& prompt, std::initializer_list<const char*> pieces,
+                    std::initializer_list<const char*> answer) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::Completions,
+      with(with(with(completion_body(), "prompt", prompt), "echo", true), "logprobs", 0));
   ResponseBuilder builder(parsed, "stories260K", token_text);
   Delta d;
-  for (const char* piece : {"", " Le", " caf", "\u00e9", " est"})
-    d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
-  d.tokens = {TokenOutput{5, " \u00f1u", -1.0f, {}}, TokenOutput{6, " x", -1.0f, {}}};
-  const json offsets = builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
-  EXPECT_EQ(offsets, json({0, 0, 2, 6, 7, 11, 14}));
+  for (const char* piece : pieces) d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
+  for (const char* piece : answer) d.tokens.push_back(TokenOutput{5, piece, -1.0f, {}});
+  return builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
+}
+
+// OpenAI's text_offset counts characters, as Python's len does, not UTF-8 bytes.
+TEST(Responses, TextOffsetsCountCharactersNotBytes) {
+  EXPECT_EQ(
+      echoed_offsets("Le caf\u00e9 est", {"", " Le", " caf", "\u00e9", " est"}, {" \u00f1u", " x"}),
+      json({0, 0, 2, 6, 7, 11, 14}));
 }
 
 // SentencePiece collapses a run of spaces into its word-start mark: offsets still point at each
 // token's bytes in the prompt as given (the mark's at the run's start).
 TEST(Responses, EchoedOffsetsFollowThePromptThroughCollapsedWhitespace) {
-  const ParsedRequest parsed = parsed_from(
-      Endpoint::Completions,
-      with(with(with(completion_body(), "prompt", "two  spaces"), "echo", true), "logprobs", 0));
-  ResponseBuilder builder(parsed, "stories260K", token_text);
-  Delta d;
-  for (const char* piece : {"", " t", "w", "o", " s", "p", "a", "ce", "s"})
-    d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
-  d.tokens = {TokenOutput{5, " x", -1.0f, {}}};
-  const json offsets = builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
-  EXPECT_EQ(offsets, json({0, 0, 1, 2, 3, 6, 7, 8, 10, 11}));
+  EXPECT_EQ(echoed_offsets("two  spaces", {"", " t", "w", "o", " s", "p", "a", "ce", "s"}, {" x"}),
+            json({0, 0, 1, 2, 3, 6, 7, 8, 10, 11}));
 }
 
 // A prompt that opens with a newline gets the word-start mark as a token of its own, a space
 // the prompt does not have: it takes no room, and the newline's token starts at 0.
 TEST(Responses, EchoedOffsetsOfAPromptOpeningWithANewline) {
-  const ParsedRequest parsed = parsed_from(
-      Endpoint::Completions,
-      with(with(with(completion_body(), "prompt", "\n\tOnce upon"), "echo", true), "logprobs", 0));
-  ResponseBuilder builder(parsed, "stories260K", token_text);
-  Delta d;
-  for (const char* piece : {"", " ", "\n", "\t", "O", "n", "ce", " upon"})
-    d.prompt.push_back(TokenOutput{0, piece, -1.0f, {}});
-  d.tokens = {TokenOutput{5, ",", -1.0f, {}}};
-  const json offsets = builder.delta_chunk(d)["choices"][0]["logprobs"]["text_offset"];
-  EXPECT_EQ(offsets, json({0, 0, 0, 1, 2, 3, 4, 6, 11}));
+  EXPECT_EQ(echoed_offsets("\n\tOnce upon", {"", " ", "\n", "\t", "O", "n", "ce", " upon"}, {","}),
+            json({0, 0, 0, 1, 2, 3, 4, 6, 11}));
 }
 
 TEST(Responses, AnEchoNoDeltaCarriedComesWithTheEnd) {
