@@ -10,10 +10,11 @@
 #   scripts/gpu_check.sh --prepare  (on a machine with network, nvcc and ../shared) fill
 #                                   build-gpu-deps/ for a GPU machine without network or
 #                                   ../shared: the Debian packages the build needs, the test
-#                                   data the CUDA tests read, and the three executables built
-#                                   here for sm_90 (bin/, stamped with a hash of the sources),
-#                                   which the check uses when they run there and come from the
-#                                   same sources, and otherwise builds its own.
+#                                   data the CUDA tests read, and the five executables of
+#                                   TARGETS built here for sm_90 (bin/, stamped with a hash of
+#                                   the sources), which the check uses when they run there and
+#                                   come from the same sources, and otherwise builds its own.
+#                                   build-gpu-deps/ goes inside the checkout, at its root.
 # Through the session tools: run(command="scripts/gpu_check.sh", carry=["build-gpu-deps"],
 # timeout_s=600); build-gpu-deps/ is git-ignored (/build*/), so it travels only when carried.
 set -uo pipefail
