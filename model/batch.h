@@ -1,6 +1,8 @@
 // What one forward pass runs: for each sequence, its new tokens at their positions and the
-// block table that holds (and will hold) its keys and values. Prefill batches carry whole
-// prompts (ragged: each its own length); decode batches carry one token per sequence.
+// block table that holds (and will hold) its keys and values. Prefill batches carry prompt
+// chunks (ragged: each its own length; a long prompt is split over several passes) and may end
+// with one token of each running sequence decoding alongside; decode batches carry one token
+// per sequence.
 #pragma once
 
 #include <cstdint>

@@ -14,8 +14,9 @@
 // for float32 weights, else bf16), laid out as kernels/cpu/paged_kv.h says. With
 // RunnerOptions::kv_cache_blocks = 0 the runner sizes it for max_num_seqs full contexts
 // (max_position_embeddings tokens each) but never above 4 GiB (K and V of all layers together)
-// nor half the machine's memory, and at least one block. The pool's pages are touched only as
-// blocks are written, so the operating system only backs the blocks that get used.
+// nor half the machine's memory, and at least one block. The whole pool is made resident at
+// construction (cpu::make_resident), so no decode step stops on page faults as its sequences
+// take new blocks, and a pool the machine cannot hold fails at start rather than under load.
 //
 // Threads: RunnerOptions::threads > 0 runs every kernel in a oneTBB task_arena of that many
 // threads; 0 uses the process's default arena (all cores).

@@ -3,7 +3,8 @@
 // token ids back into text.
 //
 //   /tokenize    {"model", "prompt": text, "add_special_tokens": true}
-//             or {"model", "messages": [...], "add_generation_prompt": true}
+//             or {"model", "messages": [...], "add_generation_prompt": true,
+//                 "continue_final_message": false}
 //                (either form may add "return_token_strs": true)
 //             → {"count": N, "max_model_len": CONTEXT, "tokens": [ids], "token_strs": [texts]}
 //   /detokenize  {"model", "tokens": [ids]} → {"prompt": text}
@@ -15,8 +16,10 @@
 // - A prompt gets BOS first unless add_special_tokens is false, as /v1/completions encodes it.
 // - Messages become tokens through the chat template exactly as /v1/chat/completions builds
 //   them. The template places BOS itself, so add_special_tokens is false for them (vLLM's
-//   default); true, which would add a second BOS no chat request ever gets, is refused, as is
-//   continue_final_message true (a chat prompt here always ends after a user turn).
+//   default); true, which would add a second BOS no chat request ever gets, is refused.
+//   continue_final_message true, with add_generation_prompt false, ends the tokens inside the
+//   assistant's last message, as /v1/chat/completions does (read_prompt_end); with
+//   add_generation_prompt true it is a 400.
 // - token_strs holds each token's text as logprobs show it (Tokenizer::token_text: "▁" as a
 //   space, a byte piece as its byte, BOS as ""), where vLLM gives the raw pieces ("▁the", "<s>").
 //   It is left out unless return_token_strs is true.

@@ -1,4 +1,6 @@
-// prefill: one forward pass over every prompt of the batch; samples each first token.
+// prefill: one forward pass over the batch's prompt chunks (a long prompt comes in several
+// passes) and one token of each running sequence decoding alongside; samples each finished
+// prompt's first token and each decoding sequence's next.
 // A serial node over the engine's one ModelRunner; its results go back to the scheduler
 // (the loop edge) and on to detokenize.
 #pragma once
