@@ -106,7 +106,8 @@ std::string Metrics::prometheus_text() const {
   write_value(out, "pipeline_preemptions_total", "counter",
               "Sequences preempted for lack of KV blocks (recomputed later).",
               double(preemptions.value()));
-  write_value(out, "pipeline_running_sequences", "gauge", "Sequences being decoded.",
+  write_value(out, "pipeline_running_sequences", "gauge",
+              "Sequences admitted and holding KV blocks, those still prefilling included.",
               double(running_sequences.value()));
   write_value(out, "pipeline_waiting_sequences", "gauge",
               "Requests waiting for their prefill, preempted ones included.",
