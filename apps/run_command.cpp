@@ -35,7 +35,8 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_batch=8 (repeatable)\n"
     "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
-    "and exit 0; a second one fails those still in flight at once.";
+    "and exit 0; a second one fails those still in flight at once. Exits 1 if the model runner\n"
+    "fails for good (a device error), having failed each request in flight with a 503.";
 
 // The address a client reaches: an IPv6 address goes in brackets (http://[::1]:2000), as a
 // URL's port would otherwise be read as part of it.
@@ -88,13 +89,25 @@ int run_command(int argc, char** argv) {
   // no thread left to start (its connection threads grow to its limit under load).
   std::mutex stop_mutex;
   std::condition_variable stop_changed;
-  bool stop_asked = false, serve_returned = false;  // under stop_mutex
+  bool stop_asked = false, runner_failed = false, serve_returned = false;  // under stop_mutex
   std::thread shutting_down([&] {
     std::unique_lock lock(stop_mutex);
-    stop_changed.wait(lock, [&] { return stop_asked || serve_returned; });
-    if (!stop_asked) return;
+    stop_changed.wait(lock, [&] { return stop_asked || runner_failed || serve_returned; });
+    if (!stop_asked && !runner_failed) return;
+    // After a runner failure nothing is left to finish: the engine failed every request.
+    const std::chrono::seconds grace(runner_failed ? 0 : config.server.shutdown_grace_s);
     lock.unlock();
-    server.shutdown(std::chrono::seconds(config.server.shutdown_grace_s));
+    server.shutdown(grace);
+  });
+  // A device that failed for good cannot be recovered in this process: stop, so that a
+  // supervisor starts a fresh one, rather than answer 503 from here on.
+  engine.on_runner_failure([&](const std::string& why) {
+    std::fprintf(stderr, "pipeline run: the model runner failed (%s); stopping\n", why.c_str());
+    {
+      std::lock_guard lock(stop_mutex);
+      runner_failed = true;
+    }
+    stop_changed.notify_one();
   });
   bool asked_to_stop = false;
   {
@@ -124,6 +137,11 @@ int run_command(int argc, char** argv) {
   }
   stop_changed.notify_one();
   shutting_down.join();
+  if (const auto why = engine.runner_failure()) {
+    engine.shutdown(std::chrono::seconds(0));
+    std::fprintf(stderr, "pipeline run: stopped: the model runner failed: %s\n", why->c_str());
+    return 1;
+  }
   if (!asked_to_stop || !signalled.load()) {
     std::fprintf(stderr, "pipeline run: the HTTP server stopped without being asked to\n");
     engine.shutdown(std::chrono::seconds(0));

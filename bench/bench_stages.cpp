@@ -117,7 +117,8 @@ struct StageBench {
         json_vocabulary(tokenizer, runner.config()),
         context{
             config,    runner.config(), tokenizer, json_vocabulary, ChatTemplate::Llama2, runner,
-            scheduler, metrics,         1} {}
+            scheduler, metrics,         1,         nullptr}  // a FixedLogitsRunner never fails
+  {}
 
   // The registry's stage `name`, on `on` (by default the shared context).
   std::unique_ptr<Stage> make(const std::string& name, EngineContext* on = nullptr) {
@@ -229,9 +230,9 @@ void BM_Stage_batch_window(benchmark::State& state) {
   Scheduler scheduler(section, b->runner.kv_shape().num_blocks, b->runner.kv_shape().block_size,
                       b->metrics);
   const EngineContext& shared = b->context;
-  EngineContext own{shared.config,        shared.model,  shared.tokenizer, shared.json_vocabulary,
-                    shared.chat_template, shared.runner, scheduler,        shared.metrics,
-                    shared.seed_base};
+  EngineContext own{
+      shared.config, shared.model, shared.tokenizer, shared.json_vocabulary, shared.chat_template,
+      shared.runner, scheduler,    shared.metrics,   shared.seed_base,       shared.runner_failed};
   auto stage = b->make("batch_window", &own);
   // What the scheduler's thread emits, handed to this one.
   moodycamel::BlockingConcurrentQueue<Message> emitted;

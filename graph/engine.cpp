@@ -28,8 +28,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 struct Engine::Impl {
-  explicit Impl(const ServeConfig& cfg);
+  Impl(const ServeConfig& cfg, const RunnerMaker& make);
   void on_end(Sequence& seq, const ResponseStream::Payload& ending);
+  void fail_for_good(const std::string& why);
 
   ServeConfig config;
   GraphPlan plan;
@@ -50,12 +51,14 @@ struct Engine::Impl {
   bool accepting = true;
   bool grace_ended = false;
   uint64_t next_number = 0;
+  std::optional<std::string> runner_failure;
+  std::function<void(const std::string&)> failure_listener;
 
   std::mutex shutdown_mutex;
   bool shut_down = false;
 };
 
-Engine::Impl::Impl(const ServeConfig& cfg)
+Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
     : config(cfg),
       plan(plan_graph(config)),  // a bad graph fails before the model loads
       model_name(config.model.name.empty() ? folder_name(config.model.path) : config.model.name),
@@ -70,14 +73,14 @@ Engine::Impl::Impl(const ServeConfig& cfg)
   options.matmul_activations = config.model.matmul_activations;
   options.max_num_seqs = config.scheduler.max_num_seqs;
   options.threads = config.threads;
-  runner = make_runner(config.device, weights, options);
+  runner = make ? make(weights, options) : make_runner(config.device, weights, options);
   const auto& kv = runner->kv_shape();
   scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics);
   json_vocabulary = std::make_unique<JsonVocabulary>(tokenizer, runner->config());
-  context = std::make_unique<EngineContext>(
-      EngineContext{config, runner->config(), tokenizer, *json_vocabulary,
-                    *parse_chat_template(config.model.chat_template), *runner, *scheduler, metrics,
-                    std::random_device{}()});
+  context = std::make_unique<EngineContext>(EngineContext{
+      config, runner->config(), tokenizer, *json_vocabulary,
+      *parse_chat_template(config.model.chat_template), *runner, *scheduler, metrics,
+      std::random_device{}(), [this](const std::string& why) { fail_for_good(why); }});
   graph = std::make_unique<FlowGraph>(plan, *context, metrics);
   for (const auto& line : runner->setup_report())
     log_line("engine: %s: %s", runner->device_name().c_str(), line.c_str());
@@ -110,7 +113,27 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
   live_changed.notify_all();
 }
 
-Engine::Engine(const ServeConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+// Every request in flight fails now, not at the scheduler's next step: nothing can run them.
+void Engine::Impl::fail_for_good(const std::string& why) {
+  std::vector<SequencePtr> remaining;
+  std::function<void(const std::string&)> listener;
+  {
+    std::lock_guard lock(live_mutex);
+    if (runner_failure) return;
+    runner_failure = why;
+    accepting = false;
+    for (auto& [number, weak] : live)
+      if (auto seq = weak.lock()) remaining.push_back(std::move(seq));
+    listener = failure_listener;
+  }
+  log_line("engine: the model runner failed for good (%s): failing the %zu requests in flight",
+           why.c_str(), remaining.size());
+  for (const auto& seq : remaining) seq->stream.fail(runner_failed_error(why));
+  if (listener) listener(why);
+}
+
+Engine::Engine(const ServeConfig& config, RunnerMaker make)
+    : impl_(std::make_unique<Impl>(config, make)) {}
 
 Engine::~Engine() {
   shutdown(std::chrono::seconds(impl_->config.server.shutdown_grace_s));
@@ -129,6 +152,7 @@ SubmitStatus Engine::submit(std::span<const std::shared_ptr<Request>> requests) 
   std::vector<SequencePtr> seqs;
   {
     std::lock_guard lock(m.live_mutex);
+    if (m.runner_failure) return SubmitStatus::RunnerFailed;
     if (!m.accepting) return SubmitStatus::ShuttingDown;
     if (m.metrics.waiting_sequences.add(count) > m.config.server.max_queue) {
       m.metrics.waiting_sequences.add(-count);
@@ -192,6 +216,21 @@ void Engine::end_grace() {
     impl_->grace_ended = true;
   }
   impl_->live_changed.notify_all();
+}
+
+std::optional<std::string> Engine::runner_failure() const {
+  std::lock_guard lock(impl_->live_mutex);
+  return impl_->runner_failure;
+}
+
+void Engine::on_runner_failure(std::function<void(const std::string& why)> listener) {
+  std::optional<std::string> failed;
+  {
+    std::lock_guard lock(impl_->live_mutex);
+    impl_->failure_listener = listener;
+    failed = impl_->runner_failure;
+  }
+  if (failed && listener) listener(*failed);
 }
 
 std::string Engine::metrics_text() const {

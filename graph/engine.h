@@ -4,7 +4,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -14,18 +16,26 @@
 #include "io/chat_template.h"
 #include "io/model_config.h"
 #include "io/tokenizer.h"
+#include "model/llama_weights.h"
+#include "model/model_runner.h"
 
 namespace pipeline {
 
-enum class SubmitStatus { Accepted, QueueFull, ShuttingDown };
+enum class SubmitStatus { Accepted, QueueFull, ShuttingDown, RunnerFailed };
+
+// Makes the engine's ModelRunner from the loaded weights.
+using RunnerMaker = std::function<std::unique_ptr<ModelRunner>(
+    std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)>;
 
 class Engine {
  public:
-  explicit Engine(const ServeConfig& config);
+  // The runner is make_runner's for the config's device, unless `make` is given (tests give
+  // runners that fail).
+  explicit Engine(const ServeConfig& config, RunnerMaker make = {});
   ~Engine();  // shuts down with the configured grace
 
   // Never blocks. QueueFull: the waiting queue would hold more than server.max_queue requests
-  // (answer 503).
+  // (answer 503). RunnerFailed: see runner_failure().
   SubmitStatus submit(std::shared_ptr<Request> request);
   // Several requests that answer together (the choices of one API call): all are accepted or
   // none is, so a full queue never leaves some of them running.
@@ -42,6 +52,14 @@ class Engine {
   // Ends a shutdown's grace now (a second Ctrl-C): the requests still in flight fail at once.
   // Callable from any thread, before or during shutdown().
   void end_grace();
+
+  // Why the model runner failed for good (it threw RunnerFailure), once it has. Every request
+  // in flight then failed with runner_failed_error, and submit() answers RunnerFailed: the
+  // process is meant to exit, for a supervisor to start a fresh one.
+  std::optional<std::string> runner_failure() const;
+  // Calls `listener` with the reason when the runner fails for good, once, from the pipeline
+  // thread that saw it (at once if it already has). One listener; a later call replaces it.
+  void on_runner_failure(std::function<void(const std::string& why)> listener);
 
   // Prometheus text exposition of every metric.
   std::string metrics_text() const;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "graph/metrics.h"
 #include "graph/scheduler.h"
@@ -25,6 +27,9 @@ struct EngineContext {
   Scheduler& scheduler;
   Metrics& metrics;
   uint64_t seed_base;  // requests without a seed draw from seed_base + their number
+  // Called once the runner threw RunnerFailure, with its message: the engine fails every
+  // request and takes no more.
+  std::function<void(const std::string& why)> runner_failed;
 };
 
 }  // namespace pipeline

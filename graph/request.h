@@ -60,6 +60,12 @@ struct RequestError {
   std::string code;   // empty: null
 };
 
+// What each request gets once the model runner has failed for good (RunnerFailure): a 503, as
+// for a shutdown, since the server stops and a restarted one can answer it.
+inline RequestError runner_failed_error(const std::string& why) {
+  return {503, "the model runner failed: " + why, "server_error", "", "runner_failed"};
+}
+
 // Receives a request's results in order: any number of deltas, then exactly one of
 // on_finish or on_error. Calls come from pipeline threads and must not block for long.
 class RequestSink {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ struct RunnerOptions {
   DType matmul_activations = DType::BF16;
 };
 
+// What forward() throws when the runner can run nothing more: a device error that outlives the
+// pass (CUDA's "sticky" errors, an illegal address say, leave the context unusable until the
+// process exits). The engine then fails every request and stops taking new ones. Anything else
+// forward() throws fails only the pass's prompts.
+class RunnerFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -43,7 +53,7 @@ class ModelRunner {
 
   // Runs every sequence's new tokens, writes their K and V into the block tables' slots and
   // fills `logits` (resized here) with Batch::logit_rows() rows. Decode batches (one token
-  // per sequence) are the hot path.
+  // per sequence) are the hot path. Throws RunnerFailure when the runner is no longer usable.
   virtual void forward(const Batch& batch, Logits& logits) = 0;
 };
 

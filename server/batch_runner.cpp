@@ -27,7 +27,8 @@ struct BatchRunner::Finished {
   int status_code = 200;
   json body;
   int completion_tokens = 0;
-  bool cut_short = false;  // failed by the engine's shutdown: not written, a rerun does it
+  // Failed by the engine's shutdown or by a runner failure: not written, a rerun does it.
+  bool cut_short = false;
 };
 
 // The other choices of a line one of whose choices failed: the line is that error, so they
@@ -105,7 +106,8 @@ class BatchRunner::Answer {
   void end() {
     if (--left_ > 0) return;
     if (error_) {
-      // 503 comes only from the engine's shutdown, which cuts requests short.
+      // 503 comes only from the engine's shutdown and a runner failure, which cut requests
+      // short.
       results_.push(Finished{&input_, request_id_, error_->http_status, error_body(*error_), 0,
                              error_->http_status == 503});
       return;
@@ -183,11 +185,15 @@ void BatchRunner::submit_and_write(const std::vector<BatchInput>& todo,
   size_t next = 0;
   auto next_report = Clock::now() + period;
   while (progress.written < todo.size() && !stop.load()) {
+    // The run stops: its lines in flight failed, unwritten, for a rerun to do.
+    if (const auto why = engine_.runner_failure())
+      throw std::runtime_error("the model runner failed: " + *why +
+                               "; run the same command again for the lines left without results");
     while (next < todo.size() && progress.in_flight < max_in_flight && !stop.load()) {
       if (!submit(todo[next], results, progress)) {
         // The engine's queue is full: wait for a request to finish. With none in flight it
-        // never will, so the engine will not take any.
-        if (progress.in_flight == 0)
+        // never will, so the engine will not take any. (A runner failure ends the run above.)
+        if (progress.in_flight == 0 && !engine_.runner_failure())
           throw std::runtime_error("the engine refuses requests (queue full or shutting down)");
         break;
       }
@@ -199,7 +205,8 @@ void BatchRunner::submit_and_write(const std::vector<BatchInput>& todo,
         cancel_choices(*cancel);
       } else {
         --progress.in_flight;
-        write(std::get<Finished>(*event), progress);
+        const Finished& finished = std::get<Finished>(*event);
+        if (!finished.cut_short) write(finished, progress);
       }
     }
     if (Clock::now() >= next_report) {

@@ -3,8 +3,8 @@
 // Routes: POST /v1/chat/completions, POST /v1/completions, POST /tokenize, POST /detokenize
 // (vLLM's), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics. Every error body is
 // OpenAI's {"error": {...}}: 404 for an unknown route, 405 for a known route with the wrong method,
-// 400 for a malformed or invalid request, 503 when the engine's queue is full or it is shutting
-// down. When server.api_key is set every route but GET /health (left open for load balancers'
+// 400 for a malformed or invalid request, 503 when the engine's queue is full, it is shutting
+// down, or its model runner failed for good (/health then says so too). When server.api_key is set every route but GET /health (left open for load balancers'
 // probes) needs `Authorization: Bearer KEY` (401 otherwise).
 #pragma once
 

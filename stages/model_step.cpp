@@ -109,6 +109,13 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   const auto start = Clock::now();
   try {
     ctx.runner.forward(batch, logits);
+  } catch (const RunnerFailure& e) {
+    log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
+             e.what());
+    for (const SequencePtr& seq : seqs) seq->stream.fail(runner_failed_error(e.what()));
+    result.failed = seqs;
+    ctx.runner_failed(e.what());
+    return result;
   } catch (const std::exception& e) {
     log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
     const auto first_rider = seqs.end() - riders;

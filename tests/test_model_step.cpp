@@ -1,6 +1,7 @@
 // The model stages' shared body. When the forward pass throws, the prompts of the pass fail with
 // a 500 naming the cause, and the decoding sequences that rode along a prefill pass are handed
-// back untouched, to decode again in the next pass, instead of failing with the prompt. A prompt
+// back untouched, to decode again in the next pass, instead of failing with the prompt; when the
+// runner fails for good, every sequence of the pass fails and the engine is told. A prompt
 // to score gets each token's score from the row before it, once.
 #include <gtest/gtest.h>
 
@@ -17,36 +18,40 @@ namespace {
 
 using testing::CollectingSink;
 
-// A runner whose every forward pass fails, as one that runs out of device memory would.
-class FailingRunner final : public ModelRunner {
+// A runner of a 512-word vocabulary and 64 KV blocks; what its forward pass does is the
+// subclass's.
+class TestRunner : public ModelRunner {
  public:
-  FailingRunner() {
+  TestRunner() {
     config_.vocab_size = 512;
     kv_shape_.block_size = 16;
     kv_shape_.num_blocks = 64;
   }
   const LlamaConfig& config() const override { return config_; }
   const KvCacheShape& kv_shape() const override { return kv_shape_; }
-  std::string device_name() const override { return "failing"; }
-  void forward(const Batch&, Logits&) override { throw std::runtime_error("out of memory"); }
+  std::string device_name() const override { return "test"; }
 
- private:
+ protected:
   LlamaConfig config_;
   KvCacheShape kv_shape_;
 };
 
+// A runner whose every forward pass fails, as one that runs out of device memory would.
+class FailingRunner final : public TestRunner {
+ public:
+  void forward(const Batch&, Logits&) override { throw std::runtime_error("out of memory"); }
+};
+
+// A runner whose device is lost: it can run nothing more.
+class LostRunner final : public TestRunner {
+ public:
+  void forward(const Batch&, Logits&) override { throw RunnerFailure("device lost"); }
+};
+
 // A runner whose logits depend only on the position: the row of position p puts 10 on token
 // p + 1 and 0 elsewhere, so a row's scores tell which row they came from.
-class PositionRunner final : public ModelRunner {
+class PositionRunner final : public TestRunner {
  public:
-  PositionRunner() {
-    config_.vocab_size = 512;
-    kv_shape_.block_size = 16;
-    kv_shape_.num_blocks = 64;
-  }
-  const LlamaConfig& config() const override { return config_; }
-  const KvCacheShape& kv_shape() const override { return kv_shape_; }
-  std::string device_name() const override { return "positions"; }
   void forward(const Batch& batch, Logits& logits) override {
     logits.vocab = config_.vocab_size;
     logits.data.assign(size_t(batch.logit_rows()) * size_t(logits.vocab), 0.0f);
@@ -57,10 +62,6 @@ class PositionRunner final : public ModelRunner {
         logits.row(row++)[size_t(p + 1)] = 10.0f;
     }
   }
-
- private:
-  LlamaConfig config_;
-  KvCacheShape kv_shape_;
 };
 
 template <typename Runner>
@@ -72,9 +73,17 @@ struct StepFixture {
   Scheduler scheduler{config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                       metrics};
   JsonVocabulary json_vocabulary{tokenizer, runner.config()};
-  EngineContext context{config,          runner.config(),   tokenizer,
-                        json_vocabulary, ChatTemplate::Raw, runner,
-                        scheduler,       metrics,           1};
+  std::vector<std::string> runner_failures;  // what the context's runner_failed heard
+  EngineContext context{config,
+                        runner.config(),
+                        tokenizer,
+                        json_vocabulary,
+                        ChatTemplate::Raw,
+                        runner,
+                        scheduler,
+                        metrics,
+                        1,
+                        [this](const std::string& why) { runner_failures.push_back(why); }};
   uint64_t next_number = 0;
 
   // A sequence of `tokens`, with its new tokens from `start` in `batch`.
@@ -129,6 +138,25 @@ TEST(ModelStep, AFailedDecodePassFailsEverySequence) {
   EXPECT_EQ(result.failed, seqs);
   EXPECT_TRUE(result.retry.empty());
   for (const auto& seq : seqs) EXPECT_TRUE(sink_of(seq).error().has_value());
+}
+
+TEST(ModelStep, ARunnerFailureFailsEverySequenceRidersTooAndIsReported) {
+  StepFixture<LostRunner> f;
+  std::vector<SequencePtr> seqs;
+  Batch batch;
+  f.add({1, 10, 11, 12}, 0, seqs, batch);
+  f.add({1, 30, 31}, 2, seqs, batch);  // decoding alongside
+  Logits logits;
+  const StepResult result =
+      run_model_step(f.context, seqs, batch, /*prefill=*/true, logits, /*riders=*/1);
+  EXPECT_EQ(result.failed, seqs);
+  EXPECT_TRUE(result.retry.empty());
+  for (const auto& seq : seqs) {
+    ASSERT_TRUE(sink_of(seq).error().has_value()) << seq->request->id;
+    EXPECT_EQ(sink_of(seq).error()->http_status, 503);
+    EXPECT_EQ(sink_of(seq).error()->code, "runner_failed");
+  }
+  EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"device lost"}));
 }
 
 // A prompt preempted during its prefill after two of its tokens were scored computes its prompt

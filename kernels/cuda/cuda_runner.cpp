@@ -81,6 +81,15 @@ int round_up_pow2(int n) {
   return int(std::bit_ceil(unsigned(std::max(n, 1))));
 }
 
+// Whether the CUDA context took a "sticky" error, which every later call returns too (an
+// illegal address or a kernel's trap, say): then no pass can run until the process exits. A
+// failure that leaves the context usable (an allocation, a launch's configuration) is cleared
+// here, so that the next step runs.
+bool context_lost() {
+  (void)cudaGetLastError();
+  return cudaDeviceSynchronize() != cudaSuccess;
+}
+
 // dst = src[0, count). A step's logits are megabytes at large batches (8 MB for 64 sequences of
 // a 32,000-word vocabulary), which one core copies in about half a millisecond; slices of
 // 64 KiB on several cores move them at the memory's pace instead.
@@ -366,10 +375,12 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
     PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits_staging_.data(), ws.logits.data(),
                                         count * sizeof(float), cudaMemcpyDeviceToHost, stream));
     PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  } catch (...) {
+  } catch (const std::exception& e) {
     // What was queued before the failure still reads staging_ and writes the KV cache: it must
     // be done before the next step rewrites them. Its own error, if any, is the one thrown.
     cudaStreamSynchronize(stream);
+    if (context_lost())
+      throw RunnerFailure(std::string(e.what()) + "; the CUDA context is unusable from now on");
     throw;
   }
   logits.vocab = config_.vocab_size;
