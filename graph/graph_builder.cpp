@@ -274,10 +274,32 @@ struct FlowGraph::Node {
       (*stage)(message, emit);
     } catch (const std::exception& e) {
       log_line("node %s: %s", name.c_str(), e.what());
+      fail_carried(message, emit, e.what());
     }
     metrics.calls.add();
     metrics.seconds.observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  // After the stage threw: every sequence the message carries ends with a 500, rather than
+  // wait for an answer that will not come (holding its place in the queue and its blocks). A
+  // forward pass's batch also gets its result, all failed, since the scheduler waits for one
+  // before it schedules the next pass.
+  void fail_carried(const Message& message, const Emit& emit, const std::string& what) {
+    const RequestError error{500, "internal error in graph node " + name + ": " + what,
+                             "server_error", "", ""};
+    std::vector<SequencePtr> seqs = carried_sequences(message);
+    for (const SequencePtr& seq : seqs) seq->stream.fail(error);
+    const bool prefill = std::holds_alternative<PrefillBatch>(message);
+    if (!prefill && !std::holds_alternative<DecodeBatch>(message)) return;
+    StepResult result;
+    result.prefill = prefill;
+    result.failed = std::move(seqs);
+    try {
+      emit(std::move(result));
+    } catch (const std::exception& e) {
+      log_line("node %s: its failed step's result was lost too: %s", name.c_str(), e.what());
+    }
   }
 
   std::string name;

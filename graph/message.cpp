@@ -13,4 +13,20 @@ std::string describe_kinds(KindSet kinds) {
   return out.empty() ? "nothing" : out;
 }
 
+std::vector<SequencePtr> carried_sequences(const Message& message) {
+  if (const auto* m = std::get_if<Submitted>(&message)) return {m->seq};
+  if (const auto* m = std::get_if<Tokenized>(&message)) return {m->seq};
+  if (const auto* m = std::get_if<PrefillBatch>(&message)) return m->seqs;
+  if (const auto* m = std::get_if<DecodeBatch>(&message)) return m->seqs;
+  std::vector<SequencePtr> seqs;
+  if (const auto* m = std::get_if<StepResult>(&message)) {
+    for (const SampledOutput& out : m->outputs) seqs.push_back(out.seq);
+    seqs.insert(seqs.end(), m->retry.begin(), m->retry.end());
+  } else {
+    for (const StreamEvent& event : std::get<StreamEvents>(message).events)
+      seqs.push_back(event.seq);
+  }
+  return seqs;
+}
+
 }  // namespace pipeline

@@ -108,4 +108,8 @@ inline KindSet kind_of(const Message& message) {
 // "prefill batches, decode batches", for messages about graphs.
 std::string describe_kinds(KindSet kinds);
 
+// The sequences a message carries that are still to be answered: a step result's outputs and
+// retries (its failed ones have their error already), a stream event's sequence.
+std::vector<SequencePtr> carried_sequences(const Message& message);
+
 }  // namespace pipeline
