@@ -127,7 +127,7 @@ int run_command(int argc, char** argv) {
         [&](int second) {
           std::fprintf(stderr, "pipeline run: second %s: failing the requests still in flight\n",
                        stop_signal_name(second));
-          engine.end_grace();
+          server.end_grace();
         });
     asked_to_stop = server.serve();
   }  // the watcher stops watching once the server has stopped

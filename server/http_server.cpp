@@ -34,8 +34,9 @@ namespace {
 // How long a connection thread waits for its request's next event before it looks again
 // whether the client is still there.
 constexpr std::chrono::milliseconds kEventPoll{100};
-// After the engine ended every request: how long the last chunks may take to reach clients.
-constexpr std::chrono::seconds kDrainLimit{5};
+// After the engine ended every request: how long the last chunks may take to reach clients,
+// at least (they have what is left of the grace, if more).
+constexpr std::chrono::seconds kDrainLimit{1};
 // At shutdown, how long a connection must have received nothing to count as idle: a request's
 // bytes arrive within milliseconds of each other, and httplib may hold them unrouted meanwhile.
 constexpr std::chrono::milliseconds kRequestQuiet{500};
@@ -654,6 +655,7 @@ struct HttpServer::Impl {
   ConnectionsAnswering answering;
   std::atomic<int64_t> active{0};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> grace_ended{false};
   std::mutex serve_mutex;  // orders serve() against shutdown()
   bool serving = false;    // serve() was entered (under serve_mutex)
   std::atomic<bool> serve_returned{false};
@@ -687,6 +689,11 @@ bool HttpServer::serve() {
   return stopped;
 }
 
+void HttpServer::end_grace() {
+  impl_->grace_ended.store(true);
+  impl_->engine.end_grace();
+}
+
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
   bool serving = false;
   {
@@ -694,11 +701,16 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
     impl_->stopping.store(true);
     serving = impl_->serving;
   }
+  const auto grace_end = std::chrono::steady_clock::now() + grace;
   impl_->engine.shutdown(grace);
   // Every request has ended in the engine; give connection threads time to write the ends.
-  const auto deadline = std::chrono::steady_clock::now() + kDrainLimit;
-  while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline)
+  const auto deadline = std::max(grace_end, std::chrono::steady_clock::now() + kDrainLimit);
+  while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline &&
+         !impl_->grace_ended.load())
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // A thread still answering writes to a client that stopped reading: each write would wait
+  // out httplib's 5 s timeout. Its answer is lost either way.
+  if (impl_->active.load() > 0) end_every_connection(impl_->port);
   // httplib's stop() does nothing before its accept loop runs: repeat it until serve() returned.
   // serve() returns when every connection thread has: a thread on an idle keep-alive connection
   // would wait out its 5 s timeout for a next request, so idle connections stop reading.

@@ -4,8 +4,9 @@
 // (vLLM's), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics. Every error body is
 // OpenAI's {"error": {...}}: 404 for an unknown route, 405 for a known route with the wrong method,
 // 400 for a malformed or invalid request, 503 when the engine's queue is full, it is shutting
-// down, or its model runner failed for good (/health then says so too). When server.api_key is set every route but GET /health (left open for load balancers'
-// probes) needs `Authorization: Bearer KEY` (401 otherwise).
+// down, or its model runner failed for good (/health then says so too). When server.api_key is set
+// every route but GET /health (left open for load balancers' probes) needs `Authorization: Bearer
+// KEY` (401 otherwise).
 #pragma once
 
 #include <chrono>
@@ -32,8 +33,13 @@ class HttpServer {
 
   // Graceful stop, callable from any thread: /health turns 503 and new completion requests
   // get 503, Engine::shutdown(grace) lets in-flight requests finish (failing the rest), their
-  // last chunks are written, then the listening socket closes and serve() returns.
+  // last chunks are written in what is left of the grace (at least a second), then connections
+  // still answering (a client that stopped reading) are cut off, the listening socket closes
+  // and serve() returns.
   void shutdown(std::chrono::milliseconds grace);
+  // Ends a shutdown's grace now (a second Ctrl-C): the requests still in flight fail, and their
+  // last chunks are not waited for. Callable from any thread, before or during shutdown().
+  void end_grace();
 
  private:
   struct Impl;

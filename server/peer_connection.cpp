@@ -89,6 +89,15 @@ void stop_reading_idle_connections(
   });
 }
 
+void end_every_connection(int local_port) {
+  for_each_descriptor([&](int fd) {
+    std::string host;
+    int port = 0;
+    if (peer_end(fd, host, port) && own_port_is(fd, local_port)) ::shutdown(fd, SHUT_RDWR);
+    return false;
+  });
+}
+
 PeerConnection::PeerConnection(const std::string& remote_addr, int remote_port, int local_port) {
   for_each_descriptor([&](int fd) {
     if (!connects(fd, remote_addr, remote_port, local_port)) return false;

@@ -24,6 +24,11 @@ void stop_reading_idle_connections(
     int local_port, std::chrono::milliseconds quiet,
     const std::function<bool(const std::string& host, int port)>& answering);
 
+// Shuts both directions of every connection accepted on local_port, answering or not: a thread
+// blocked writing to a client that stopped reading sees the write fail at once. For the end of
+// a shutdown.
+void end_every_connection(int local_port);
+
 class PeerConnection {
  public:
   // Looks for the connected socket from remote_addr:remote_port (as httplib writes them: a

@@ -902,10 +902,13 @@ TEST_F(ServerE2E, SixteenConcurrentStreamsArePrefilledTogetherAndMatchTheirSoloA
 }
 
 // A raw connection to the server on which `bytes` were sent (a request, or the start of one);
-// the caller closes it.
-int send_raw(int port, const std::string& bytes) {
+// the caller closes it. A receive_buffer (bytes) shrinks the socket's buffer, for a client
+// that stops reading to fill it soon.
+int send_raw(int port, const std::string& bytes, int receive_buffer = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("socket() failed");
+  if (receive_buffer > 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(uint16_t(port));
@@ -919,12 +922,13 @@ int send_raw(int port, const std::string& bytes) {
 }
 
 // A raw connection on which a completion request was sent; the caller closes it.
-int send_raw_completion(int port, const json& body) {
+int send_raw_completion(int port, const json& body, int receive_buffer = 0) {
   const std::string payload = body.dump();
   return send_raw(port,
                   "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                   "Content-Type: application/json\r\nContent-Length: " +
-                      std::to_string(payload.size()) + "\r\n\r\n" + payload);
+                      std::to_string(payload.size()) + "\r\n\r\n" + payload,
+                  receive_buffer);
 }
 
 // Opens a streaming request on a raw socket, reads until the first bytes of the body arrived,
@@ -1472,6 +1476,29 @@ TEST(ServerE2EShutdown, AClientStillSendingItsBodyDoesNotHoldTheExit) {
   done.store(true);
   trickle.join();
   close(fd);
+}
+
+// Streams whose clients stopped reading (their socket buffers full) do not hold the exit long
+// past the grace: once the engine ended every request, their last chunks get a second, then
+// their connections are cut. Each write to them would otherwise wait out httplib's 5 s timeout.
+TEST(ServerE2EShutdown, StreamsWhoseClientsStoppedReadingDoNotHoldTheExitPastTheGrace) {
+  ServerProcess server(
+      stories_config("  shutdown_grace_s: 1\nscheduler:\n  window_ms: 50\n  max_batch: 16\n  "
+                     "max_num_seqs: 16\n"));
+  json body = completion_body("Once upon a time", 480);
+  body["ignore_eos"] = true;
+  body["stream"] = true;
+  body["n"] = 16;
+  body["temperature"] = 1.0;
+  std::vector<int> clients;
+  for (int i = 0; i < 4; ++i)
+    clients.push_back(send_raw_completion(server.port(), body, /*receive_buffer=*/2048));
+  // Long enough for their answers to fill the sockets' buffers.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto start = Clock::now();
+  EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(4500)) << server.stderr_text();
+  for (const int fd : clients) close(fd);
 }
 
 // A second SIGTERM ends the grace at once: a request still waiting (here in a long batch
