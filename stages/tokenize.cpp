@@ -84,12 +84,6 @@ void TokenizeStage::prepare(Sequence& seq) const {
     throw Refusal{e.what(), prompt_param};
   }
   truncate(seq.tokens, req.truncate_prompt_tokens);
-  try {
-    seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop,
-                                           req.include_stop_str_in_output);
-  } catch (const std::invalid_argument& e) {
-    throw Refusal{e.what(), "stop"};
-  }
   const int n = int(seq.tokens.size());
   if (n == 0) throw Refusal{"the prompt is empty", prompt_param};
   const int context = ctx_.model.max_position_embeddings;
@@ -110,6 +104,14 @@ void TokenizeStage::prepare(Sequence& seq) const {
   }
   if (!req.max_tokens_param.empty() && !req.prompt_only)
     check_room(n, req.max_tokens, context, pool, prompt_param, req.max_tokens_param);
+  // Only once the prompt fits: the text state decodes the whole prompt, which for one far past
+  // the context (three million token ids, say) took longer than the rest of the refusal.
+  try {
+    seq.text = std::make_unique<TextState>(ctx_.tokenizer, seq.tokens, req.stop,
+                                           req.include_stop_str_in_output);
+  } catch (const std::invalid_argument& e) {
+    throw Refusal{e.what(), "stop"};
+  }
   seq.prompt_len = n;
   seq.max_tokens = req.prompt_only
                        ? 1
