@@ -37,6 +37,9 @@ constexpr std::chrono::milliseconds kEventPoll{100};
 // After the engine ended every request: how long the last chunks may take to reach clients,
 // at least (they have what is left of the grace, if more).
 constexpr std::chrono::seconds kDrainLimit{1};
+// What the last chunks get once a second signal ended the grace: enough for a client that reads
+// (an error answer takes a millisecond), not for one that stopped.
+constexpr std::chrono::milliseconds kDrainAfterGrace{250};
 // At shutdown, how long a connection must have received nothing to count as idle: a request's
 // bytes arrive within milliseconds of each other, and httplib may hold them unrouted meanwhile.
 constexpr std::chrono::milliseconds kRequestQuiet{500};
@@ -704,10 +707,15 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
   const auto grace_end = std::chrono::steady_clock::now() + grace;
   impl_->engine.shutdown(grace);
   // Every request has ended in the engine; give connection threads time to write the ends.
-  const auto deadline = std::max(grace_end, std::chrono::steady_clock::now() + kDrainLimit);
-  while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline &&
-         !impl_->grace_ended.load())
+  auto deadline = std::max(grace_end, std::chrono::steady_clock::now() + kDrainLimit);
+  bool grace_ended = false;
+  while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (!grace_ended && impl_->grace_ended.load()) {
+      grace_ended = true;
+      deadline = std::min(deadline, std::chrono::steady_clock::now() + kDrainAfterGrace);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   // A thread still answering writes to a client that stopped reading: each write would wait
   // out httplib's 5 s timeout. Its answer is lost either way.
   if (impl_->active.load() > 0) end_every_connection(impl_->port);
