@@ -589,6 +589,64 @@ TEST(PagedAttention, AQuerysResultDoesNotDependOnTheQueriesBesideIt) {
   }
 }
 
+// Many sequences decoding at once, each at its own length, over blocks shuffled through the
+// pool (as a serving batch's): each query's result is the bits it gets decoding alone, and
+// matches the dense reference.
+void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType dtype) {
+  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(num_heads) +
+               " heads over " + std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool");
+  std::mt19937 rng(13);
+  const int block_size = 16, num_seqs = 24, max_positions = 150;
+  const int blocks_per_seq = (max_positions + block_size - 1) / block_size;
+  const int num_blocks = num_seqs * blocks_per_seq;
+  const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
+  const size_t pool_elements = size_t(num_blocks) * block_size * kv_dim;
+  std::vector<std::byte> k_pool = nan_pool(pool_elements, dtype);
+  std::vector<std::byte> v_pool = nan_pool(pool_elements, dtype);
+  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim, dtype};
+  std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
+  std::iota(block_ids.begin(), block_ids.end(), 0);
+  std::shuffle(block_ids.begin(), block_ids.end(), rng);
+
+  std::vector<std::vector<float>> ks, vs;
+  std::vector<AttentionSequence> seqs;
+  const std::vector<float> q = random_floats(size_t(num_seqs) * q_dim, rng, 2.0f);
+  for (int s = 0; s < num_seqs; ++s) {
+    const int positions = 1 + int(rng() % max_positions);
+    const std::span<const int32_t> table(block_ids.data() + size_t(s) * blocks_per_seq,
+                                         size_t(blocks_per_seq));
+    ks.push_back(random_floats(size_t(positions) * kv_dim, rng, 2.0f));
+    vs.push_back(random_floats(size_t(positions) * kv_dim, rng));
+    store_kv(kv, table, 0, positions, ks.back().data(), vs.back().data(), size_t(kv_dim));
+    seqs.push_back({s, 1, positions - 1, table});
+  }
+  std::vector<float> out(q.size());
+  paged_attention(kv, seqs, num_heads, q.data(), size_t(q_dim), out.data());
+  for (int s = 0; s < num_seqs; ++s) {
+    const AttentionSequence alone{0, 1, seqs[size_t(s)].start_pos, seqs[size_t(s)].block_table};
+    std::vector<float> out_alone(static_cast<size_t>(q_dim));
+    paged_attention(kv, {&alone, 1}, num_heads, q.data() + size_t(s) * q_dim, size_t(q_dim),
+                    out_alone.data());
+    ASSERT_TRUE(std::equal(out_alone.begin(), out_alone.end(), out.begin() + size_t(s) * q_dim))
+        << "sequence " << s;
+    const std::vector<float> q_s(q.begin() + size_t(s) * q_dim, q.begin() + size_t(s + 1) * q_dim);
+    const std::vector<double> ref =
+        reference_attention(q_s, as_stored(ks[size_t(s)], dtype), as_stored(vs[size_t(s)], dtype),
+                            seqs[size_t(s)].start_pos, 1, num_heads, num_kv_heads, head_dim);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_NEAR(out[size_t(s) * q_dim + i], ref[i], 1e-5) << "sequence " << s << " element " << i;
+  }
+}
+
+TEST(PagedAttention, ManySequencesDecodingMatchEachAloneAndTheReference) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    check_decoding_batch(64, 12, 12, dtype);
+    check_decoding_batch(64, 32, 4, dtype);
+    check_decoding_batch(128, 8, 8, dtype);
+    check_decoding_batch(12, 6, 3, dtype);
+  }
+}
+
 TEST(PagedAttention, RefusesAnF16Pool) {
   std::vector<std::byte> pool(64);
   const PagedKvLayer kv{pool.data(), pool.data(), 4, 1, 4, DType::F16};
