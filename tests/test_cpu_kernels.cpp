@@ -433,8 +433,8 @@ std::vector<float> as_stored(std::vector<float> x, DType dtype) {
   return x;
 }
 
-// A KV pool of `elements` NaNs of `dtype` (F32 or BF16): unwritten slots must never be read.
-std::vector<std::byte> nan_pool(size_t elements, DType dtype) {
+// `elements` NaNs of `dtype` (F32 or BF16).
+std::vector<std::byte> nans(size_t elements, DType dtype) {
   std::vector<std::byte> pool(elements * dtype_size(dtype));
   for (size_t i = 0; i < elements; ++i) {
     if (dtype == DType::F32) {
@@ -448,6 +448,20 @@ std::vector<std::byte> nan_pool(size_t elements, DType dtype) {
   return pool;
 }
 
+// One layer's KV pool of `num_blocks` blocks, every slot NaN: unwritten slots must never be
+// read. `layer` points into k and v.
+struct NanKvPool {
+  NanKvPool(int num_blocks, int block_size, int num_kv_heads, int head_dim, DType dtype)
+      : k(nans(size_t(num_blocks) * block_size * num_kv_heads * head_dim, dtype)),
+        v(nans(k.size() / dtype_size(dtype), dtype)),
+        layer{k.data(), v.data(), block_size, num_kv_heads, head_dim, dtype} {}
+  NanKvPool(const NanKvPool&) = delete;
+  NanKvPool& operator=(const NanKvPool&) = delete;
+
+  std::vector<std::byte> k, v;
+  PagedKvLayer layer;
+};
+
 // One batch of paged attention against the dense reference, for one layout and pool type. The
 // reference attends the keys and values the pool holds (rounded to bf16 for a bf16 pool), so
 // the kernel must match it as closely for either type.
@@ -459,10 +473,8 @@ void check_paged_attention(int head_dim, int block_size, int num_heads, int num_
   std::mt19937 rng(7);
   const int num_blocks = 64;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
-  const size_t pool_elements = size_t(num_blocks) * block_size * kv_dim;
-  std::vector<std::byte> k_pool = nan_pool(pool_elements, dtype);
-  std::vector<std::byte> v_pool = nan_pool(pool_elements, dtype);
-  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim, dtype};
+  const NanKvPool pool(num_blocks, block_size, num_kv_heads, head_dim, dtype);
+  const PagedKvLayer& kv = pool.layer;
 
   // (start_pos, new tokens): a decode, a fresh long prompt (past the query and key chunks), a
   // continued prefill and a one-token prompt, in one batch.
@@ -549,10 +561,8 @@ void check_rows_independent(int head_dim, int num_heads, int num_kv_heads, DType
   const int block_size = 16, positions = 150;
   const int num_blocks = (positions + block_size - 1) / block_size;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
-  const size_t pool_elements = size_t(num_blocks) * block_size * kv_dim;
-  std::vector<std::byte> k_pool = nan_pool(pool_elements, dtype);
-  std::vector<std::byte> v_pool = nan_pool(pool_elements, dtype);
-  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim, dtype};
+  const NanKvPool pool(num_blocks, block_size, num_kv_heads, head_dim, dtype);
+  const PagedKvLayer& kv = pool.layer;
   std::vector<int32_t> table(static_cast<size_t>(num_blocks));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
@@ -600,10 +610,8 @@ void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType d
   const int blocks_per_seq = (max_positions + block_size - 1) / block_size;
   const int num_blocks = num_seqs * blocks_per_seq;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
-  const size_t pool_elements = size_t(num_blocks) * block_size * kv_dim;
-  std::vector<std::byte> k_pool = nan_pool(pool_elements, dtype);
-  std::vector<std::byte> v_pool = nan_pool(pool_elements, dtype);
-  const PagedKvLayer kv{k_pool.data(), v_pool.data(), block_size, num_kv_heads, head_dim, dtype};
+  const NanKvPool pool(num_blocks, block_size, num_kv_heads, head_dim, dtype);
+  const PagedKvLayer& kv = pool.layer;
   std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
   std::iota(block_ids.begin(), block_ids.end(), 0);
   std::shuffle(block_ids.begin(), block_ids.end(), rng);
