@@ -33,7 +33,7 @@
 #include "graph/stage_registry.h"
 #include "io/json_schema.h"
 #include "io/tokenizer.h"
-#include "model/json_mode.h"
+#include "model/guided_decoding.h"
 #include "model/model_runner.h"
 
 namespace pipeline {
@@ -114,10 +114,17 @@ struct StageBench {
       : tokenizer(tokenizer_file),
         scheduler(config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                   metrics),
-        json_vocabulary(tokenizer, runner.config()),
-        context{
-            config,    runner.config(), tokenizer, json_vocabulary, ChatTemplate::Llama2, runner,
-            scheduler, metrics,         1,         nullptr}  // a FixedLogitsRunner never fails
+        guided_vocabulary(tokenizer, runner.config()),
+        context{config,
+                runner.config(),
+                tokenizer,
+                guided_vocabulary,
+                ChatTemplate::Llama2,
+                runner,
+                scheduler,
+                metrics,
+                1,
+                nullptr}  // a FixedLogitsRunner never fails
   {}
 
   // The registry's stage `name`, on `on` (by default the shared context).
@@ -156,7 +163,7 @@ struct StageBench {
   FixedLogitsRunner runner;
   Metrics metrics;
   Scheduler scheduler;
-  JsonVocabulary json_vocabulary;
+  GuidedVocabulary guided_vocabulary;
   EngineContext context;
   std::unique_ptr<Stage> tokenize = make("tokenize");
   uint64_t next_number = 0;
@@ -231,8 +238,9 @@ void BM_Stage_batch_window(benchmark::State& state) {
                       b->metrics);
   const EngineContext& shared = b->context;
   EngineContext own{
-      shared.config, shared.model, shared.tokenizer, shared.json_vocabulary, shared.chat_template,
-      shared.runner, scheduler,    shared.metrics,   shared.seed_base,       shared.runner_failed};
+      shared.config,        shared.model,        shared.tokenizer, shared.guided_vocabulary,
+      shared.chat_template, shared.runner,       scheduler,        shared.metrics,
+      shared.seed_base,     shared.runner_failed};
   auto stage = b->make("batch_window", &own);
   // What the scheduler's thread emits, handed to this one.
   moodycamel::BlockingConcurrentQueue<Message> emitted;
@@ -356,9 +364,9 @@ void BM_JsonMode_mask(benchmark::State& state) {
       "mood": {"enum": ["happy", "hungry", "sad", "sleepy"]}, "age": {"type": "integer"}},
       "required": ["name", "mood", "age"]})";
   const Written& written = kWritten[state.range(0)];
-  JsonMode mode(b->json_vocabulary,
-                written.schema ? JsonSchema::compile(nlohmann::ordered_json::parse(kSchema))
-                               : JsonSchema::any_object());
+  GuidedDecoding mode(b->guided_vocabulary,
+                      written.schema ? JsonSchema::compile(nlohmann::ordered_json::parse(kSchema))
+                                     : JsonSchema::any_object());
   for (int32_t token : b->tokenizer.encode(written.text, false)) mode.advance(token);
   std::vector<float> logits(size_t(kVocab), 0.0f);
   size_t allowed = 0;
@@ -366,6 +374,41 @@ void BM_JsonMode_mask(benchmark::State& state) {
   state.SetLabel(std::string(written.label) + ": " + std::to_string(allowed) + " tokens fit");
 }
 BENCHMARK(BM_JsonMode_mask)->DenseRange(0, 6)->Unit(benchmark::kMicrosecond);
+
+// The same mask for guided_choice and guided_regex (a TextPattern: one table lookup a byte), in
+// states that fit few tokens and one that fits nearly all.
+void BM_PatternMode_mask(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  struct Written {
+    const char* label;
+    const char* regex;  // null: guided_choice of kChoices
+    const char* text;
+  };
+  static const Written kWritten[] = {
+      {"choice of 3: at the start", nullptr, ""},
+      {"regex [0-9]{3}-[a-z]{2,5}: at the start", "[0-9]{3}-[a-z]{2,5}", ""},
+      {"regex [0-9]{3}-[a-z]{2,5}: after 123-", "[0-9]{3}-[a-z]{2,5}", "123-"},
+      {"regex .*: anywhere", ".*", "Once"},
+  };
+  static const std::vector<std::string> kChoices = {"positive", "negative", "neutral"};
+  const Written& written = kWritten[state.range(0)];
+  GuidedDecoding mode(b->guided_vocabulary, written.regex ? TextPattern::from_regex(written.regex)
+                                                          : TextPattern::from_choices(kChoices));
+  // A character a token: the tokenizer would begin the text with a space the pattern refuses.
+  const GuidedVocabulary& vocabulary = b->guided_vocabulary;
+  for (char c : std::string(written.text))
+    for (int32_t token : vocabulary.sorted_tokens())
+      if (vocabulary.text(token) == std::string(1, c)) {
+        mode.advance(token);
+        break;
+      }
+  std::vector<float> logits(size_t(kVocab), 0.0f);
+  size_t allowed = 0;
+  for (auto _ : state) allowed = mode.mask(logits);
+  state.SetLabel(std::string(written.label) + ": " + std::to_string(allowed) + " tokens fit");
+}
+BENCHMARK(BM_PatternMode_mask)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 
 // detokenize: a step's sampled tokens for range(0) sequences → their text deltas (incremental
 // UTF-8 decoding, the stop string matched across tokens). The tokens are prose's, in order.

@@ -40,7 +40,7 @@ struct Engine::Impl {
   std::unique_ptr<ModelRunner> runner;
   Metrics metrics;
   std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<JsonVocabulary> json_vocabulary;
+  std::unique_ptr<GuidedVocabulary> guided_vocabulary;
   std::unique_ptr<EngineContext> context;
   std::unique_ptr<FlowGraph> graph;
 
@@ -76,9 +76,9 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
   runner = make ? make(weights, options) : make_runner(config.device, weights, options);
   const auto& kv = runner->kv_shape();
   scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics);
-  json_vocabulary = std::make_unique<JsonVocabulary>(tokenizer, runner->config());
+  guided_vocabulary = std::make_unique<GuidedVocabulary>(tokenizer, runner->config());
   context = std::make_unique<EngineContext>(EngineContext{
-      config, runner->config(), tokenizer, *json_vocabulary,
+      config, runner->config(), tokenizer, *guided_vocabulary,
       *parse_chat_template(config.model.chat_template), *runner, *scheduler, metrics,
       std::random_device{}(), [this](const std::string& why) { fail_for_good(why); }});
   graph = std::make_unique<FlowGraph>(plan, *context, metrics);

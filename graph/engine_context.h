@@ -12,7 +12,7 @@
 #include "io/chat_template.h"
 #include "io/model_config.h"
 #include "io/tokenizer.h"
-#include "model/json_mode.h"
+#include "model/guided_decoding.h"
 #include "model/model_runner.h"
 
 namespace pipeline {
@@ -21,7 +21,7 @@ struct EngineContext {
   const ServeConfig& config;
   const LlamaConfig& model;
   const Tokenizer& tokenizer;
-  const JsonVocabulary& json_vocabulary;  // for requests in JSON mode
+  const GuidedVocabulary& guided_vocabulary;  // for requests in JSON mode
   ChatTemplate chat_template;
   ModelRunner& runner;
   Scheduler& scheduler;

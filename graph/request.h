@@ -12,6 +12,7 @@
 
 #include "io/chat_template.h"
 #include "io/json_schema.h"
+#include "io/text_pattern.h"
 #include "model/finish_reason.h"
 #include "model/sampling.h"
 
@@ -103,9 +104,11 @@ struct Request {
   // is part of its text.
   bool include_stop_str_in_output = false;
   bool ignore_eos = false;
-  // response_format json_object or json_schema: the answer is held to a value this schema admits
-  // (JsonMode); null: free text.
+  // Guided decoding (GuidedDecoding); both null: free text. At most one is set.
+  // response_format json_object or json_schema, guided_json: a JSON value this schema admits.
   std::shared_ptr<const JsonSchema> json_schema;
+  // guided_regex, guided_choice: a text this pattern accepts.
+  std::shared_ptr<const TextPattern> text_pattern;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with
   // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
   // the prefix cache, since cached positions have no logits.

@@ -156,12 +156,12 @@ SampledToken score_token(std::span<const float> logits, int32_t token, int top_l
 }
 
 Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed,
-                 std::optional<JsonMode> json_mode)
-    : params_(params), rng_(params.seed.value_or(fallback_seed)), json_mode_(std::move(json_mode)) {
+                 std::optional<GuidedDecoding> guide)
+    : params_(params), rng_(params.seed.value_or(fallback_seed)), guide_(std::move(guide)) {
   if (std::string error = validate(params); !error.empty()) throw std::invalid_argument(error);
   // A closed object allows only an end of sequence, which min_tokens may still ban.
-  if (json_mode_ && params.min_tokens > 0 && !params.ending_tokens.empty())
-    throw std::invalid_argument("min_tokens cannot be combined with JSON mode");
+  if (guide_ && params.min_tokens > 0 && !params.ending_tokens.empty())
+    throw std::invalid_argument("min_tokens cannot be combined with guided decoding");
 }
 
 SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
@@ -177,14 +177,14 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   if (report) report_alternatives(logits, log_z, size_t(params_.top_logprobs), out.top);
 
   out.token = choose(logits, history, max_logit);
-  if (json_mode_) {
-    // Masking costs a pass over the vocabulary, so it is done only when JSON mode refuses the
+  if (guide_) {
+    // Masking costs a pass over the vocabulary, so it is done only when the guide refuses the
     // first draw, as llama.cpp applies grammars. Greedy gets the masked argmax; a plain draw
     // (no top-k, top-p or min-p) gets the masked distribution exactly, p(t) + (1 - P) p(t) / P
     // for an allowed t, P the allowed mass; with those filters the first draw's candidates are
     // cut from the unmasked distribution, as in llama.cpp.
-    if (!json_mode_->allows(out.token)) out.token = choose_json(logits, history);
-    json_mode_->advance(out.token);
+    if (!guide_->allows(out.token)) out.token = choose_guided(logits, history);
+    guide_->advance(out.token);
   }
   if (report) out.logprob = float(double(logits[out.token]) - log_z);
   ++drawn_;
@@ -199,13 +199,12 @@ int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> 
   return params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
 }
 
-int32_t Sampler::choose_json(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::choose_guided(std::span<const float> logits, std::span<const int32_t> history) {
   adjust(logits, history);
-  json_mode_->mask(scratch_);
+  guide_->mask(scratch_);
   const float max_logit = max_value(scratch_);
   if (!std::isfinite(max_logit))  // nothing allowed, or nothing allowed that can be drawn
-    throw std::runtime_error(
-        "response_format: no token the model can draw continues the JSON value");
+    throw std::runtime_error("no token the model can draw continues " + guide_->held_to());
   return params_.temperature == 0.0f ? first_argmax(scratch_, max_logit) : draw();
 }
 

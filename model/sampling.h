@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/json_mode.h"
+#include "model/guided_decoding.h"
 
 namespace pipeline {
 
@@ -68,26 +68,26 @@ SampledToken score_token(std::span<const float> logits, int32_t token, int top_l
 // a draw from what is left. Scratch buffers are sized at the first call and reused after.
 class Sampler {
  public:
-  // `fallback_seed` seeds the RNG when params.seed is unset; a `json_mode` limits the draws to
-  // a JSON object. Throws std::invalid_argument with validate()'s message on out-of-range
-  // parameters.
+  // `fallback_seed` seeds the RNG when params.seed is unset; a `guide` limits the draws to
+  // the texts it allows (guided decoding). Throws std::invalid_argument with validate()'s message
+  // on out-of-range parameters.
   Sampler(const SamplingParams& params, uint64_t fallback_seed,
-          std::optional<JsonMode> json_mode = std::nullopt);
+          std::optional<GuidedDecoding> guide = std::nullopt);
 
   // `history` is the sequence so far for the penalties: its prompt, then the tokens this sampler
   // drew, in order.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
-  // history, logit_bias or ending token outside the vocabulary, and std::runtime_error when JSON
-  // mode leaves no token to draw.
+  // history, logit_bias or ending token outside the vocabulary, and std::runtime_error when the
+  // guide leaves no token to draw.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
 
  private:
-  // One draw from `logits` as the parameters say, before JSON mode has its say.
+  // One draw from `logits` as the parameters say, before the guide has its say.
   int32_t choose(std::span<const float> logits, std::span<const int32_t> history, float max_logit);
-  // The draw again with every token JSON mode refuses masked out.
-  int32_t choose_json(std::span<const float> logits, std::span<const int32_t> history);
+  // The draw again with every token the guide refuses masked out.
+  int32_t choose_guided(std::span<const float> logits, std::span<const int32_t> history);
   // scratch_ = the logits with the penalties, logit_bias and min_tokens' ban applied.
   void adjust(std::span<const float> logits, std::span<const int32_t> history);
   bool bans_ending() const { return drawn_ < params_.min_tokens && !params_.ending_tokens.empty(); }
@@ -110,7 +110,7 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::optional<JsonMode> json_mode_;
+  std::optional<GuidedDecoding> guide_;
   int drawn_ = 0;                         // tokens drawn so far
   std::vector<float> scratch_;            // per token id: penalised logit, then probability
   std::vector<int32_t> order_;            // candidate token ids

@@ -289,13 +289,8 @@ std::shared_ptr<const JsonSchema> read_response_format(const JsonBody& body) {
   throw invalid("response_format.type", "unknown response_format type '" + name + "': " + kTypes);
 }
 
-// vLLM's guided decoding: guided_json (a schema, or its JSON text) is JSON mode held to that
-// schema. The other forms are refused rather than ignored.
+// vLLM's guided_json (a schema, or its JSON text): JSON mode held to that schema.
 std::shared_ptr<const JsonSchema> read_guided_json(const JsonBody& body) {
-  for (const char* name : {"guided_choice", "guided_regex", "guided_grammar"})
-    if (find_field(body, name))
-      throw invalid(name, std::string(name) +
-                              " is not supported: guided_json and response_format json_schema are");
   const JsonBody* value = find_field(body, "guided_json");
   if (!value) return nullptr;
   if (!value->is_string()) {
@@ -310,6 +305,62 @@ std::shared_ptr<const JsonSchema> read_guided_json(const JsonBody& body) {
     throw invalid("guided_json", "guided_json's text is not JSON");
   }
   return compile_schema(schema, "guided_json");
+}
+
+std::shared_ptr<const TextPattern> compile_pattern(const std::string& param, const auto& compile) {
+  try {
+    return compile();
+  } catch (const TextPatternError& e) {
+    throw invalid(param, param + ": " + e.what());
+  }
+}
+
+// vLLM's guided_choice (the answer is one of these texts) and guided_regex (the answer matches
+// this pattern whole, io/regex_syntax.h), or null. At most one of them.
+std::shared_ptr<const TextPattern> read_guided_pattern(const JsonBody& body) {
+  const JsonBody* choice = find_field(body, "guided_choice");
+  const JsonBody* regex = find_field(body, "guided_regex");
+  if (choice && regex)
+    throw invalid("guided_choice", "guided_choice cannot be combined with guided_regex: give one");
+  if (regex) {
+    if (!regex->is_string()) throw wrong_type("guided_regex", "a string", *regex);
+    return compile_pattern("guided_regex", [&] {
+      return TextPattern::from_regex(regex->get_ref<const std::string&>());
+    });
+  }
+  if (!choice) return nullptr;
+  if (!choice->is_array() || choice->empty())
+    throw wrong_type("guided_choice", "a non-empty array of strings", *choice);
+  std::vector<std::string> texts;
+  for (const JsonBody& text : *choice) {
+    if (!text.is_string()) throw wrong_type("guided_choice", "a non-empty array of strings", text);
+    texts.push_back(text.get<std::string>());
+  }
+  return compile_pattern("guided_choice", [&] { return TextPattern::from_choices(texts); });
+}
+
+// The answer's guide: response_format, guided_json, guided_regex or guided_choice, at most one.
+// vLLM's guided_grammar is refused rather than ignored.
+void read_guide(const JsonBody& body, Request& request) {
+  if (find_field(body, "guided_grammar"))
+    throw invalid("guided_grammar",
+                  "guided_grammar is not supported: response_format json_schema, guided_json, "
+                  "guided_regex and guided_choice are");
+  request.json_schema = read_response_format(body);
+  if (std::shared_ptr<const JsonSchema> guided = read_guided_json(body)) {
+    if (request.json_schema)
+      throw invalid("guided_json",
+                    "guided_json cannot be combined with response_format json_object or "
+                    "json_schema: give one schema");
+    request.json_schema = std::move(guided);
+  }
+  request.text_pattern = read_guided_pattern(body);
+  if (request.text_pattern && request.json_schema) {
+    const char* param = find_field(body, "guided_regex") ? "guided_regex" : "guided_choice";
+    throw invalid(param, std::string(param) +
+                             " cannot be combined with JSON mode (response_format json_object "
+                             "or json_schema, guided_json): give one guide");
+  }
 }
 
 // best_of: sampling more sequences than are returned, to return the likeliest, is not
@@ -406,16 +457,21 @@ std::vector<int32_t> read_stop_token_ids(const JsonBody& body) {
   return ids;
 }
 
-// What a parameter that would keep a JSON-mode answer from ending gets.
-ApiError not_with_json_mode(const std::string& param) {
+bool guided(const Request& request) {
+  return request.json_schema || request.text_pattern;
+}
+
+// What a parameter that would keep a guided answer from ending gets.
+ApiError not_with_guide(const std::string& param) {
   return invalid(param, param +
-                            " cannot be combined with JSON mode (response_format json_object or "
-                            "json_schema, guided_json): the answer ends when its JSON value is "
+                            " cannot be combined with guided decoding (response_format "
+                            "json_object or json_schema, guided_json, guided_regex, "
+                            "guided_choice): the answer ends when the text it is held to is "
                             "whole");
 }
 
-// vLLM's min_tokens: at most max_tokens, and not in JSON mode, whose answer ends when its value
-// is whole.
+// vLLM's min_tokens: at most max_tokens, and not with guided decoding, whose answer ends when
+// its text is whole.
 int read_min_tokens(const JsonBody& body, const Request& request) {
   const int min_tokens = read_int(body, "min_tokens", 0, 0, INT_MAX);
   if (min_tokens > request.max_tokens)
@@ -424,7 +480,7 @@ int read_min_tokens(const JsonBody& body, const Request& request) {
                       (request.max_tokens_param.empty() ? std::string("the default max_tokens")
                                                         : request.max_tokens_param) +
                       " (" + std::to_string(request.max_tokens) + ")");
-  if (min_tokens > 0 && request.json_schema) throw not_with_json_mode("min_tokens");
+  if (min_tokens > 0 && guided(request)) throw not_with_guide("min_tokens");
   return min_tokens;
 }
 
@@ -630,15 +686,8 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   if (echo) apply_echo(parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
-  request.json_schema = read_response_format(body);
-  if (std::shared_ptr<const JsonSchema> guided = read_guided_json(body)) {
-    if (request.json_schema)
-      throw invalid("guided_json",
-                    "guided_json cannot be combined with response_format json_object or "
-                    "json_schema: give one schema");
-    request.json_schema = std::move(guided);
-  }
-  if (request.json_schema && request.ignore_eos) throw not_with_json_mode("ignore_eos");
+  read_guide(body, request);
+  if (guided(request) && request.ignore_eos) throw not_with_guide("ignore_eos");
   request.stop_token_ids = read_stop_token_ids(body);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.sampling.min_tokens = read_min_tokens(body, request);

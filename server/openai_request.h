@@ -17,9 +17,10 @@
 //   finish_reason "length" and no completion tokens, as vLLM answers it.
 // - null stands for "not given"; unknown fields (user, metadata, ...) are ignored.
 // - response_format json_object or json_schema (or llama.cpp's json_object with a schema, or
-//   vLLM's guided_json) holds the answer to a JSON value (JsonMode); a schema the compiler cannot
-//   hold an answer to (io/json_schema.h) is a 400 naming the place in the schema, not a schema
-//   ignored.
+//   vLLM's guided_json) holds the answer to a JSON value (GuidedDecoding); a schema the compiler
+//   cannot hold an answer to (io/json_schema.h) is a 400 naming the place in the schema, not a
+//   schema ignored. vLLM's guided_regex and guided_choice hold it to a TextPattern; a pattern it
+//   cannot hold (io/regex_syntax.h) is a 400 naming the offset. One guide per request.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
 #pragma once

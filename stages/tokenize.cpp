@@ -128,17 +128,21 @@ void TokenizeStage::prepare(Sequence& seq) const {
   if (!req.ignore_eos) sampling.ending_tokens = ctx_.model.eos_token_ids;
   sampling.ending_tokens.insert(sampling.ending_tokens.end(), req.stop_token_ids.begin(),
                                 req.stop_token_ids.end());
-  std::optional<JsonMode> json_mode;
-  if (req.json_schema) {
-    if (ctx_.json_vocabulary.eos_tokens().empty())
-      throw Refusal{
-          "response_format needs a model with an end-of-sequence token to end the JSON "
-          "value's answer; this model's generation config names none",
-          "response_format"};
-    json_mode.emplace(ctx_.json_vocabulary, req.json_schema);
+  std::optional<GuidedDecoding> guide;
+  if (req.json_schema || req.text_pattern) {
+    if (ctx_.guided_vocabulary.eos_tokens().empty())
+      throw Refusal{std::string(req.json_schema ? "response_format and guided_json need"
+                                                : "guided_regex and guided_choice need") +
+                        " a model with an end-of-sequence token to end the answer they guide; "
+                        "this model's generation config names none",
+                    req.json_schema ? "response_format" : "guided_regex"};
+    if (req.json_schema) {
+      guide.emplace(ctx_.guided_vocabulary, req.json_schema);
+    } else {
+      guide.emplace(ctx_.guided_vocabulary, req.text_pattern);
+    }
   }
-  seq.sampler =
-      std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, std::move(json_mode));
+  seq.sampler = std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, std::move(guide));
 }
 
 void TokenizeStage::operator()(Message message, const Emit& emit) {

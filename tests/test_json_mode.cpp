@@ -1,5 +1,6 @@
 // JSON mode for response_format json_object: JsonPrefix held to any object by SchemaPrefix
-// (bytes), JsonMode (tokens) and the Sampler drawing under it. test_json_schema.cpp has schemas.
+// (bytes), GuidedDecoding (tokens) and the Sampler drawing under it. test_json_schema.cpp has
+// schemas.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +15,7 @@
 #include "io/model_config.h"
 #include "io/schema_prefix.h"
 #include "io/tokenizer.h"
-#include "model/json_mode.h"
+#include "model/guided_decoding.h"
 #include "model/sampling.h"
 #include "tests/support/schema_prefix_checks.h"
 #include "tests/support/shared_data.h"
@@ -29,8 +30,8 @@ using nlohmann::json;
 SchemaPrefix object_prefix() {
   return SchemaPrefix(*JsonSchema::any_object());
 }
-JsonMode object_mode(const JsonVocabulary& vocabulary) {
-  return JsonMode(vocabulary, JsonSchema::any_object());
+GuidedDecoding object_mode(const GuidedVocabulary& vocabulary) {
+  return GuidedDecoding(vocabulary, JsonSchema::any_object());
 }
 
 using testing::Fed;
@@ -228,10 +229,10 @@ const Tokenizer& llama2_tokenizer() {
 TEST(JsonMode, TheMaskKeepsExactlyTheTokensAllowed) {
   const Tokenizer& tokenizer = llama2_tokenizer();
   const LlamaConfig config = config_for(tokenizer);
-  const JsonVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config);
   const std::string object = "{\"name\": \"Lily é\", \"age\": 3.5, \"tags\": [true, null]}";
   const std::vector<int32_t> ids = tokenizer.encode(object, false);
-  JsonMode mode = object_mode(vocabulary);
+  GuidedDecoding mode = object_mode(vocabulary);
   std::string written;
   for (size_t step = 0; step <= ids.size(); ++step) {
     SCOPED_TRACE("after " + json(written).dump());
@@ -267,7 +268,7 @@ TEST(JsonMode, TheMaskAgreesWithAllowsAlongRandomWalks) {
   const Tokenizer& tokenizer = llama2_tokenizer();
   LlamaConfig config = config_for(tokenizer);
   config.vocab_size += 8;
-  const JsonVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config);
   const auto person = JsonSchema::compile(nlohmann::ordered_json::parse(R"({
       "type": "object",
       "properties": {"name": {"type": "string", "maxLength": 6},
@@ -278,7 +279,7 @@ TEST(JsonMode, TheMaskAgreesWithAllowsAlongRandomWalks) {
   for (const auto& schema : {JsonSchema::any_object(), person}) {
     for (uint32_t seed = 1; seed <= 12; ++seed) {
       std::mt19937 rng(seed);
-      JsonMode mode(vocabulary, schema);
+      GuidedDecoding mode(vocabulary, schema);
       std::string written;
       for (int step = 0; step < 60; ++step) {
         SCOPED_TRACE("seed " + std::to_string(seed) + " after " +
@@ -322,7 +323,7 @@ std::vector<float> random_logits(std::mt19937& rng, int vocab) {
 TEST(JsonMode, ASamplerDrawsOnlyTokensThatContinueTheObject) {
   const Tokenizer& tokenizer = llama2_tokenizer();
   const LlamaConfig config = config_for(tokenizer);
-  const JsonVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config);
   std::mt19937 rng(3);
   int completed = 0;
   for (int run = 0; run < 12; ++run) {
@@ -362,12 +363,12 @@ TEST(JsonMode, ASamplerDrawsOnlyTokensThatContinueTheObject) {
 TEST(JsonMode, GreedyTakesTheLikeliestAllowedToken) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   const LlamaConfig config = config_for(tokenizer);
-  const JsonVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config);
   std::mt19937 rng(5);
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   Sampler sampler(greedy, 1, object_mode(vocabulary));
-  JsonMode shadow = object_mode(vocabulary);
+  GuidedDecoding shadow = object_mode(vocabulary);
   std::vector<int32_t> history;
   for (int step = 0; step < 100; ++step) {
     const std::vector<float> logits = random_logits(rng, config.vocab_size);
@@ -389,15 +390,16 @@ TEST(JsonMode, GreedyTakesTheLikeliestAllowedToken) {
 TEST(JsonMode, APlainDrawFollowsTheMaskedDistribution) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   const LlamaConfig config = config_for(tokenizer);
-  const JsonVocabulary vocabulary(tokenizer, config);
-  JsonMode after_colon = object_mode(vocabulary);  // a value comes next: a minority of tokens fits
+  const GuidedVocabulary vocabulary(tokenizer, config);
+  GuidedDecoding after_colon =
+      object_mode(vocabulary);  // a value comes next: a minority of tokens fits
   for (int32_t token : tokenizer.encode("{\"a\":", false)) after_colon.advance(token);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.5f);
   std::vector<float> logits(static_cast<size_t>(config.vocab_size));
   for (float& x : logits) x = normal(rng);
   std::vector<float> masked = logits;
-  JsonMode(after_colon).mask(masked);
+  GuidedDecoding(after_colon).mask(masked);
   // The allowed tokens made likelier, so that a fair share of first draws is kept.
   for (size_t t = 0; t < masked.size(); ++t)
     if (!std::isinf(masked[t])) masked[t] = logits[t] += 2.0f;
@@ -435,10 +437,10 @@ TEST(JsonMode, APlainDrawFollowsTheMaskedDistribution) {
 TEST(JsonMode, NothingAllowedToDrawIsAnError) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   LlamaConfig config = config_for(tokenizer);
-  const JsonVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config);
   Sampler sampler(SamplingParams{}, 1, object_mode(vocabulary));
   std::vector<float> logits(size_t(config.vocab_size), 0.0f);
-  JsonMode fresh = object_mode(vocabulary);
+  GuidedDecoding fresh = object_mode(vocabulary);
   for (int32_t token = 0; token < config.vocab_size; ++token)
     if (fresh.allows(token)) logits[size_t(token)] = -INFINITY;
   try {

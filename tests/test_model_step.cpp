@@ -72,12 +72,12 @@ struct StepFixture {
   Metrics metrics;
   Scheduler scheduler{config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                       metrics};
-  JsonVocabulary json_vocabulary{tokenizer, runner.config()};
+  GuidedVocabulary guided_vocabulary{tokenizer, runner.config()};
   std::vector<std::string> runner_failures;  // what the context's runner_failed heard
   EngineContext context{config,
                         runner.config(),
                         tokenizer,
-                        json_vocabulary,
+                        guided_vocabulary,
                         ChatTemplate::Raw,
                         runner,
                         scheduler,

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "io/schema_prefix.h"
+#include "io/text_pattern.h"
 #include "tests/support/random_bodies.h"
 #include "tests/support/shared_data.h"
 #include "tests/support/stories_tokenizer.h"
@@ -551,8 +552,29 @@ std::vector<BadInput> bad_inputs() {
        "guided_json", "give one schema"},
       {chat, with(with(chat_body(), "guided_json", {{"type", "object"}}), "min_tokens", 1),
        "min_tokens", "guided_json"},
-      {chat, with(chat_body(), "guided_choice", {"yes", "no"}), "guided_choice", "not supported"},
-      {completion, with(completion_body(), "guided_regex", "a+"), "guided_regex", "not supported"},
+      {chat, with(chat_body(), "guided_choice", json::array()), "guided_choice",
+       "expected a non-empty array of strings"},
+      {chat, with(chat_body(), "guided_choice", {"yes", 1}), "guided_choice",
+       "expected a non-empty array of strings"},
+      {chat, with(chat_body(), "guided_choice", "yes"), "guided_choice",
+       "expected a non-empty array of strings"},
+      {completion, with(completion_body(), "guided_regex", 5), "guided_regex", "expected a string"},
+      {completion, with(completion_body(), "guided_regex", "[0-9]{2,1}"), "guided_regex",
+       "guided_regex: a repetition's minimum exceeds its maximum at offset 5"},
+      {completion, with(completion_body(), "guided_regex", "(?<=a)b"), "guided_regex",
+       "lookarounds"},
+      {completion, with(with(completion_body(), "guided_regex", "a+"), "guided_choice", {"a"}),
+       "guided_choice", "cannot be combined with guided_regex"},
+      {chat, with(with(chat_body(), "guided_regex", "a+"), "guided_json", {{"type", "object"}}),
+       "guided_regex", "give one guide"},
+      {chat,
+       with(with(chat_body(), "guided_choice", {"a"}), "response_format",
+            {{"type", "json_object"}}),
+       "guided_choice", "give one guide"},
+      {completion, with(with(completion_body(), "guided_choice", {"a"}), "ignore_eos", true),
+       "ignore_eos", "guided_choice"},
+      {completion, with(with(completion_body(), "guided_regex", "a+"), "min_tokens", 2),
+       "min_tokens", "guided_regex"},
       {completion, with(completion_body(), "guided_grammar", "root ::= \"a\""), "guided_grammar",
        "not supported"},
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
@@ -650,6 +672,24 @@ TEST(ParseRequest, LlamaCppsSchemaAndVllmsGuidedJsonAskForTheirSchema) {
     EXPECT_TRUE(SchemaPrefix(*parsed.request->json_schema).feed("[1,2]"));
     EXPECT_FALSE(SchemaPrefix(*parsed.request->json_schema).feed("{"));
   }
+}
+
+// vLLM's guided_regex and guided_choice hold the answer to their texts, on both endpoints; null
+// is not given.
+TEST(ParseRequest, GuidedRegexAndGuidedChoiceAskForTheirTexts) {
+  const auto regex =
+      parse_completion(with(completion_body(), "guided_regex", "\\d{3}-[a-z]+")).request;
+  ASSERT_TRUE(regex->text_pattern);
+  EXPECT_FALSE(regex->json_schema);
+  EXPECT_TRUE(PatternPrefix(*regex->text_pattern).feed("123-abc"));
+  EXPECT_FALSE(PatternPrefix(*regex->text_pattern).feed("12a"));
+  const auto choice = parse_chat(with(chat_body(), "guided_choice", {"cat", "dog"})).request;
+  ASSERT_TRUE(choice->text_pattern);
+  PatternPrefix dog(*choice->text_pattern);
+  EXPECT_TRUE(dog.feed("dog") && dog.complete());
+  EXPECT_FALSE(PatternPrefix(*choice->text_pattern).feed("cow"));
+  EXPECT_FALSE(parse_chat(with(chat_body(), "guided_regex", nullptr)).request->text_pattern);
+  EXPECT_FALSE(parse_chat(chat_body()).request->text_pattern);
 }
 
 // A json_schema's properties are written in the order the request body lists them, not sorted:

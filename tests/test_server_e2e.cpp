@@ -874,6 +874,49 @@ TEST_F(ServerE2E, JsonSchemaAnswersFollowTheSchemaInItsOrder) {
       << refused.raw;
 }
 
+// vLLM's guided_choice and guided_regex: every choice is one of the texts, or matches the
+// pattern whole, and ends there, streamed or not, on both endpoints; a pattern no automaton
+// holds is a 400 naming guided_regex and the place.
+TEST_F(ServerE2E, GuidedChoiceAndRegexAnswersAreTheirTextsWhole) {
+  const std::vector<std::string> moods = {"happy", "sad", "sleepy"};
+  json chat = with(chat_body("How does the cat feel?", 16), "temperature", 1.0);
+  chat.update({{"n", 4}, {"seed", 3}, {"guided_choice", moods}});
+  json completion = with(completion_body("Tim had a number:", 16), "temperature", 1.0);
+  completion.update({{"n", 4}, {"seed", 4}, {"guided_regex", "[0-9]{3}-[a-z]{2,5}"}});
+  const std::regex code("[0-9]{3}-[a-z]{2,5}");
+  for (const auto& [path, body] :
+       {std::pair{"/v1/chat/completions", chat}, std::pair{"/v1/completions", completion}}) {
+    SCOPED_TRACE(path);
+    const Reply whole = post(port(), path, body);
+    ASSERT_EQ(whole.status, 200) << whole.raw;
+    const Stream stream = post_stream(port(), path, body);
+    ASSERT_EQ(stream.status, 200) << stream.raw;
+    ASSERT_EQ(whole.body["choices"].size(), 4u);
+    for (const json& choice : whole.body["choices"]) {
+      const bool chat_choice = choice.contains("message");
+      const std::string text = chat_choice ? choice["message"]["content"] : choice["text"];
+      SCOPED_TRACE(text);
+      if (chat_choice) {
+        EXPECT_NE(std::find(moods.begin(), moods.end(), text), moods.end());
+      } else {
+        EXPECT_TRUE(std::regex_match(text, code));
+      }
+      EXPECT_EQ(choice["finish_reason"], "stop");
+      const int index = choice["index"];
+      EXPECT_EQ(stream.choice_texts.at(index), text);
+      EXPECT_EQ(stream.choice_finish_reasons.at(index), "stop");
+    }
+  }
+
+  completion["guided_regex"] = "[0-9]{3}(?=-)";
+  const Reply refused = post(port(), "/v1/completions", completion);
+  ASSERT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_EQ(refused.body["error"]["param"], "guided_regex");
+  EXPECT_NE(refused.body["error"]["message"].get<std::string>().find("at offset 8"),
+            std::string::npos)
+      << refused.raw;
+}
+
 // The streams go to a server of their own whose window closes only when all sixteen wait
 // (max_batch), so that however slowly they arrive (a loaded machine, a sanitizer build), one
 // prefill takes them all; the solo answers come from the shared server, one at a time.

@@ -1,29 +1,32 @@
-// JSON mode, response_format json_object or json_schema: the sampler may draw only tokens that
-// keep the answer the beginning of a value the schema admits, and an end-of-sequence token only
-// once that value is whole.
+// Guided decoding: the sampler may draw only tokens that keep the answer the beginning of a text
+// the request allows, and an end-of-sequence token only once that text is whole. JSON mode
+// (response_format json_object or json_schema, guided_json) holds the answer to a JSON value a
+// schema admits; guided_regex and guided_choice hold it to a TextPattern.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "io/json_schema.h"
 #include "io/model_config.h"
 #include "io/schema_prefix.h"
+#include "io/text_pattern.h"
 #include "io/tokenizer.h"
 
 namespace pipeline {
 
-// The vocabulary as JSON mode reads it: each token's bytes (Tokenizer::token_text), and the
-// tokens that write something sorted by their bytes, so that tokens sharing a beginning lie side
-// by side and a state that refuses a beginning refuses them all at one test. Built once per
+// The vocabulary as guided decoding reads it: each token's bytes (Tokenizer::token_text), and
+// the tokens that write something sorted by their bytes, so that tokens sharing a beginning lie
+// side by side and a state that refuses a beginning refuses them all at one test. Built once per
 // model; read-only after, so shared by every sequence.
-class JsonVocabulary {
+class GuidedVocabulary {
  public:
   // Sized to the model's vocabulary (its logits' width), which may exceed the tokenizer's.
-  JsonVocabulary(const Tokenizer& tokenizer, const LlamaConfig& model);
+  GuidedVocabulary(const Tokenizer& tokenizer, const LlamaConfig& model);
 
   int size() const { return int(texts_.size()); }
   // Empty for a token that writes nothing: controls, <unk> (whose text is a stand-in, not what
@@ -50,11 +53,13 @@ class JsonVocabulary {
   std::vector<int32_t> textless_tokens_;
 };
 
-// One sequence's JSON mode: what it has written so far, and which tokens may come next.
-class JsonMode {
+// One sequence's guided decoding: what it has written so far, and which tokens may come next.
+class GuidedDecoding {
  public:
-  JsonMode(const JsonVocabulary& vocabulary, std::shared_ptr<const JsonSchema> schema)
-      : vocabulary_(&vocabulary), schema_(std::move(schema)), written_(*schema_) {}
+  // JSON mode: a value `schema` admits.
+  GuidedDecoding(const GuidedVocabulary& vocabulary, std::shared_ptr<const JsonSchema> schema);
+  // guided_regex, guided_choice: a text `pattern` accepts.
+  GuidedDecoding(const GuidedVocabulary& vocabulary, std::shared_ptr<const TextPattern> pattern);
 
   bool allows(int32_t token) const;
   // Sets the logit of every token it does not allow to -inf; returns how many it allows.
@@ -62,13 +67,28 @@ class JsonMode {
   size_t mask(std::span<float> logits);
   // Takes a token it allows into the answer. Throws std::invalid_argument on one it does not.
   void advance(int32_t token);
+  // What the answer is held to, for errors: "the JSON value response_format asks for", ...
+  std::string held_to() const;
 
  private:
-  const JsonVocabulary* vocabulary_;
-  std::shared_ptr<const JsonSchema> schema_;  // what written_ follows
-  SchemaPrefix written_;
-  // mask()'s walk: after_[k] is the state after the current token's first k bytes.
-  std::vector<SchemaPrefix> after_;
+  // What the answer is held to, what it has written, and mask()'s walk: after[k] is the state
+  // after the current token's first k bytes.
+  template <class Grammar, class Prefix>
+  struct Held {
+    std::shared_ptr<const Grammar> grammar;  // what written follows
+    Prefix written;
+    std::vector<Prefix> after;
+  };
+  using JsonHeld = Held<JsonSchema, SchemaPrefix>;
+  using PatternHeld = Held<TextPattern, PatternPrefix>;
+
+  template <class Prefix>
+  bool allows(const Prefix& written, int32_t token) const;
+  template <class Prefix>
+  size_t mask(const Prefix& written, std::vector<Prefix>& after, std::span<float> logits) const;
+
+  const GuidedVocabulary* vocabulary_;
+  std::variant<JsonHeld, PatternHeld> held_;
 };
 
 }  // namespace pipeline

@@ -1,0 +1,420 @@
+#include "io/regex_syntax.h"
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+
+namespace pipeline {
+namespace {
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+// Sorted, disjoint and not adjacent: what RegexNode::ranges holds.
+std::vector<CodePointRange> normalized(std::vector<CodePointRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const CodePointRange& a, const CodePointRange& b) { return a.lo < b.lo; });
+  std::vector<CodePointRange> merged;
+  for (const CodePointRange& range : ranges) {
+    if (!merged.empty() && range.lo <= merged.back().hi + 1) {
+      merged.back().hi = std::max(merged.back().hi, range.hi);
+    } else {
+      merged.push_back(range);
+    }
+  }
+  return merged;
+}
+
+std::vector<CodePointRange> complement(const std::vector<CodePointRange>& ranges) {
+  std::vector<CodePointRange> out;
+  uint32_t next = 0;
+  for (const CodePointRange& range : normalized(ranges)) {
+    if (range.lo > next) out.push_back({next, range.lo - 1});
+    next = range.hi + 1;
+  }
+  if (next <= kMaxCodePoint) out.push_back({next, kMaxCodePoint});
+  return out;
+}
+
+const std::vector<CodePointRange> kDigits = {{'0', '9'}};
+const std::vector<CodePointRange> kWordCharacters = {
+    {'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+const std::vector<CodePointRange> kSpaces = {{'\t', '\r'}, {' ', ' '}};  // \t \n \v \f \r
+
+// One UTF-8 character from `text` at `*at`, which it moves past it; nullopt if the bytes there
+// are not one.
+std::optional<uint32_t> decode_utf8(std::string_view text, size_t* at) {
+  const auto byte = [&](size_t i) { return uint8_t(text[i]); };
+  const uint8_t lead = byte(*at);
+  int length = lead < 0x80           ? 1
+               : (lead >> 5) == 0x6  ? 2
+               : (lead >> 4) == 0xE  ? 3
+               : (lead >> 3) == 0x1E ? 4
+                                     : 0;
+  if (length == 0 || *at + size_t(length) > text.size()) return std::nullopt;
+  uint32_t code = length == 1 ? lead : uint32_t(lead) & (0x7Fu >> length);
+  for (int i = 1; i < length; ++i) {
+    if ((byte(*at + size_t(i)) & 0xC0) != 0x80) return std::nullopt;
+    code = (code << 6) | (byte(*at + size_t(i)) & 0x3F);
+  }
+  static constexpr uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (code < kLeast[length] || code > kMaxCodePoint || (code >= 0xD800 && code <= 0xDFFF))
+    return std::nullopt;
+  *at += size_t(length);
+  return code;
+}
+
+// A recursive-descent parser over the pattern's bytes:
+//   alternation := concat ('|' concat)*
+//   concat      := (atom quantifier?)*
+class Parser {
+ public:
+  explicit Parser(std::string_view pattern) : pattern_(pattern) {}
+
+  RegexTree parse() {
+    if (peek('^')) ++at_;  // the answer is matched whole: an anchor there says nothing more
+    tree_.root = alternation();
+    if (at_ < pattern_.size()) {
+      if (pattern_[at_] == ')') fail("a ')' closes no group");
+      fail("unexpected '" + std::string(1, pattern_[at_]) + "'");
+    }
+    return std::move(tree_);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const { fail_at(at_, what); }
+  [[noreturn]] void fail_at(size_t offset, const std::string& what) const {
+    throw RegexSyntaxError(what + " at offset " + std::to_string(offset));
+  }
+  bool peek(char c) const { return at_ < pattern_.size() && pattern_[at_] == c; }
+  bool ends() const { return at_ == pattern_.size(); }
+
+  int add(RegexNode node) {
+    tree_.nodes.push_back(std::move(node));
+    return int(tree_.nodes.size()) - 1;
+  }
+  int set(std::vector<CodePointRange> ranges) {
+    RegexNode node;
+    node.kind = RegexNode::Kind::Set;
+    node.ranges = normalized(std::move(ranges));
+    return add(std::move(node));
+  }
+
+  int alternation() {
+    std::vector<int> branches{concat()};
+    while (peek('|')) {
+      ++at_;
+      branches.push_back(concat());
+    }
+    if (branches.size() == 1) return branches[0];
+    RegexNode node;
+    node.kind = RegexNode::Kind::Alternation;
+    node.children = std::move(branches);
+    return add(std::move(node));
+  }
+
+  int concat() {
+    RegexNode node;
+    node.kind = RegexNode::Kind::Concat;
+    while (!ends() && !peek('|') && !peek(')')) {
+      if (peek('$') && at_ + 1 == pattern_.size()) {  // the answer ends there anyway
+        ++at_;
+        break;
+      }
+      const size_t start = at_;
+      const std::optional<int> item = atom();
+      if (!item) fail_at(start, "nothing to repeat");
+      node.children.push_back(quantified(*item));
+    }
+    if (node.children.size() == 1) return node.children[0];
+    return add(std::move(node));
+  }
+
+  // The atom at at_, or nullopt where a quantifier stands instead.
+  std::optional<int> atom() {
+    const char c = pattern_[at_];
+    switch (c) {
+      case '*':
+      case '+':
+      case '?':
+        return std::nullopt;
+      case '{':
+        if (quantifier_at(at_)) return std::nullopt;
+        ++at_;
+        return set({{'{', '{'}});
+      case '(':
+        return group();
+      case '[':
+        return set(character_class());
+      case '.':
+        ++at_;
+        return set(complement({{'\n', '\n'}}));
+      case '\\':
+        return set(escape(/*in_class=*/false));
+      case '^':
+        fail("'^' is held only at the start of the pattern");
+      case '$':
+        fail("'$' is held only at the end of the pattern");
+      default:
+        return set({single(literal())});
+    }
+  }
+
+  static CodePointRange single(uint32_t code) { return {code, code}; }
+
+  uint32_t literal() {
+    const size_t start = at_;
+    const std::optional<uint32_t> code = decode_utf8(pattern_, &at_);
+    if (!code) fail_at(start, "the pattern is not valid UTF-8");
+    return *code;
+  }
+
+  int group() {
+    const size_t start = at_++;
+    if (peek('?')) {
+      ++at_;
+      if (peek(':')) {
+        ++at_;
+      } else if (peek('P') && at_ + 1 < pattern_.size() && pattern_[at_ + 1] == '<') {
+        at_ += 2;
+        group_name(start);
+      } else if (peek('<') && at_ + 1 < pattern_.size() && pattern_[at_ + 1] != '=' &&
+                 pattern_[at_ + 1] != '!') {
+        ++at_;
+        group_name(start);
+      } else {
+        fail_at(start,
+                "lookarounds, backreferences, comments and inline flags are not supported "
+                "(only (...), (?:...) and named groups)");
+      }
+    }
+    const int inside = alternation();
+    if (!peek(')')) fail_at(start, "the group opened here is not closed");
+    ++at_;
+    return inside;
+  }
+
+  void group_name(size_t group_start) {
+    const size_t name_start = at_;
+    while (!ends() && (std::isalnum(uint8_t(pattern_[at_])) || pattern_[at_] == '_')) ++at_;
+    if (at_ == name_start || !peek('>')) fail_at(group_start, "a group name must be a word in <>");
+    ++at_;
+  }
+
+  // Whether a quantifier {n}, {n,}, {,m} or {n,m} begins at `offset`.
+  bool quantifier_at(size_t offset) const {
+    size_t i = offset + 1;
+    const auto digits = [&] {
+      const size_t begin = i;
+      while (i < pattern_.size() && std::isdigit(uint8_t(pattern_[i]))) ++i;
+      return i > begin;
+    };
+    const bool low = digits();
+    bool high = false;
+    if (i < pattern_.size() && pattern_[i] == ',') {
+      ++i;
+      high = digits();
+    }
+    return i < pattern_.size() && pattern_[i] == '}' && (low || high);
+  }
+
+  int count() {
+    const size_t start = at_;
+    int64_t value = 0;
+    while (!ends() && std::isdigit(uint8_t(pattern_[at_]))) {
+      value = std::min<int64_t>(value * 10 + (pattern_[at_] - '0'), int64_t(kMaxRegexRepeat) + 1);
+      ++at_;
+    }
+    if (value > kMaxRegexRepeat)
+      fail_at(start, "a repetition count may be at most " + std::to_string(kMaxRegexRepeat));
+    return int(value);
+  }
+
+  int quantified(int item) {
+    if (ends()) return item;
+    const size_t start = at_;
+    int min = 0;
+    int max = 0;
+    switch (pattern_[at_]) {
+      case '*':
+        max = RegexNode::kUnbounded;
+        ++at_;
+        break;
+      case '+':
+        min = 1;
+        max = RegexNode::kUnbounded;
+        ++at_;
+        break;
+      case '?':
+        max = 1;
+        ++at_;
+        break;
+      case '{': {
+        if (!quantifier_at(at_)) return item;
+        ++at_;
+        min = std::isdigit(uint8_t(pattern_[at_])) ? count() : 0;
+        max = min;
+        if (peek(',')) {
+          ++at_;
+          max = peek('}') ? RegexNode::kUnbounded : count();
+        }
+        ++at_;  // '}'
+        if (max != RegexNode::kUnbounded && max < min)
+          fail_at(start, "a repetition's minimum exceeds its maximum");
+        break;
+      }
+      default:
+        return item;
+    }
+    if (peek('?')) ++at_;  // lazy: the same texts
+    if (!ends() && (peek('*') || peek('+') || peek('?') || (peek('{') && quantifier_at(at_))))
+      fail("multiple repeat");
+    RegexNode node;
+    node.kind = RegexNode::Kind::Repeat;
+    node.children = {item};
+    node.min = min;
+    node.max = max;
+    return add(std::move(node));
+  }
+
+  // `[...]` at at_: its code points.
+  std::vector<CodePointRange> character_class() {
+    const size_t start = at_++;
+    const bool negated = peek('^');
+    if (negated) ++at_;
+    std::vector<CodePointRange> ranges;
+    bool first = true;
+    while (!peek(']') || first) {
+      if (ends()) fail_at(start, "the class opened here is not closed");
+      first = false;
+      const size_t item_start = at_;
+      std::vector<CodePointRange> item = class_item();
+      const bool range = item.size() == 1 && item[0].lo == item[0].hi && peek('-') &&
+                         at_ + 1 < pattern_.size() && pattern_[at_ + 1] != ']';
+      if (range) {
+        ++at_;
+        const std::vector<CodePointRange> end = class_item();
+        if (end.size() != 1 || end[0].lo != end[0].hi)
+          fail_at(item_start, "a class range must end at one character");
+        if (end[0].lo < item[0].lo) fail_at(item_start, "a class range runs backwards");
+        item[0].hi = end[0].lo;
+      }
+      ranges.insert(ranges.end(), item.begin(), item.end());
+    }
+    ++at_;  // ']'
+    return negated ? complement(ranges) : ranges;
+  }
+
+  std::vector<CodePointRange> class_item() {
+    if (peek('\\')) return escape(/*in_class=*/true);
+    return {single(literal())};
+  }
+
+  // The escape at at_ (a backslash): its code points.
+  std::vector<CodePointRange> escape(bool in_class) {
+    const size_t start = at_++;
+    if (ends()) fail_at(start, "the pattern ends in a backslash");
+    const char c = pattern_[at_++];
+    switch (c) {
+      case 'd':
+        return kDigits;
+      case 'D':
+        return complement(kDigits);
+      case 'w':
+        return kWordCharacters;
+      case 'W':
+        return complement(kWordCharacters);
+      case 's':
+        return kSpaces;
+      case 'S':
+        return complement(kSpaces);
+      case 'n':
+        return {single('\n')};
+      case 't':
+        return {single('\t')};
+      case 'r':
+        return {single('\r')};
+      case 'f':
+        return {single('\f')};
+      case 'v':
+        return {single('\v')};
+      case 'a':
+        return {single('\a')};
+      case '0':
+        return {single(0)};
+      case 'x':
+        return {single(hex_code(start, 2))};
+      case 'u':
+        return {single(hex_code(start, 4))};
+      case 'U':
+        return {single(hex_code(start, 8))};
+      case 'b':
+        if (in_class) return {single('\b')};
+        break;
+      default:
+        if (uint8_t(c) >= 0x80) {  // a backslash before a non-ASCII character: that character
+          --at_;
+          return {single(literal())};
+        }
+        if (!std::isalnum(uint8_t(c))) return {single(uint8_t(c))};
+        break;
+    }
+    if (std::isdigit(uint8_t(c))) fail_at(start, "backreferences are not supported");
+    if (c == 'b' || c == 'B' || c == 'A' || c == 'Z' || c == 'z' || c == 'G')
+      fail_at(start, "the anchor \\" + std::string(1, c) +
+                         " is not supported: the pattern matches the whole answer");
+    fail_at(start, "unknown escape \\" + std::string(1, c));
+  }
+
+  uint32_t hex_code(size_t start, int digits) {
+    uint32_t code = 0;
+    for (int i = 0; i < digits; ++i, ++at_) {
+      if (ends() || !std::isxdigit(uint8_t(pattern_[at_])))
+        fail_at(start, "\\" + std::string(1, pattern_[start + 1]) + " needs " +
+                           std::to_string(digits) + " hexadecimal digits");
+      const char h = char(std::tolower(uint8_t(pattern_[at_])));
+      code = code * 16 + uint32_t(h <= '9' ? h - '0' : h - 'a' + 10);
+    }
+    if (code > kMaxCodePoint || (code >= 0xD800 && code <= 0xDFFF))
+      fail_at(start, "the escape names no character");
+    return code;
+  }
+
+  std::string_view pattern_;
+  size_t at_ = 0;
+  RegexTree tree_;
+};
+
+}  // namespace
+
+RegexTree parse_regex(std::string_view pattern) {
+  return Parser(pattern).parse();
+}
+
+RegexTree literal_alternatives(std::span<const std::string> texts) {
+  RegexTree tree;
+  RegexNode alternation;
+  alternation.kind = RegexNode::Kind::Alternation;
+  for (const std::string& text : texts) {
+    RegexNode literal;
+    literal.kind = RegexNode::Kind::Concat;
+    for (size_t at = 0; at < text.size();) {
+      const size_t start = at;
+      const std::optional<uint32_t> code = decode_utf8(text, &at);
+      if (!code)
+        throw RegexSyntaxError("choice " + std::to_string(alternation.children.size()) +
+                               " is not valid UTF-8 at offset " + std::to_string(start));
+      RegexNode character;
+      character.kind = RegexNode::Kind::Set;
+      character.ranges = {{*code, *code}};
+      tree.nodes.push_back(std::move(character));
+      literal.children.push_back(int(tree.nodes.size()) - 1);
+    }
+    tree.nodes.push_back(std::move(literal));
+    alternation.children.push_back(int(tree.nodes.size()) - 1);
+  }
+  tree.nodes.push_back(std::move(alternation));
+  tree.root = int(tree.nodes.size()) - 1;
+  return tree;
+}
+
+}  // namespace pipeline
