@@ -289,22 +289,22 @@ std::shared_ptr<const JsonSchema> read_response_format(const JsonBody& body) {
   throw invalid("response_format.type", "unknown response_format type '" + name + "': " + kTypes);
 }
 
-// vLLM's guided_json (a schema, or its JSON text): JSON mode held to that schema.
-std::shared_ptr<const JsonSchema> read_guided_json(const JsonBody& body) {
-  const JsonBody* value = find_field(body, "guided_json");
-  if (!value) return nullptr;
-  if (!value->is_string()) {
-    if (!value->is_object() && !value->is_boolean())
-      throw wrong_type("guided_json", "a JSON schema (an object, or its text)", *value);
-    return compile_schema(*value, "guided_json");
+// A schema given as a schema (an object or a boolean) or as its JSON text, at `param`: vLLM's
+// guided_json and structured_outputs.json.
+std::shared_ptr<const JsonSchema> read_schema_or_text(const JsonBody& value,
+                                                      const std::string& param) {
+  if (!value.is_string()) {
+    if (!value.is_object() && !value.is_boolean())
+      throw wrong_type(param, "a JSON schema (an object, or its text)", value);
+    return compile_schema(value, param);
   }
   JsonBody schema;
   try {
-    schema = read_json_body(value->get_ref<const std::string&>());
+    schema = read_json_body(value.get_ref<const std::string&>());
   } catch (const nlohmann::json::exception&) {
-    throw invalid("guided_json", "guided_json's text is not JSON");
+    throw invalid(param, param + "'s text is not JSON");
   }
-  return compile_schema(schema, "guided_json");
+  return compile_schema(schema, param);
 }
 
 std::shared_ptr<const TextPattern> compile_pattern(const std::string& param, const auto& compile) {
@@ -315,52 +315,88 @@ std::shared_ptr<const TextPattern> compile_pattern(const std::string& param, con
   }
 }
 
-// vLLM's guided_choice (the answer is one of these texts) and guided_regex (the answer matches
-// this pattern whole, io/regex_syntax.h), or null. At most one of them.
-std::shared_ptr<const TextPattern> read_guided_pattern(const JsonBody& body) {
-  const JsonBody* choice = find_field(body, "guided_choice");
-  const JsonBody* regex = find_field(body, "guided_regex");
-  if (choice && regex)
-    throw invalid("guided_choice", "guided_choice cannot be combined with guided_regex: give one");
-  if (regex) {
-    if (!regex->is_string()) throw wrong_type("guided_regex", "a string", *regex);
-    return compile_pattern("guided_regex", [&] {
-      return TextPattern::from_regex(regex->get_ref<const std::string&>());
-    });
-  }
-  if (!choice) return nullptr;
-  if (!choice->is_array() || choice->empty())
-    throw wrong_type("guided_choice", "a non-empty array of strings", *choice);
-  std::vector<std::string> texts;
-  for (const JsonBody& text : *choice) {
-    if (!text.is_string()) throw wrong_type("guided_choice", "a non-empty array of strings", text);
-    texts.push_back(text.get<std::string>());
-  }
-  return compile_pattern("guided_choice", [&] { return TextPattern::from_choices(texts); });
+// A regex the answer must match whole (io/regex_syntax.h), at `param`.
+std::shared_ptr<const TextPattern> read_regex(const JsonBody& value, const std::string& param) {
+  if (!value.is_string()) throw wrong_type(param, "a string", value);
+  return compile_pattern(
+      param, [&] { return TextPattern::from_regex(value.get_ref<const std::string&>()); });
 }
 
-// The answer's guide: response_format, guided_json, guided_regex or guided_choice, at most one.
-// vLLM's guided_grammar is refused rather than ignored.
+// Texts the answer must be one of, at `param`.
+std::shared_ptr<const TextPattern> read_choice(const JsonBody& value, const std::string& param) {
+  if (!value.is_array() || value.empty())
+    throw wrong_type(param, "a non-empty array of strings", value);
+  std::vector<std::string> texts;
+  for (const JsonBody& text : value) {
+    if (!text.is_string()) throw wrong_type(param, "a non-empty array of strings", text);
+    texts.push_back(text.get<std::string>());
+  }
+  return compile_pattern(param, [&] { return TextPattern::from_choices(texts); });
+}
+
+// One way a request asks for a guide, and what it asks for: a schema or a pattern.
+struct GuideAsked {
+  std::string param;
+  std::shared_ptr<const JsonSchema> schema;
+  std::shared_ptr<const TextPattern> pattern;
+};
+
+// vLLM's structured_outputs (what replaced its guided_* fields): one of json (a schema or its
+// text), json_object (true: any object), regex and choice. What would change the answer in a
+// way not held here is refused rather than ignored: grammar, structural_tag, a
+// whitespace_pattern, and disable_any_whitespace or disable_additional_properties true.
+// disable_fallback concerns vLLM's choice among its backends, of which there is one here.
+void read_structured_outputs(const JsonBody& body, std::vector<GuideAsked>& asked) {
+  const JsonBody* outputs = find_field(body, "structured_outputs");
+  if (!outputs) return;
+  if (!outputs->is_object()) throw wrong_type("structured_outputs", "an object", *outputs);
+  const auto param = [](const char* name) { return std::string("structured_outputs.") + name; };
+  for (const char* name : {"grammar", "structural_tag", "whitespace_pattern"})
+    if (find_field(*outputs, name))
+      throw invalid(param(name), param(name) +
+                                     " is not supported: structured_outputs json, json_object, "
+                                     "regex and choice are");
+  for (const char* name : {"disable_any_whitespace", "disable_additional_properties"})
+    if (read_bool(*outputs, name, false))
+      throw invalid(param(name),
+                    param(name) +
+                        " is not supported: JSON mode writes one space, or a newline and an "
+                        "indent, between tokens, and an object with properties takes no other "
+                        "key unless its schema's additionalProperties says so");
+  read_bool(*outputs, "disable_fallback", false);
+  if (const JsonBody* json = find_field(*outputs, "json"))
+    asked.push_back({param("json"), read_schema_or_text(*json, param("json")), nullptr});
+  if (read_bool(*outputs, "json_object", false))
+    asked.push_back({param("json_object"), JsonSchema::any_object(), nullptr});
+  if (const JsonBody* regex = find_field(*outputs, "regex"))
+    asked.push_back({param("regex"), nullptr, read_regex(*regex, param("regex"))});
+  if (const JsonBody* choice = find_field(*outputs, "choice"))
+    asked.push_back({param("choice"), nullptr, read_choice(*choice, param("choice"))});
+}
+
+// The answer's guide, at most one: response_format json_object or json_schema, vLLM's
+// guided_json, guided_regex and guided_choice, or its structured_outputs. guided_grammar is
+// refused rather than ignored.
 void read_guide(const JsonBody& body, Request& request) {
   if (find_field(body, "guided_grammar"))
     throw invalid("guided_grammar",
                   "guided_grammar is not supported: response_format json_schema, guided_json, "
                   "guided_regex and guided_choice are");
-  request.json_schema = read_response_format(body);
-  if (std::shared_ptr<const JsonSchema> guided = read_guided_json(body)) {
-    if (request.json_schema)
-      throw invalid("guided_json",
-                    "guided_json cannot be combined with response_format json_object or "
-                    "json_schema: give one schema");
-    request.json_schema = std::move(guided);
-  }
-  request.text_pattern = read_guided_pattern(body);
-  if (request.text_pattern && request.json_schema) {
-    const char* param = find_field(body, "guided_regex") ? "guided_regex" : "guided_choice";
-    throw invalid(param, std::string(param) +
-                             " cannot be combined with JSON mode (response_format json_object "
-                             "or json_schema, guided_json): give one guide");
-  }
+  std::vector<GuideAsked> asked;
+  if (auto schema = read_response_format(body)) asked.push_back({"response_format", schema, {}});
+  if (const JsonBody* json = find_field(body, "guided_json"))
+    asked.push_back({"guided_json", read_schema_or_text(*json, "guided_json"), nullptr});
+  if (const JsonBody* regex = find_field(body, "guided_regex"))
+    asked.push_back({"guided_regex", nullptr, read_regex(*regex, "guided_regex")});
+  if (const JsonBody* choice = find_field(body, "guided_choice"))
+    asked.push_back({"guided_choice", nullptr, read_choice(*choice, "guided_choice")});
+  read_structured_outputs(body, asked);
+  if (asked.size() > 1)
+    throw invalid(asked[1].param, asked[1].param + " cannot be combined with " + asked[0].param +
+                                      ": give one guide");
+  if (asked.empty()) return;
+  request.json_schema = asked[0].schema;
+  request.text_pattern = asked[0].pattern;
 }
 
 // best_of: sampling more sequences than are returned, to return the likeliest, is not
@@ -466,8 +502,8 @@ ApiError not_with_guide(const std::string& param) {
   return invalid(param, param +
                             " cannot be combined with guided decoding (response_format "
                             "json_object or json_schema, guided_json, guided_regex, "
-                            "guided_choice): the answer ends when the text it is held to is "
-                            "whole");
+                            "guided_choice, structured_outputs): the answer ends when the text "
+                            "it is held to is whole");
 }
 
 // vLLM's min_tokens: at most max_tokens, and not with guided decoding, whose answer ends when

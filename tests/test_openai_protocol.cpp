@@ -549,7 +549,7 @@ std::vector<BadInput> bad_inputs() {
       {chat,
        with(with(chat_body(), "guided_json", {{"type", "object"}}), "response_format",
             {{"type", "json_object"}}),
-       "guided_json", "give one schema"},
+       "guided_json", "guided_json cannot be combined with response_format: give one guide"},
       {chat, with(with(chat_body(), "guided_json", {{"type", "object"}}), "min_tokens", 1),
        "min_tokens", "guided_json"},
       {chat, with(chat_body(), "guided_choice", json::array()), "guided_choice",
@@ -575,6 +575,27 @@ std::vector<BadInput> bad_inputs() {
        "ignore_eos", "guided_choice"},
       {completion, with(with(completion_body(), "guided_regex", "a+"), "min_tokens", 2),
        "min_tokens", "guided_regex"},
+      {chat, with(chat_body(), "structured_outputs", "json"), "structured_outputs",
+       "expected an object"},
+      {chat, with(chat_body(), "structured_outputs", {{"grammar", "root ::= \"a\""}}),
+       "structured_outputs.grammar", "not supported"},
+      {chat, with(chat_body(), "structured_outputs", {{"whitespace_pattern", " "}}),
+       "structured_outputs.whitespace_pattern", "not supported"},
+      {chat, with(chat_body(), "structured_outputs", {{"disable_any_whitespace", true}}),
+       "structured_outputs.disable_any_whitespace", "not supported"},
+      {chat, with(chat_body(), "structured_outputs", {{"regex", "a("}}), "structured_outputs.regex",
+       "structured_outputs.regex: the group opened here"},
+      {chat, with(chat_body(), "structured_outputs", {{"json", "{"}}), "structured_outputs.json",
+       "structured_outputs.json's text is not JSON"},
+      {chat, with(chat_body(), "structured_outputs", {{"choice", {"a"}}, {"regex", "a"}}),
+       "structured_outputs.choice", "cannot be combined with structured_outputs.regex"},
+      {completion,
+       with(with(completion_body(), "guided_choice", {"a"}), "structured_outputs",
+            {{"json_object", true}}),
+       "structured_outputs.json_object", "cannot be combined with guided_choice"},
+      {completion,
+       with(with(completion_body(), "structured_outputs", {{"choice", {"a"}}}), "ignore_eos", true),
+       "ignore_eos", "structured_outputs"},
       {completion, with(completion_body(), "guided_grammar", "root ::= \"a\""), "guided_grammar",
        "not supported"},
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
@@ -690,6 +711,37 @@ TEST(ParseRequest, GuidedRegexAndGuidedChoiceAskForTheirTexts) {
   EXPECT_FALSE(PatternPrefix(*choice->text_pattern).feed("cow"));
   EXPECT_FALSE(parse_chat(with(chat_body(), "guided_regex", nullptr)).request->text_pattern);
   EXPECT_FALSE(parse_chat(chat_body()).request->text_pattern);
+}
+
+// vLLM's structured_outputs asks for the same guides: json (a schema or its text), json_object,
+// regex and choice; disable_fallback and the false options change nothing.
+TEST(ParseRequest, StructuredOutputsAskForTheirGuides) {
+  const json schema = {{"type", "array"}, {"items", {{"type", "integer"}}}};
+  for (const json& value : {json(schema), json(schema.dump())}) {
+    const auto request =
+        parse_chat(with(chat_body(), "structured_outputs", {{"json", value}})).request;
+    ASSERT_TRUE(request->json_schema);
+    EXPECT_TRUE(SchemaPrefix(*request->json_schema).feed("[1,2]"));
+    EXPECT_FALSE(request->text_pattern);
+  }
+  EXPECT_EQ(parse_completion(with(completion_body(), "structured_outputs",
+                                  {{"json_object", true}, {"disable_fallback", true}}))
+                .request->json_schema,
+            JsonSchema::any_object());
+  const auto regex =
+      parse_completion(
+          with(completion_body(), "structured_outputs",
+               {{"regex", "[0-9]+"}, {"disable_any_whitespace", false}, {"json_object", false}}))
+          .request;
+  ASSERT_TRUE(regex->text_pattern);
+  EXPECT_FALSE(regex->json_schema);
+  EXPECT_TRUE(PatternPrefix(*regex->text_pattern).feed("42"));
+  const auto choice =
+      parse_chat(with(chat_body(), "structured_outputs", {{"choice", {"left", "right"}}})).request;
+  ASSERT_TRUE(choice->text_pattern);
+  EXPECT_FALSE(PatternPrefix(*choice->text_pattern).feed("up"));
+  EXPECT_FALSE(
+      parse_chat(with(chat_body(), "structured_outputs", json::object())).request->text_pattern);
 }
 
 // A json_schema's properties are written in the order the request body lists them, not sorted:

@@ -874,18 +874,23 @@ TEST_F(ServerE2E, JsonSchemaAnswersFollowTheSchemaInItsOrder) {
       << refused.raw;
 }
 
-// vLLM's guided_choice and guided_regex: every choice is one of the texts, or matches the
-// pattern whole, and ends there, streamed or not, on both endpoints; a pattern no automaton
-// holds is a 400 naming guided_regex and the place.
+// vLLM's guided_choice and guided_regex (and structured_outputs.choice): every choice is one of
+// the texts, or matches the pattern whole, and ends there, streamed or not, on both endpoints; a
+// pattern no automaton holds is a 400 naming guided_regex and the place.
 TEST_F(ServerE2E, GuidedChoiceAndRegexAnswersAreTheirTextsWhole) {
   const std::vector<std::string> moods = {"happy", "sad", "sleepy"};
   json chat = with(chat_body("How does the cat feel?", 16), "temperature", 1.0);
   chat.update({{"n", 4}, {"seed", 3}, {"guided_choice", moods}});
   json completion = with(completion_body("Tim had a number:", 16), "temperature", 1.0);
   completion.update({{"n", 4}, {"seed", 4}, {"guided_regex", "[0-9]{3}-[a-z]{2,5}"}});
+  // Today's vLLM spells guided_choice as structured_outputs.choice.
+  json structured = chat;
+  structured.erase("guided_choice");
+  structured["structured_outputs"] = {{"choice", moods}};
   const std::regex code("[0-9]{3}-[a-z]{2,5}");
   for (const auto& [path, body] :
-       {std::pair{"/v1/chat/completions", chat}, std::pair{"/v1/completions", completion}}) {
+       {std::pair{"/v1/chat/completions", chat}, std::pair{"/v1/completions", completion},
+        std::pair{"/v1/chat/completions", structured}}) {
     SCOPED_TRACE(path);
     const Reply whole = post(port(), path, body);
     ASSERT_EQ(whole.status, 200) << whole.raw;
