@@ -448,7 +448,7 @@ void BM_Stage_emit(benchmark::State& state) {
   for (auto _ : state) {
     StreamEvents events;
     for (const auto& seq : work)
-      events.events.push_back({seq, index, Delta{" word", {}, {}, true}});
+      events.events.push_back({seq, index, Delta{" word", {}, {}, true, {}}});
     ++index;
     (*stage)(std::move(events), [](Message) {});
   }

@@ -26,6 +26,13 @@ struct TokenOutput {
   std::vector<TokenLogprob> top;
 };
 
+// A sequence's tokens as usage counts them.
+struct TokenCounts {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;  // of the prompt's, those the prefix cache held when it was admitted
+};
+
 // New text since the last delta, and the tokens that produced it.
 struct Delta {
   std::string text;
@@ -38,6 +45,9 @@ struct Delta {
   // text, as vLLM does, so that clients see every token arrive. Not an ending token not shown
   // (whose delta, with logprobs asked for, still carries its logprob in `tokens`).
   bool new_token = false;
+  // The sequence's counts once the delta's token was generated (it among the completion's), for
+  // the usage a stream reports as it goes (vLLM's stream_options.continuous_usage_stats).
+  TokenCounts counts;
 };
 
 // vLLM's stop_reason: what the client named that ended an answer, the stop string that matched
@@ -50,6 +60,8 @@ struct Completion {
   int completion_tokens = 0;
   int cached_tokens = 0;  // of the prompt's, those the prefix cache held when it was admitted
   StopReason stop_reason = {};
+
+  TokenCounts counts() const { return {prompt_tokens, completion_tokens, cached_tokens}; }
 };
 
 // An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.

@@ -114,7 +114,7 @@ struct Sequence {
   std::vector<int32_t> cached_prefix;
   // Prompt tokens the cache held at its first admission (a resumed sequence's own blocks are
   // not the client's cache hits). Set once, before its first pass; the one field here another
-  // stage reads: detokenize, at its end.
+  // stage reads: detokenize, with each token.
   std::optional<int> cached_prompt_tokens;
   // Waiting: a batch window closed over it and left it for lack of room, or it was preempted;
   // either way it goes as soon as there is room.

@@ -263,6 +263,13 @@ class ClientWatch {
   std::chrono::steady_clock::time_point next_check_ = std::chrono::steady_clock::now() + kEventPoll;
 };
 
+// The token counts an event carries: a delta's so far, a completion's in the end (an error none).
+TokenCounts counts_of(const SinkEvent& event) {
+  if (const auto* delta = std::get_if<Delta>(&event)) return delta->counts;
+  if (const auto* completion = std::get_if<Completion>(&event)) return completion->counts();
+  return {};
+}
+
 // A streaming response: the connection thread pulls the call's events and writes each as a
 // server-sent event until every choice has ended, or until the client goes away.
 class EventStream {
@@ -282,9 +289,7 @@ class EventStream {
     std::string text;
     if (!opened_) {
       opened_ = true;
-      if (choices_->requests().front()->chat)
-        for (int i = 0; i < int(choices_->requests().size()); ++i)
-          text += sse_event(builder_.role_chunk(i));
+      text = opening();
     }
     std::optional<ChoiceEvent> event = std::move(pending_);
     pending_.reset();
@@ -304,6 +309,17 @@ class EventStream {
   }
 
  private:
+  // A chat stream opens with every choice's role, before their tokens: with continuous usage,
+  // counting the prompt they share as the first event (pending_ still) found it.
+  std::string opening() {
+    if (!choices_->requests().front()->chat) return {};
+    builder_.count_prompt(counts_of(pending_->event), pending_->choice);
+    std::string text;
+    for (int i = 0; i < int(choices_->requests().size()); ++i)
+      text += sse_event(builder_.role_chunk(i));
+    return text;
+  }
+
   std::string render(ChoiceEvent& event) {
     if (auto* delta = std::get_if<Delta>(&event.event)) {
       if (!builder_.shows(*delta, event.choice)) return {};

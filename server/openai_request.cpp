@@ -529,11 +529,8 @@ ResponseOptions read_response_options(const JsonBody& body) {
     if (!options.stream)
       throw invalid("stream_options", "stream_options is only allowed when stream is true");
     options.include_usage = read_bool(*stream_options, "include_usage", false);
-    // vLLM's usage on every chunk: refused rather than left out without a word.
-    if (read_bool(*stream_options, "continuous_usage_stats", false))
-      throw invalid("continuous_usage_stats",
-                    "continuous_usage_stats is not supported: include_usage gives the usage in "
-                    "a last chunk");
+    options.continuous_usage =
+        read_bool(*stream_options, "continuous_usage_stats", false) && options.include_usage;
   }
   return options;
 }

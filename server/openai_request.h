@@ -71,7 +71,10 @@ ServedModel served_model(std::string name, const ServeConfig& config, const Toke
 struct ResponseOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
-  bool echo = false;           // completions: the prompt before the answer
+  // vLLM's stream_options.continuous_usage_stats, which, as in vLLM, takes include_usage too:
+  // every chunk with its choice's usage so far (alone it changes nothing).
+  bool continuous_usage = false;
+  bool echo = false;  // completions: the prompt before the answer
 };
 
 struct ParsedRequest {

@@ -86,13 +86,15 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
       chat_(parsed.request->chat),
       logprobs_(parsed.request->sampling.logprobs),
       include_usage_(parsed.options.include_usage),
+      continuous_usage_(parsed.options.continuous_usage),
       prompt_only_(parsed.request->prompt_only),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()),
       model_(std::move(model)),
       token_text_(std::move(token_text)),
-      per_prompt_(parsed.per_prompt) {
+      per_prompt_(parsed.per_prompt),
+      prompt_counts_(size_t(parsed.choices() / parsed.per_prompt)) {
   // Completions logprobs count text offsets in the prompt followed by the answer; an echoed
   // prompt's own tokens start at 0.
   for (int i = 0; i < parsed.choices(); ++i) {
@@ -108,23 +110,49 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
 }
 
 json ResponseBuilder::chunk_envelope() const {
-  json chunk = {{"id", id_},
-                {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
-                {"created", created_},
-                {"model", model_},
-                {"choices", json::array()}};
-  // With include_usage every chunk carries "usage": null but the last.
-  if (include_usage_) chunk["usage"] = nullptr;
+  return {{"id", id_},
+          {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", json::array()}};
+}
+
+json ResponseBuilder::choice_chunk(json entry, int choice) const {
+  json chunk = chunk_envelope();
+  chunk["choices"].push_back(std::move(entry));
+  // With include_usage a choice's chunk carries "usage": null, or with continuous usage the
+  // choice's so far (the stream's last chunk, usage_chunk(), the call's).
+  if (continuous_usage_)
+    chunk["usage"] = usage_so_far(choice);
+  else if (include_usage_)
+    chunk["usage"] = nullptr;
   return chunk;
 }
 
 json ResponseBuilder::role_chunk(int choice) const {
-  json chunk = chunk_envelope();
-  chunk["choices"].push_back({{"index", choice},
-                              {"delta", {{"role", "assistant"}, {"content", ""}}},
-                              {"logprobs", nullptr},
-                              {"finish_reason", nullptr}});
-  return chunk;
+  return choice_chunk({{"index", choice},
+                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                       {"logprobs", nullptr},
+                       {"finish_reason", nullptr}},
+                      choice);
+}
+
+void ResponseBuilder::count_prompt(const TokenCounts& counts, int choice) {
+  PromptCounts& prompt = prompt_counts_.at(size_t(choice / per_prompt_));
+  prompt.tokens = counts.prompt_tokens;
+  // The last chunk counts what the cache held before the call: the least any choice found.
+  prompt.cached = std::min(prompt.cached.value_or(counts.cached_tokens), counts.cached_tokens);
+}
+
+void ResponseBuilder::count(const TokenCounts& counts, int choice) {
+  count_prompt(counts, choice);
+  choices_.at(size_t(choice)).completion_tokens = counts.completion_tokens;
+}
+
+json ResponseBuilder::usage_so_far(int choice) const {
+  const PromptCounts& prompt = prompt_counts_.at(size_t(choice / per_prompt_));
+  return usage_json(
+      {prompt.tokens, choices_.at(size_t(choice)).completion_tokens, prompt.cached.value_or(0)});
 }
 
 bool ResponseBuilder::shows(const Delta& delta, int choice) const {
@@ -133,8 +161,8 @@ bool ResponseBuilder::shows(const Delta& delta, int choice) const {
 }
 
 json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
+  count(delta.counts, choice);
   ChoiceText& state = choices_.at(size_t(choice));
-  json chunk = chunk_envelope();
   json entry = {{"index", choice}};
   if (chat_)
     entry["delta"] = {{"content", delta.text}};
@@ -144,12 +172,11 @@ json ResponseBuilder::delta_chunk(const Delta& delta, int choice) {
   entry["finish_reason"] = nullptr;
   // vLLM's completion chunks carry stop_reason throughout, its chat chunks at the end.
   if (!chat_) entry["stop_reason"] = nullptr;
-  chunk["choices"].push_back(std::move(entry));
-  return chunk;
+  return choice_chunk(std::move(entry), choice);
 }
 
 json ResponseBuilder::finish_chunk(const Completion& completion, int choice) {
-  json chunk = chunk_envelope();
+  count(completion.counts(), choice);
   json entry = {{"index", choice}};
   if (chat_)
     entry["delta"] = json::object();
@@ -158,8 +185,7 @@ json ResponseBuilder::finish_chunk(const Completion& completion, int choice) {
   entry["logprobs"] = nullptr;
   entry["finish_reason"] = finish_reason_name(shown_reason(completion.reason));
   entry["stop_reason"] = shown_stop_reason(completion);
-  chunk["choices"].push_back(std::move(entry));
-  return chunk;
+  return choice_chunk(std::move(entry), choice);
 }
 
 json ResponseBuilder::usage_chunk(std::span<const Completion> choices) const {
@@ -206,12 +232,16 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
 }
 
 json ResponseBuilder::usage(std::span<const Completion> choices) const {
-  Completion total = total_usage(choices, per_prompt_);
-  if (prompt_only_) total.completion_tokens = 0;
-  return {{"prompt_tokens", total.prompt_tokens},
-          {"completion_tokens", total.completion_tokens},
-          {"total_tokens", total.prompt_tokens + total.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", total.cached_tokens}}}};
+  return usage_json(total_usage(choices, per_prompt_).counts());
+}
+
+json ResponseBuilder::usage_json(TokenCounts counts) const {
+  // A prompt_only answer's one token is dropped.
+  if (prompt_only_) counts.completion_tokens = 0;
+  return {{"prompt_tokens", counts.prompt_tokens},
+          {"completion_tokens", counts.completion_tokens},
+          {"total_tokens", counts.prompt_tokens + counts.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", counts.cached_tokens}}}};
 }
 
 // A prompt_only answer ends at its length limit of 0, whatever ended the token it dropped.

@@ -9,7 +9,10 @@
 //   completions token's top_logprobs hold the token itself besides its alternatives;
 // - completion chunks carry vLLM's stop_reason throughout, chat chunks at their end;
 // - an impossible logprob is -9999, not a non-JSON -infinity;
-// - with stream_options.include_usage, every chunk has "usage": null but the last;
+// - with stream_options.include_usage, every chunk has "usage": null but the last; with vLLM's
+//   continuous_usage_stats too, each has its choice's usage so far instead, as vLLM counts it:
+//   its prompt's tokens and the tokens the choice generated so far (not the call's sum), and,
+//   as the last chunk counts them, the prompt's cached tokens (the least of its choices' so far);
 // - members come in the order OpenAI writes them (id, object, created, model, choices, usage),
 //   and a completions token's top_logprobs from the likeliest down.
 #pragma once
@@ -17,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -60,8 +64,11 @@ class ResponseBuilder {
   // Streaming. A chat stream opens with role_chunk() for each choice; each choice ends with
   // its finish_chunk(), and the stream with usage_chunk() when include_usage, then kSseDone.
   // A delta that shows() nothing (no new token, text or logprobs, or a prompt_only answer's
-  // token after the echo) needs no chunk.
+  // token after the echo) needs no chunk. With continuous usage a chunk counts the tokens of
+  // its delta or completion; a role chunk, sent before any token, those of count_prompt().
   ResponseJson role_chunk(int choice = 0) const;
+  // The prompt counts (tokens, cache hits) of `choice`'s prompt, as an event of it reports them.
+  void count_prompt(const TokenCounts& counts, int choice = 0);
   bool shows(const Delta& delta, int choice = 0) const;
   ResponseJson delta_chunk(const Delta& delta, int choice = 0);
   ResponseJson finish_chunk(const Completion& completion, int choice = 0);
@@ -77,13 +84,24 @@ class ResponseBuilder {
   struct ChoiceText {
     std::string text;
     ResponseJson logprobs;
-    std::string prompt;      // echo: its prompt's text
-    bool echo_due = false;   // echo: the prompt is not sent yet
-    size_t text_offset = 0;  // where the next token starts in prompt+text, in characters
+    std::string prompt;         // echo: its prompt's text
+    bool echo_due = false;      // echo: the prompt is not sent yet
+    size_t text_offset = 0;     // where the next token starts in prompt+text, in characters
+    int completion_tokens = 0;  // continuous usage: those its chunks counted so far
+  };
+  // Continuous usage: what the chunks so far counted of a prompt.
+  struct PromptCounts {
+    int tokens = 0;
+    std::optional<int> cached;  // the least cache hits any of its choices reported
   };
 
   ResponseJson chunk_envelope() const;
+  // A stream chunk of one choice's entry, with the usage include_usage asks for.
+  ResponseJson choice_chunk(ResponseJson entry, int choice) const;
+  void count(const TokenCounts& counts, int choice);
+  ResponseJson usage_so_far(int choice) const;
   ResponseJson usage(std::span<const Completion> choices) const;
+  ResponseJson usage_json(TokenCounts counts) const;
   FinishReason shown_reason(FinishReason reason) const;
   ResponseJson shown_stop_reason(const Completion& completion) const;
   // The text a delta adds to the answer: the echoed prompt first, if due (and then no longer).
@@ -96,12 +114,14 @@ class ResponseBuilder {
   bool chat_;
   bool logprobs_;
   bool include_usage_;
+  bool continuous_usage_;
   bool prompt_only_;
   int64_t created_;
   std::string model_;
   TokenTextFn token_text_;
   int per_prompt_;
   std::vector<ChoiceText> choices_;
+  std::vector<PromptCounts> prompt_counts_;
 };
 
 }  // namespace pipeline

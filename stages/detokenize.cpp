@@ -97,14 +97,16 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     stop_reason = id;
   }
   delta.new_token = !ending_token;
+  const TokenCounts counts{seq->prompt_len, state.completion_tokens,
+                           seq->cached_prompt_tokens.value_or(0)};
+  delta.counts = counts;
   if (delta.new_token || !delta.text.empty() || !delta.tokens.empty() || !delta.prompt.empty())
     out.events.push_back({seq, state.next_event++, std::move(delta)});
   if (finish) {
     state.done = true;
-    out.events.push_back(
-        {seq, state.next_event++,
-         Completion{*finish, seq->prompt_len, state.completion_tokens,
-                    seq->cached_prompt_tokens.value_or(0), std::move(stop_reason)}});
+    out.events.push_back({seq, state.next_event++,
+                          Completion{*finish, counts.prompt_tokens, counts.completion_tokens,
+                                     counts.cached_tokens, std::move(stop_reason)}});
   }
 }
 

@@ -89,6 +89,20 @@ TEST(ParseRequest, ChatTakesMessagesAndServerDefaults) {
   EXPECT_EQ(request.sink, nullptr);
   EXPECT_FALSE(parsed.options.stream);
   EXPECT_FALSE(parsed.options.include_usage);
+  EXPECT_FALSE(parsed.options.continuous_usage);
+}
+
+// As in vLLM, usage on every chunk takes include_usage too; alone it changes nothing.
+TEST(ParseRequest, ContinuousUsageStatsTakeIncludeUsage) {
+  json body = with(completion_body(), "stream", true);
+  body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  const ResponseOptions both = parse_completion(body).options;
+  EXPECT_TRUE(both.include_usage);
+  EXPECT_TRUE(both.continuous_usage);
+  body["stream_options"] = {{"continuous_usage_stats", true}};
+  const ResponseOptions alone = parse_completion(body).options;
+  EXPECT_FALSE(alone.include_usage);
+  EXPECT_FALSE(alone.continuous_usage);
 }
 
 TEST(ParseRequest, IdsAreUnique) {
@@ -362,8 +376,9 @@ std::vector<BadInput> bad_inputs() {
   json usage_without_stream = with(chat_body(), "stream_options", {{"include_usage", true}});
   json usage_not_bool = with(chat_body(), "stream", true);
   usage_not_bool["stream_options"] = {{"include_usage", "yes"}};
-  json usage_per_chunk = with(chat_body(), "stream", true);
-  usage_per_chunk["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  json usage_per_chunk_not_bool = with(chat_body(), "stream", true);
+  usage_per_chunk_not_bool["stream_options"] = {{"include_usage", true},
+                                                {"continuous_usage_stats", 1}};
   return {
       {chat, no_model, "model", "model"},
       {chat, with(chat_body(), "model", 7), "model", "string"},
@@ -407,7 +422,7 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "stream", "true"), "stream", "boolean"},
       {chat, usage_without_stream, "stream_options", "stream is true"},
       {chat, usage_not_bool, "include_usage", "boolean"},
-      {chat, usage_per_chunk, "continuous_usage_stats", "not supported"},
+      {chat, usage_per_chunk_not_bool, "continuous_usage_stats", "boolean"},
       {chat, with(chat_body(), "max_tokens", 0), "max_tokens", "between 1"},
       {chat, with(chat_body(), "max_tokens", -3), "max_tokens", "between 1"},
       {chat, with(chat_body(), "max_tokens", 2.5), "max_tokens", "integer"},
@@ -770,7 +785,7 @@ TEST(ParseRequest, ResponseFormatJsonSchemaKeepsThePropertiesInTheBodysOrder) {
 // A JSON value of a random kind, nested up to `depth`, with the keys of request fields.
 json random_value(std::mt19937& rng, int depth) {
   static const testing::RandomJsonShape shape{
-      .keys = {"role", "content", "type", "text", "include_usage"}};
+      .keys = {"role", "content", "type", "text", "include_usage", "continuous_usage_stats"}};
   return testing::random_json(rng, depth, shape);
 }
 
@@ -865,7 +880,7 @@ std::vector<Completion> one(Completion completion) {
 }
 
 Delta delta(std::string text, std::vector<TokenOutput> tokens = {}) {
-  return Delta{std::move(text), std::move(tokens), {}, true};
+  return Delta{std::move(text), std::move(tokens), {}, true, {}};
 }
 
 TEST(Responses, ChatStreamChunksHaveOpenAIsShape) {
@@ -915,6 +930,82 @@ TEST(Responses, IncludeUsageAddsAFinalChunkWithEmptyChoices) {
   EXPECT_EQ(usage["usage"], usage_json(10, 4));
 }
 
+std::vector<std::string> keys(const json& object) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : object.items()) names.push_back(name);
+  return names;
+}
+
+// A delta that carries its sequence's counts so far.
+Delta counted(std::string text, TokenCounts counts) {
+  Delta made = delta(std::move(text));
+  made.counts = counts;
+  return made;
+}
+
+json streamed_with_usage_per_chunk(json body) {
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  return body;
+}
+
+// vLLM's continuous_usage_stats: every chunk of a choice has that choice's usage so far (not the
+// call's sum), the role chunks none of its tokens yet; the last chunk still the call's usage.
+TEST(Responses, ContinuousUsageGivesEveryChunkItsChoicesUsageSoFar) {
+  const ParsedRequest parsed = parsed_from(
+      Endpoint::ChatCompletions, streamed_with_usage_per_chunk(with(chat_body(), "n", 2)));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  builder.count_prompt({9, 1, 4}, 1);
+  EXPECT_EQ(builder.role_chunk(0)["usage"], usage_json(9, 0, 4));
+  EXPECT_EQ(builder.role_chunk(1)["usage"], usage_json(9, 0, 4));
+  EXPECT_EQ(builder.delta_chunk(counted("Once", {9, 1, 4}), 1)["usage"], usage_json(9, 1, 4));
+  EXPECT_EQ(builder.delta_chunk(counted("", {9, 2, 4}), 1)["usage"], usage_json(9, 2, 4));
+  // Choice 0 found less of the prompt in the cache: from now on the prompt counts that, as the
+  // last chunk will.
+  EXPECT_EQ(builder.delta_chunk(counted("Tim", {9, 1, 0}), 0)["usage"], usage_json(9, 1, 0));
+  const Completion first{FinishReason::Length, 9, 3, 4};
+  EXPECT_EQ(builder.finish_chunk(first, 1)["usage"], usage_json(9, 3, 0));
+  const Completion second{FinishReason::Stop, 9, 2, 0};
+  const json last_of_0 = builder.finish_chunk(second, 0);
+  EXPECT_EQ(last_of_0["usage"], usage_json(9, 2, 0));
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(keys(last_of_0), Names({"id", "object", "created", "model", "choices", "usage"}));
+  EXPECT_EQ(builder.usage_chunk(std::vector<Completion>{second, first})["usage"],
+            usage_json(9, 5, 0));
+}
+
+// A chunk counts its own prompt's tokens, as vLLM's do, not the list's.
+TEST(Responses, ContinuousUsageCountsEachPromptOfAList) {
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::Completions,
+                  streamed_with_usage_per_chunk(with(completion_body(), "prompt", {"ab", "cdef"})));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  EXPECT_EQ(builder.delta_chunk(counted(" a", {3, 1, 0}), 0)["usage"], usage_json(3, 1));
+  EXPECT_EQ(builder.delta_chunk(counted(" b", {5, 1, 0}), 1)["usage"], usage_json(5, 1));
+  EXPECT_EQ(builder.finish_chunk({FinishReason::Stop, 3, 2, 0}, 0)["usage"], usage_json(3, 2));
+}
+
+// As the last chunk, the one token a prompt_only answer generated (and dropped) is not counted.
+TEST(Responses, ContinuousUsageOfAnEchoAloneCountsNoCompletionTokens) {
+  json body = with(with(completion_body(), "echo", true), "max_tokens", 0);
+  const ParsedRequest parsed =
+      parsed_from(Endpoint::Completions, streamed_with_usage_per_chunk(body));
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  EXPECT_EQ(builder.delta_chunk(counted(" there", {5, 1, 0}))["usage"], usage_json(5, 0));
+  EXPECT_EQ(builder.finish_chunk({FinishReason::Stop, 5, 1})["usage"], usage_json(5, 0));
+}
+
+// Without include_usage, as in vLLM, continuous_usage_stats gives no usage at all.
+TEST(Responses, ContinuousUsageWithoutIncludeUsageGivesNone) {
+  json body = with(chat_body(), "stream", true);
+  body["stream_options"] = {{"continuous_usage_stats", true}};
+  const ParsedRequest parsed = parsed_from(Endpoint::ChatCompletions, body);
+  ResponseBuilder builder(parsed, "stories260K", token_text);
+  EXPECT_FALSE(builder.role_chunk().contains("usage"));
+  EXPECT_FALSE(builder.delta_chunk(counted("x", {4, 1, 0})).contains("usage"));
+  EXPECT_FALSE(builder.finish_chunk({FinishReason::Stop, 4, 1}).contains("usage"));
+}
+
 TEST(Responses, CompletionChunksAreTextCompletions) {
   const ParsedRequest parsed = parsed_from(Endpoint::Completions, completion_body());
   ResponseBuilder builder(parsed, "stories260K", token_text);
@@ -951,12 +1042,6 @@ TEST(Responses, WholeChatCompletion) {
   EXPECT_EQ(choice["finish_reason"], "stop");
   EXPECT_TRUE(choice.at("stop_reason").is_null());  // an end of sequence
   EXPECT_EQ(response["usage"], usage_json(7, 2));
-}
-
-std::vector<std::string> keys(const json& object) {
-  std::vector<std::string> names;
-  for (const auto& [name, value] : object.items()) names.push_back(name);
-  return names;
 }
 
 // Members come in the order OpenAI writes them, so that a response reads as OpenAI's does.

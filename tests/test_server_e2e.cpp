@@ -304,6 +304,50 @@ TEST_F(ServerE2E, ChatStreamingAndWholeAnswersAreIdentical) {
   }
 }
 
+// vLLM's continuous_usage_stats: each chunk carries its choice's usage so far, the role chunks
+// none of its tokens, each token's chunk one more, the finishing chunk the choice's count (with
+// an end of sequence that has no chunk); the last chunk is the call's usage, as without it.
+TEST_F(ServerE2E, ContinuousUsageStatsCountEachChoicesTokensChunkByChunk) {
+  const json body = with(chat_body("Tell me a story.", 12), "n", 2);
+  const Reply whole = post(port(), "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  json streamed = body;
+  streamed["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  const Stream stream = post_stream(port(), "/v1/chat/completions", streamed);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  ASSERT_TRUE(stream.done);
+  ASSERT_GE(stream.events.size(), 5u);
+  const json& last = stream.events.back();
+  EXPECT_EQ(last["choices"], json::array());
+  EXPECT_EQ(last["usage"]["prompt_tokens"], whole.body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(last["usage"]["completion_tokens"], whole.body["usage"]["completion_tokens"]);
+  const int prompt_tokens = last["usage"]["prompt_tokens"];
+  std::map<int, int> shown;  // by choice, its token chunks so far
+  int finished_tokens = 0;
+  for (size_t i = 0; i + 1 < stream.events.size(); ++i) {
+    SCOPED_TRACE(stream.events[i].dump());
+    const json& choice = stream.events[i]["choices"].at(0);
+    const json& usage = stream.events[i].at("usage");
+    const int completion_tokens = usage["completion_tokens"];
+    EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+    EXPECT_EQ(usage["total_tokens"], prompt_tokens + completion_tokens);
+    int& so_far = shown[choice["index"].get<int>()];
+    if (choice["delta"].contains("role")) {
+      EXPECT_EQ(completion_tokens, 0);
+    } else if (choice["finish_reason"].is_null()) {
+      EXPECT_EQ(completion_tokens, ++so_far);
+    } else {
+      EXPECT_GE(completion_tokens, so_far);
+      EXPECT_LE(completion_tokens, so_far + 1);
+      finished_tokens += completion_tokens;
+    }
+  }
+  EXPECT_EQ(finished_tokens, last["usage"]["completion_tokens"]);
+  // Once every choice has counted the prompt, its cached tokens are the last chunk's.
+  EXPECT_EQ(stream.events[stream.events.size() - 2]["usage"]["prompt_tokens_details"],
+            last["usage"]["prompt_tokens_details"]);
+}
+
 // Choice i of a seeded call with n choices draws with seed + i: a one-choice call with that seed
 // is its reference, whole or streamed.
 TEST_F(ServerE2E, NChoicesAreSampledApartAndEachStreamsUnderItsIndex) {
