@@ -68,7 +68,7 @@ class Metrics {
   Counter requests_failed;    // ended with an error (refused, cancelled, shutdown)
   Counter prompt_tokens;
   Counter prefix_cache_hit_tokens;  // prompt tokens whose keys and values came from the cache
-  Counter generated_tokens;
+  Counter generated_tokens;  // as usage counts them: none sampled after a stop string matched
   Counter prefill_batches;
   Histogram prefill_batch_size;   // prompts (whole or a chunk) per prefill batch
   Counter prefill_decode_tokens;  // decoding sequences' tokens computed beside prompt chunks

@@ -48,6 +48,8 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   TextState& state = *seq->text;
   if (state.done) return;  // tokens sampled after a stop string matched
   ++state.completion_tokens;
+  // Counted here rather than where sampled, so that the metric counts what usage does.
+  ctx_.metrics.generated_tokens.add();
   const int32_t id = token.sampled.token;
   std::optional<FinishReason> finish = token.finish;
 

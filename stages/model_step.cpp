@@ -173,7 +173,6 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     if (index == 0) scores = std::move(seq.prompt_scores);
     result.outputs.push_back({seqs[i], index, std::move(sampled[i]), finish, std::move(scores)});
   }
-  ctx.metrics.generated_tokens.add(result.outputs.size());
   result.seconds = seconds_since(start, Clock::now());
   return result;
 }

@@ -2,13 +2,16 @@
 // a 500 naming the cause, and the decoding sequences that rode along a prefill pass are handed
 // back untouched, to decode again in the next pass, instead of failing with the prompt; when the
 // runner fails for good, every sequence of the pass fails and the engine is told. A prompt
-// to score gets each token's score from the row before it, once.
+// to score gets each token's score from the row before it, once. A token sampled after a stop
+// string ended the text counts nowhere: neither in the usage nor among the metrics' generated
+// tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <stdexcept>
 
 #include "graph/engine_context.h"
+#include "stages/detokenize.h"
 #include "stages/model_step.h"
 #include "tests/support/collecting_sink.h"
 #include "tests/support/shared_data.h"
@@ -194,6 +197,46 @@ TEST(ModelStep, AScoredPromptScoresEachTokenOnceFromTheRowBeforeIt) {
     EXPECT_EQ(out.prompt_scores[i].top[0].token, int32_t(i + 1));
   }
   EXPECT_TRUE(seq->prompt_scores.empty()) << "the scores went out with the first token";
+}
+
+// The scheduler may run a sequence once more before detokenize has found that a stop string
+// ended it: the token of that pass is dropped, and as usage does not count it, the generated
+// tokens metric does not either.
+TEST(ModelStep, ATokenSampledAfterAStopStringIsNotCountedAsGenerated) {
+  StepFixture<PositionRunner> f;
+  DetokenizeStage detokenize(f.context);
+  constexpr int32_t kStopToken = 300;  // what the row of the prompt's last position samples
+  std::vector<int32_t> prompt(size_t(kStopToken), 300);
+  prompt.front() = 1;
+  std::vector<int32_t> stopped = prompt;
+  stopped.push_back(kStopToken);
+  const std::string stop = f.tokenizer.decode(stopped).substr(f.tokenizer.decode(prompt).size());
+  ASSERT_FALSE(stop.empty());
+  std::vector<SequencePtr> seqs;
+  Batch batch;
+  const auto seq = f.add(prompt, kStopToken - 1, seqs, batch);
+  seq->request->sampling.temperature = 0.0f;
+  seq->prompt_len = kStopToken;
+  seq->max_tokens = 8;
+  seq->sampler = std::make_unique<Sampler>(seq->request->sampling, 1);
+  seq->text =
+      std::make_unique<TextState>(f.tokenizer, seq->tokens, std::vector<std::string>{stop}, false);
+  std::vector<StreamEvent> events;
+  const auto collect = [&](Message message) {
+    for (StreamEvent& event : std::get<StreamEvents>(message).events)
+      events.push_back(std::move(event));
+  };
+  Logits logits;
+  detokenize(run_model_step(f.context, seqs, batch, /*prefill=*/false, logits), collect);
+  ASSERT_TRUE(seq->stopped.load());
+  Batch again;  // as the scheduler ran it before it saw the stop
+  again.seqs.push_back({{kStopToken}, kStopToken, {0}, false});
+  detokenize(run_model_step(f.context, seqs, again, /*prefill=*/false, logits), collect);
+  ASSERT_FALSE(events.empty());
+  const auto* completion = std::get_if<Completion>(&events.back().payload);
+  ASSERT_NE(completion, nullptr);
+  EXPECT_EQ(completion->completion_tokens, 1);
+  EXPECT_EQ(f.metrics.generated_tokens.value(), 1u);
 }
 
 }  // namespace
