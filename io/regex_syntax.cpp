@@ -369,7 +369,7 @@ class Parser {
     uint32_t code = 0;
     for (int i = 0; i < digits; ++i, ++at_) {
       if (ends() || !std::isxdigit(uint8_t(pattern_[at_])))
-        fail_at(start, "\\" + std::string(1, pattern_[start + 1]) + " needs " +
+        fail_at(start, std::string(pattern_.substr(start, 2)) + " needs " +
                            std::to_string(digits) + " hexadecimal digits");
       const char h = char(std::tolower(uint8_t(pattern_[at_])));
       code = code * 16 + uint32_t(h <= '9' ? h - '0' : h - 'a' + 10);
