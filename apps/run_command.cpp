@@ -89,23 +89,23 @@ int run_command(int argc, char** argv) {
   // no thread left to start (its connection threads grow to its limit under load).
   std::mutex stop_mutex;
   std::condition_variable stop_changed;
-  bool stop_asked = false, runner_failed = false, serve_returned = false;  // under stop_mutex
+  bool stop_asked = false, engine_failed = false, serve_returned = false;  // under stop_mutex
   std::thread shutting_down([&] {
     std::unique_lock lock(stop_mutex);
-    stop_changed.wait(lock, [&] { return stop_asked || runner_failed || serve_returned; });
-    if (!stop_asked && !runner_failed) return;
-    // After a runner failure nothing is left to finish: the engine failed every request.
-    const std::chrono::seconds grace(runner_failed ? 0 : config.server.shutdown_grace_s);
+    stop_changed.wait(lock, [&] { return stop_asked || engine_failed || serve_returned; });
+    if (!stop_asked && !engine_failed) return;
+    // After an engine failure nothing is left to finish: the engine failed every request.
+    const std::chrono::seconds grace(engine_failed ? 0 : config.server.shutdown_grace_s);
     lock.unlock();
     server.shutdown(grace);
   });
-  // A device that failed for good cannot be recovered in this process: stop, so that a
-  // supervisor starts a fresh one, rather than answer 503 from here on.
-  engine.on_runner_failure([&](const std::string& why) {
-    std::fprintf(stderr, "pipeline run: the model runner failed (%s); stopping\n", why.c_str());
+  // A device (or scheduler) that failed for good cannot be recovered in this process: stop, so
+  // that a supervisor starts a fresh one, rather than answer 503 from here on.
+  engine.on_failure([&](const std::string& why) {
+    std::fprintf(stderr, "pipeline run: %s; stopping\n", why.c_str());
     {
       std::lock_guard lock(stop_mutex);
-      runner_failed = true;
+      engine_failed = true;
     }
     stop_changed.notify_one();
   });
@@ -137,9 +137,9 @@ int run_command(int argc, char** argv) {
   }
   stop_changed.notify_one();
   shutting_down.join();
-  if (const auto why = engine.runner_failure()) {
+  if (const auto why = engine.failure()) {
     engine.shutdown(std::chrono::seconds(0));
-    std::fprintf(stderr, "pipeline run: stopped: the model runner failed: %s\n", why->c_str());
+    std::fprintf(stderr, "pipeline run: stopped: %s\n", why->c_str());
     return 1;
   }
   if (!asked_to_stop || !signalled.load()) {

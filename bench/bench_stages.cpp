@@ -240,7 +240,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
   EngineContext own{
       shared.config,        shared.model,        shared.tokenizer, shared.guided_vocabulary,
       shared.chat_template, shared.runner,       scheduler,        shared.metrics,
-      shared.seed_base,     shared.runner_failed};
+      shared.seed_base,     shared.engine_failed};
   auto stage = b->make("batch_window", &own);
   // What the scheduler's thread emits, handed to this one.
   moodycamel::BlockingConcurrentQueue<Message> emitted;

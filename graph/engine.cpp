@@ -51,7 +51,7 @@ struct Engine::Impl {
   bool accepting = true;
   bool grace_ended = false;
   uint64_t next_number = 0;
-  std::optional<std::string> runner_failure;
+  std::optional<std::string> failure;
   std::function<void(const std::string&)> failure_listener;
 
   std::mutex shutdown_mutex;
@@ -75,7 +75,8 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
   options.threads = config.threads;
   runner = make ? make(weights, options) : make_runner(config.device, weights, options);
   const auto& kv = runner->kv_shape();
-  scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics);
+  scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics,
+                                          [this](const std::string& why) { fail_for_good(why); });
   guided_vocabulary = std::make_unique<GuidedVocabulary>(tokenizer, runner->config());
   context = std::make_unique<EngineContext>(EngineContext{
       config, runner->config(), tokenizer, *guided_vocabulary,
@@ -119,16 +120,16 @@ void Engine::Impl::fail_for_good(const std::string& why) {
   std::function<void(const std::string&)> listener;
   {
     std::lock_guard lock(live_mutex);
-    if (runner_failure) return;
-    runner_failure = why;
+    if (failure) return;
+    failure = why;
     accepting = false;
     for (auto& [number, weak] : live)
       if (auto seq = weak.lock()) remaining.push_back(std::move(seq));
     listener = failure_listener;
   }
-  log_line("engine: the model runner failed for good (%s): failing the %zu requests in flight",
-           why.c_str(), remaining.size());
-  for (const auto& seq : remaining) seq->stream.fail(runner_failed_error(why));
+  log_line("engine: failed for good (%s): failing the %zu requests in flight", why.c_str(),
+           remaining.size());
+  for (const auto& seq : remaining) seq->stream.fail(engine_failed_error(why));
   if (listener) listener(why);
 }
 
@@ -152,7 +153,7 @@ SubmitStatus Engine::submit(std::span<const std::shared_ptr<Request>> requests) 
   std::vector<SequencePtr> seqs;
   {
     std::lock_guard lock(m.live_mutex);
-    if (m.runner_failure) return SubmitStatus::RunnerFailed;
+    if (m.failure) return SubmitStatus::EngineFailed;
     if (!m.accepting) return SubmitStatus::ShuttingDown;
     if (m.metrics.waiting_sequences.add(count) > m.config.server.max_queue) {
       m.metrics.waiting_sequences.add(-count);
@@ -218,17 +219,17 @@ void Engine::end_grace() {
   impl_->live_changed.notify_all();
 }
 
-std::optional<std::string> Engine::runner_failure() const {
+std::optional<std::string> Engine::failure() const {
   std::lock_guard lock(impl_->live_mutex);
-  return impl_->runner_failure;
+  return impl_->failure;
 }
 
-void Engine::on_runner_failure(std::function<void(const std::string& why)> listener) {
+void Engine::on_failure(std::function<void(const std::string& why)> listener) {
   std::optional<std::string> failed;
   {
     std::lock_guard lock(impl_->live_mutex);
     impl_->failure_listener = listener;
-    failed = impl_->runner_failure;
+    failed = impl_->failure;
   }
   if (failed && listener) listener(*failed);
 }

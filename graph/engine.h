@@ -21,7 +21,7 @@
 
 namespace pipeline {
 
-enum class SubmitStatus { Accepted, QueueFull, ShuttingDown, RunnerFailed };
+enum class SubmitStatus { Accepted, QueueFull, ShuttingDown, EngineFailed };
 
 // Makes the engine's ModelRunner from the loaded weights.
 using RunnerMaker = std::function<std::unique_ptr<ModelRunner>(
@@ -35,7 +35,7 @@ class Engine {
   ~Engine();  // shuts down with the configured grace
 
   // Never blocks. QueueFull: the waiting queue would hold more than server.max_queue requests
-  // (answer 503). RunnerFailed: see runner_failure().
+  // (answer 503). EngineFailed: see failure().
   SubmitStatus submit(std::shared_ptr<Request> request);
   // Several requests that answer together (the choices of one API call): all are accepted or
   // none is, so a full queue never leaves some of them running.
@@ -53,13 +53,14 @@ class Engine {
   // Callable from any thread, before or during shutdown().
   void end_grace();
 
-  // Why the model runner failed for good (it threw RunnerFailure), once it has. Every request
-  // in flight then failed with runner_failed_error, and submit() answers RunnerFailed: the
-  // process is meant to exit, for a supervisor to start a fresh one.
-  std::optional<std::string> runner_failure() const;
-  // Calls `listener` with the reason when the runner fails for good, once, from the pipeline
+  // Why the engine failed for good, once it has: its model runner threw RunnerFailure ("the
+  // model runner failed: ...") or its scheduler thread threw ("the scheduler failed: ...").
+  // Every request in flight then failed with engine_failed_error, and submit() answers
+  // EngineFailed: the process is meant to exit, for a supervisor to start a fresh one.
+  std::optional<std::string> failure() const;
+  // Calls `listener` with the reason when the engine fails for good, once, from the pipeline
   // thread that saw it (at once if it already has). One listener; a later call replaces it.
-  void on_runner_failure(std::function<void(const std::string& why)> listener);
+  void on_failure(std::function<void(const std::string& why)> listener);
 
   // Prometheus text exposition of every metric.
   std::string metrics_text() const;

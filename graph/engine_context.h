@@ -27,9 +27,9 @@ struct EngineContext {
   Scheduler& scheduler;
   Metrics& metrics;
   uint64_t seed_base;  // requests without a seed draw from seed_base + their number
-  // Called once the runner threw RunnerFailure, with its message: the engine fails every
-  // request and takes no more.
-  std::function<void(const std::string& why)> runner_failed;
+  // Called once the engine can run nothing more (the runner threw RunnerFailure), with why:
+  // the engine fails every request and takes no more.
+  std::function<void(const std::string& why)> engine_failed;
 };
 
 }  // namespace pipeline

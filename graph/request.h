@@ -73,10 +73,10 @@ struct RequestError {
   std::string code;   // empty: null
 };
 
-// What each request gets once the model runner has failed for good (RunnerFailure): a 503, as
-// for a shutdown, since the server stops and a restarted one can answer it.
-inline RequestError runner_failed_error(const std::string& why) {
-  return {503, "the model runner failed: " + why, "server_error", "", "runner_failed"};
+// What each request gets once the engine has failed for good (Engine::failure(), `why`): a 503,
+// as for a shutdown, since the server stops and a restarted one can answer it.
+inline RequestError engine_failed_error(const std::string& why) {
+  return {503, why, "server_error", "", "engine_failed"};
 }
 
 // Receives a request's results in order: any number of deltas, then exactly one of

@@ -16,12 +16,13 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_size,
-                     Metrics& metrics)
+                     Metrics& metrics, FailureListener on_failure)
     : limits_{std::chrono::milliseconds(config.window_ms), config.max_batch, config.max_num_seqs,
               block_size, config.max_prefill_tokens},
       prefix_caching_(config.enable_prefix_caching),
       num_blocks_(num_blocks),
       metrics_(metrics),
+      on_failure_(std::move(on_failure)),
       blocks_(num_blocks),
       thread_([this] { run(); }) {
   metrics_.kv_blocks_total.set(num_blocks);
@@ -51,6 +52,24 @@ void Scheduler::stop() {
 }
 
 void Scheduler::run() {
+  try {
+    loop();
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+}
+
+void Scheduler::fail(const std::string& what) {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;  // later posts are ignored
+  }
+  const std::string why = "the scheduler failed: " + what;
+  log_line("%s", why.c_str());
+  if (on_failure_) on_failure_(why);
+}
+
+void Scheduler::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
     auto ready = [&] { return stopping_ || !inbox_.empty(); };

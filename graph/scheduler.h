@@ -7,10 +7,12 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,8 +32,15 @@ class Scheduler {
   // chunks of at most this many tokens, whatever max_prefill_tokens allows.
   static constexpr int kMaxScoredRows = 512;
 
-  // `num_blocks` and `block_size`: the runner's KV pool.
-  Scheduler(const SchedulerSection& config, int num_blocks, int block_size, Metrics& metrics);
+  // Told why, from the scheduler thread, when the thread threw: an exception there (a
+  // bad_alloc, a broken invariant) leaves the queue and the KV pool in no state to go on from.
+  using FailureListener = std::function<void(const std::string& why)>;
+
+  // `num_blocks` and `block_size`: the runner's KV pool. After `on_failure` the thread has
+  // ended and later posts are ignored; the sequences it held are left to their owner (the engine
+  // fails every request in flight).
+  Scheduler(const SchedulerSection& config, int num_blocks, int block_size, Metrics& metrics,
+            FailureListener on_failure = {});
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -48,6 +57,8 @@ class Scheduler {
 
  private:
   void run();
+  void loop();
+  void fail(const std::string& what);
   void apply(Message& message);
   void apply_step(StepResult& result);
   void drop_ended();
@@ -87,6 +98,7 @@ class Scheduler {
   bool prefix_caching_;
   int num_blocks_;
   Metrics& metrics_;
+  FailureListener on_failure_;
 
   std::mutex mutex_;  // guards the inbox, emit_ and stopping_
   std::condition_variable wake_;

@@ -186,14 +186,14 @@ void BatchRunner::submit_and_write(const std::vector<BatchInput>& todo,
   auto next_report = Clock::now() + period;
   while (progress.written < todo.size() && !stop.load()) {
     // The run stops: its lines in flight failed, unwritten, for a rerun to do.
-    if (const auto why = engine_.runner_failure())
-      throw std::runtime_error("the model runner failed: " + *why +
+    if (const auto why = engine_.failure())
+      throw std::runtime_error(*why +
                                "; run the same command again for the lines left without results");
     while (next < todo.size() && progress.in_flight < max_in_flight && !stop.load()) {
       if (!submit(todo[next], results, progress)) {
         // The engine's queue is full: wait for a request to finish. With none in flight it
-        // never will, so the engine will not take any. (A runner failure ends the run above.)
-        if (progress.in_flight == 0 && !engine_.runner_failure())
+        // never will, so the engine will not take any. (An engine failure ends the run above.)
+        if (progress.in_flight == 0 && !engine_.failure())
           throw std::runtime_error("the engine refuses requests (queue full or shutting down)");
         break;
       }

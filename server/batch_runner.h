@@ -40,8 +40,9 @@ class BatchRunner {
   // When `stop` turns true nothing more is submitted; the engine shuts down with its grace
   // (server.shutdown_grace_s), the requests that finished are written and those it cut short
   // are not, so a rerun does them. Throws std::runtime_error when the output cannot be written,
-  // once the engine has failed every request still in flight, and when the model runner fails
-  // for good (Engine::runner_failure), leaving the lines it failed unwritten.
+  // once the engine has failed every request still in flight, and when the engine fails for
+  // good (Engine::failure: its model runner or scheduler), leaving the lines it failed
+  // unwritten.
   BatchProgress run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
                     std::chrono::milliseconds period, const Report& report);
 

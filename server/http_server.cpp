@@ -465,8 +465,8 @@ struct HttpServer::Impl {
                                      "invalid_request_error", "model_not_found"));
                }));
     server.Get("/health", answered([this](const httplib::Request&, httplib::Response& res) {
-                 if (const auto why = engine.runner_failure())
-                   return reply_json(res, 503, {{"status", "runner_failed"}, {"error", *why}});
+                 if (const auto why = engine.failure())
+                   return reply_json(res, 503, {{"status", "engine_failed"}, {"error", *why}});
                  if (stopping.load()) return reply_json(res, 503, {{"status", "shutting_down"}});
                  reply_json(res, 200, {{"status", "ok"}});
                }));
@@ -586,8 +586,8 @@ struct HttpServer::Impl {
                                            "server_error", "queue_full"));
       case SubmitStatus::ShuttingDown:
         return reply_error(res, shutting_down_error());
-      case SubmitStatus::RunnerFailed:
-        return reply_error(res, runner_failed_error(engine.runner_failure().value_or("")));
+      case SubmitStatus::EngineFailed:
+        return reply_error(res, engine_failed_error(engine.failure().value_or("")));
     }
     auto choices = std::make_shared<CallChoices>(engine, std::move(requests));
     ResponseBuilder builder(parsed, served.name,

@@ -4,9 +4,9 @@
 // (vLLM's), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics. Every error body is
 // OpenAI's {"error": {...}}: 404 for an unknown route, 405 for a known route with the wrong method,
 // 400 for a malformed or invalid request, 503 when the engine's queue is full, it is shutting
-// down, or its model runner failed for good (/health then says so too). When server.api_key is set
-// every route but GET /health (left open for load balancers' probes) needs `Authorization: Bearer
-// KEY` (401 otherwise).
+// down, or the engine failed for good (its model runner or scheduler; /health then says so too).
+// When server.api_key is set every route but GET /health (left open for load balancers' probes)
+// needs `Authorization: Bearer KEY` (401 otherwise).
 #pragma once
 
 #include <chrono>

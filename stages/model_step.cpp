@@ -112,9 +112,10 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   } catch (const RunnerFailure& e) {
     log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
              e.what());
-    for (const SequencePtr& seq : seqs) seq->stream.fail(runner_failed_error(e.what()));
+    const std::string why = std::string("the model runner failed: ") + e.what();
+    for (const SequencePtr& seq : seqs) seq->stream.fail(engine_failed_error(why));
     result.failed = seqs;
-    ctx.runner_failed(e.what());
+    ctx.engine_failed(why);
     return result;
   } catch (const std::exception& e) {
     log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());

@@ -1,9 +1,9 @@
 // The work prefill and decode_step share: one forward pass over a batch, then each sequence
 // whose chunk reaches its last token samples its next token with its own Sampler and is marked
 // finished on an end-of-sequence id (unless ignore_eos), a stop_token_ids id, or at max_tokens
-// (tokenize capped it to the context and the KV pool). A chunk that stops short of that is part of a prompt still being
-// prefilled: its logits row is not sampled. A prompt to score (Request::prompt_logprobs) has a
-// row per token, and each scores the prompt token after it.
+// (tokenize capped it to the context and the KV pool). A chunk that stops short of that is part of
+// a prompt still being prefilled: its logits row is not sampled. A prompt to score
+// (Request::prompt_logprobs) has a row per token, and each scores the prompt token after it.
 #pragma once
 
 #include <vector>
@@ -16,7 +16,7 @@ namespace pipeline {
 // A forward pass that throws fails its sequences (500) and lists them in StepResult::failed,
 // except the last `riders`, decoding sequences that rode along a prefill pass: those go to
 // StepResult::retry untouched. One that throws RunnerFailure fails them all, riders too, and
-// calls ctx.runner_failed.
+// calls ctx.engine_failed.
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
                           const Batch& batch, bool prefill, Logits& logits, int riders = 0);
 

@@ -76,7 +76,7 @@ struct StepFixture {
   Scheduler scheduler{config.scheduler, runner.kv_shape().num_blocks, runner.kv_shape().block_size,
                       metrics};
   GuidedVocabulary guided_vocabulary{tokenizer, runner.config()};
-  std::vector<std::string> runner_failures;  // what the context's runner_failed heard
+  std::vector<std::string> runner_failures;  // what the context's engine_failed heard
   EngineContext context{config,
                         runner.config(),
                         tokenizer,
@@ -157,9 +157,9 @@ TEST(ModelStep, ARunnerFailureFailsEverySequenceRidersTooAndIsReported) {
   for (const auto& seq : seqs) {
     ASSERT_TRUE(sink_of(seq).error().has_value()) << seq->request->id;
     EXPECT_EQ(sink_of(seq).error()->http_status, 503);
-    EXPECT_EQ(sink_of(seq).error()->code, "runner_failed");
+    EXPECT_EQ(sink_of(seq).error()->code, "engine_failed");
   }
-  EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"device lost"}));
+  EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"the model runner failed: device lost"}));
 }
 
 // A prompt preempted during its prefill after two of its tokens were scored computes its prompt

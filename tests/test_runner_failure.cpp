@@ -85,7 +85,7 @@ CollectingSink& sink_of(const std::shared_ptr<Request>& request) {
   return static_cast<CollectingSink&>(*request->sink);
 }
 
-// What an Engine::on_runner_failure listener heard. The engine calls it after failing the
+// What an Engine::on_failure listener heard. The engine calls it after failing the
 // requests, so a test that saw them fail waits for it.
 class FailureListener {
  public:
@@ -109,7 +109,7 @@ class FailureListener {
 TEST(RunnerFailure, FailsEveryRequestInFlightAndRefusesNewOnes) {
   Engine engine(make_config(), failing_at(4));
   FailureListener listener;
-  engine.on_runner_failure([&](const std::string& why) { listener(why); });
+  engine.on_failure([&](const std::string& why) { listener(why); });
   // The one admitted first (tokenize may pass them on in either order) decodes through passes
   // 2 and 3 and fails in pass 4; the other waits its turn.
   const auto a = make_request(100), b = make_request(100);
@@ -120,15 +120,15 @@ TEST(RunnerFailure, FailsEveryRequestInFlightAndRefusesNewOnes) {
     const auto& error = sink_of(request).error();
     ASSERT_TRUE(error.has_value()) << request->id << " finished";
     EXPECT_EQ(error->http_status, 503);
-    EXPECT_EQ(error->code, "runner_failed");
+    EXPECT_EQ(error->code, "engine_failed");
     EXPECT_EQ(error->message, "the model runner failed: device lost");
   }
-  EXPECT_EQ(listener.wait(), std::vector<std::string>{"device lost"});
-  EXPECT_EQ(engine.runner_failure(), "device lost");
-  EXPECT_EQ(engine.submit(make_request(4)), SubmitStatus::RunnerFailed);
+  EXPECT_EQ(listener.wait(), std::vector<std::string>{"the model runner failed: device lost"});
+  EXPECT_EQ(engine.failure(), "the model runner failed: device lost");
+  EXPECT_EQ(engine.submit(make_request(4)), SubmitStatus::EngineFailed);
   // A listener that comes late hears of it at once.
   bool late = false;
-  engine.on_runner_failure([&](const std::string&) { late = true; });
+  engine.on_failure([&](const std::string&) { late = true; });
   EXPECT_TRUE(late);
   engine.shutdown(std::chrono::seconds(5));
 }
@@ -150,14 +150,14 @@ TEST(RunnerFailure, TheHttpServerAnswers503AndHealthSaysWhy) {
     ASSERT_TRUE(answer) << when;
     EXPECT_EQ(answer->status, 503) << when;
     const json error = json::parse(answer->body).at("error");
-    EXPECT_EQ(error.at("code"), "runner_failed") << when;
+    EXPECT_EQ(error.at("code"), "engine_failed") << when;
     EXPECT_EQ(error.at("message"), "the model runner failed: device lost") << when;
   }
   const auto failed_health = client.Get("/health");
   ASSERT_TRUE(failed_health);
   EXPECT_EQ(failed_health->status, 503);
   EXPECT_EQ(json::parse(failed_health->body),
-            json({{"status", "runner_failed"}, {"error", "device lost"}}));
+            json({{"status", "engine_failed"}, {"error", "the model runner failed: device lost"}}));
   server.shutdown(std::chrono::seconds(0));
   serving.join();
 }

@@ -7,7 +7,9 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <variant>
+#include <vector>
 
 #include "graph/scheduler.h"
 #include "tests/support/collecting_sink.h"
@@ -24,13 +26,14 @@ class SchedulerTest : public ::testing::Test {
 
   // A scheduler with no batch window and a pool of kBlocks blocks.
   void start(int max_prefill_tokens = 2048, bool prefix_caching = true, int max_batch = 16,
-             int window_ms = 0) {
+             int window_ms = 0, Scheduler::FailureListener on_failure = {}) {
     SchedulerSection config;
     config.window_ms = window_ms;
     config.max_batch = max_batch;
     config.max_prefill_tokens = max_prefill_tokens;
     config.enable_prefix_caching = prefix_caching;
-    scheduler_ = std::make_unique<Scheduler>(config, kBlocks, kBlockSize, metrics_);
+    scheduler_ =
+        std::make_unique<Scheduler>(config, kBlocks, kBlockSize, metrics_, std::move(on_failure));
   }
 
   void TearDown() override { scheduler_.reset(); }  // its thread ends before the queue below
@@ -49,6 +52,12 @@ class SchedulerTest : public ::testing::Test {
     seq->max_tokens = 100;
     scheduler_->post(Tokenized{seq}, emit_);
     return seq;
+  }
+
+  // Whether a batch arrives within `wait`.
+  bool batch_within(std::chrono::milliseconds wait) {
+    std::unique_lock lock(mutex_);
+    return batch_ready_.wait_for(lock, wait, [&] { return !batches_.empty(); });
   }
 
   // The next batch the scheduler hands out; fails the test after 5 s without one.
@@ -102,6 +111,36 @@ class SchedulerTest : public ::testing::Test {
   };
   std::unique_ptr<Scheduler> scheduler_;
 };
+
+// An exception on the scheduler thread (here a broken invariant: a step result whose sequence
+// holds a block that is free) ends the thread and is reported once, with why; the scheduler
+// takes nothing more, where before it ended the process.
+TEST_F(SchedulerTest, AnExceptionOnItsThreadIsReportedAndEndsTheScheduler) {
+  std::mutex mutex;
+  std::condition_variable reported;
+  std::vector<std::string> failures;
+  start(2048, true, 16, 0, [&](const std::string& why) {
+    std::lock_guard lock(mutex);
+    failures.push_back(why);
+    reported.notify_one();
+  });
+  const SequencePtr broken = submit(5);
+  std::get<PrefillBatch>(next_batch());
+  StepResult result;
+  result.prefill = true;
+  broken->block_table = {kBlocks - 1};  // never handed out
+  result.failed = {broken};
+  post(std::move(result));
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(reported.wait_for(lock, 5s, [&] { return !failures.empty(); }));
+    ASSERT_EQ(failures.size(), 1u);
+    EXPECT_EQ(failures[0].rfind("the scheduler failed: BlockManager::release: block 63", 0), 0u)
+        << failures[0];
+  }
+  submit(3);
+  EXPECT_FALSE(batch_within(300ms));
+}
 
 TEST_F(SchedulerTest, ARiderOfAFailedPrefillPassDecodesTheSamePositionAgain) {
   start();

@@ -1,12 +1,14 @@
 // A stage that throws (out of memory, say) ends the sequences its message carries with a 500
 // naming the node, instead of leaving them unanswered: their places in the queue are free again,
 // a forward pass that threw still reports its step so the scheduler goes on, and the engine
-// keeps serving. The stages that throw here wrap the real ones, in graphs of the usual shape.
+// keeps serving. The scheduler's own thread throwing fails the engine for good. The stages that
+// throw here wrap the real ones, in graphs of the usual shape.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 #include "graph/engine.h"
 #include "graph/stage_registry.h"
@@ -48,7 +50,32 @@ void add_throwing_stage(const std::string& name, const std::string& inner,
   StageRegistry::global().add(std::move(info));
 }
 
-// tokenize_boom throws on a request whose prompt is "boom"; decode_boom on its first call.
+// decode_step, except that before its first pass it hands the scheduler a step result that
+// releases a block outside the KV pool: a broken invariant on the scheduler's own thread.
+class SchedulerBreakingStage final : public Stage {
+ public:
+  explicit SchedulerBreakingStage(std::unique_ptr<Stage> inner) : inner_(std::move(inner)) {}
+  void operator()(Message message, const Emit& emit) override {
+    if (!broke_.exchange(true)) {
+      auto request = std::make_shared<Request>();
+      request->sink = std::make_shared<CollectingSink>();
+      auto stray = std::make_shared<Sequence>(request, 1u << 30,
+                                              [](Sequence&, const ResponseStream::Payload&) {});
+      stray->block_table = {1 << 30};
+      StepResult result;
+      result.failed = {stray};
+      emit(std::move(result));
+    }
+    (*inner_)(std::move(message), emit);
+  }
+
+ private:
+  std::unique_ptr<Stage> inner_;
+  std::atomic<bool> broke_{false};
+};
+
+// tokenize_boom throws on a request whose prompt is "boom"; decode_boom on its first call;
+// decode_breaks_scheduler is SchedulerBreakingStage.
 void add_stages_once() {
   static const bool added = [] {
     add_throwing_stage("tokenize_boom", "tokenize", [](const Message& message, int) {
@@ -56,6 +83,13 @@ void add_stages_once() {
     });
     add_throwing_stage("decode_boom", "decode_step",
                        [](const Message&, int call) { return call == 0; });
+    StageInfo info = *StageRegistry::global().find("decode_step");
+    info.name = "decode_breaks_scheduler";
+    info.make = [](const GraphNodeSpec& spec, EngineContext& ctx) {
+      return std::make_unique<SchedulerBreakingStage>(
+          StageRegistry::global().find("decode_step")->make(spec, ctx));
+    };
+    StageRegistry::global().add(std::move(info));
     return true;
   }();
   (void)added;
@@ -144,6 +178,34 @@ TEST(StageFailure, ADecodeStepThatThrewFailsItsSequencesAndTheSchedulerGoesOn) {
   const auto next = make_request("Lily had a red ball");
   ASSERT_EQ(engine.submit(next), SubmitStatus::Accepted);
   expect_completes(next);
+}
+
+// An exception on the scheduler's thread leaves its queue and KV pool in no state to go on
+// from: the engine fails for good, as when the runner does, instead of the process ending.
+TEST(StageFailure, ASchedulerThatThrewFailsTheEngineForGood) {
+  Engine engine(make_config("tokenize", "decode_breaks_scheduler"));
+  std::atomic<int> heard{0};
+  engine.on_failure([&](const std::string&) { ++heard; });
+  const auto request = make_request("Once upon a time");
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait()) << "the request was left unanswered";
+  const auto& error = sink_of(request).error();
+  ASSERT_TRUE(error.has_value()) << "the request finished";
+  EXPECT_EQ(error->http_status, 503);
+  EXPECT_EQ(error->code, "engine_failed");
+  const std::string why =
+      "the scheduler failed: BlockManager::release: block 1073741824 is outside the pool";
+  EXPECT_EQ(error->message.rfind(why, 0), 0u) << error->message;
+  ASSERT_TRUE(engine.failure().has_value());
+  EXPECT_EQ(engine.failure()->rfind(why, 0), 0u) << *engine.failure();
+  // The engine tells its listener after failing the requests.
+  for (int wait = 0; wait < 5000 && heard.load() == 0; ++wait)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(heard.load(), 1);
+  EXPECT_EQ(engine.submit(make_request("Lily")), SubmitStatus::EngineFailed);
+  const auto before = std::chrono::steady_clock::now();
+  engine.shutdown(std::chrono::seconds(30));
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(5));
 }
 
 }  // namespace
