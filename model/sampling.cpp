@@ -134,6 +134,8 @@ std::string validate(const SamplingParams& p) {
     if (!(b.bias >= -100.0f && b.bias <= 100.0f))
       return out_of_range("logit_bias", "between -100 and 100", b.bias);
   }
+  for (int32_t token : p.allowed_tokens)
+    if (token < 0) return out_of_range("allowed_token_ids", "token ids of 0 or more", token);
   if (p.min_tokens < 0) return out_of_range("min_tokens", "0 or more", p.min_tokens);
   for (int32_t token : p.ending_tokens)
     if (token < 0) return out_of_range("stop_token_ids", "token ids of 0 or more", token);
@@ -193,7 +195,8 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
 
 int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> history,
                         float max_logit) {
-  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty() && !bans_ending())
+  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty() &&
+      params_.allowed_tokens.empty() && !bans_ending())
     return first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
   adjust(logits, history);
   return params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
@@ -212,7 +215,24 @@ void Sampler::adjust(std::span<const float> logits, std::span<const int32_t> his
   scratch_.assign(logits.begin(), logits.end());
   apply_penalties(history);
   apply_logit_bias();
+  if (!params_.allowed_tokens.empty()) keep_allowed();
   if (bans_ending()) ban_ending();
+}
+
+// Every logit -inf but the allowed tokens', which keep theirs: a pass over the vocabulary and
+// one over the list, whatever its length.
+void Sampler::keep_allowed() {
+  allowed_logits_.clear();
+  for (int32_t token : params_.allowed_tokens) {
+    if (size_t(token) >= scratch_.size())
+      throw std::invalid_argument("Sampler::sample: allowed token " + std::to_string(token) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(scratch_.size()));
+    allowed_logits_.push_back(scratch_[size_t(token)]);
+  }
+  std::fill(scratch_.begin(), scratch_.end(), -INFINITY);
+  for (size_t i = 0; i < params_.allowed_tokens.size(); ++i)
+    scratch_[size_t(params_.allowed_tokens[i])] = allowed_logits_[i];
 }
 
 void Sampler::ban_ending() {

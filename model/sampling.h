@@ -33,6 +33,9 @@ struct SamplingParams {
   bool logprobs = false;              // report the chosen token's logprob
   int top_logprobs = 0;               // alternatives to report beside the chosen token
   std::vector<LogitBias> logit_bias;  // after the penalties; logprobs stay the model's own
+  // vLLM's allowed_token_ids: only these may be drawn (an end of sequence too only if listed);
+  // empty: every token. Like logit_bias, it leaves logprobs the model's own.
+  std::vector<int32_t> allowed_tokens;
   // The tokens that end the answer (the end-of-sequence ids unless ignored, vLLM's stop token
   // ids), which the caller fills; vLLM's min_tokens bans them from the first min_tokens draws.
   int min_tokens = 0;
@@ -42,8 +45,8 @@ struct SamplingParams {
 // An error message naming the first parameter outside its (OpenAI) range, or empty when all
 // are valid: temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
 // repetition_penalty > 0, presence/frequency_penalty [-2, 2], top_logprobs [0, 20],
-// repeat_last_n >= -1, logit_bias tokens >= 0 with biases [-100, 100], min_tokens >= 0,
-// ending tokens >= 0.
+// repeat_last_n >= -1, logit_bias tokens >= 0 with biases [-100, 100], allowed tokens >= 0,
+// min_tokens >= 0, ending tokens >= 0.
 std::string validate(const SamplingParams& params);
 
 struct TokenLogprob {
@@ -88,7 +91,8 @@ class Sampler {
   int32_t choose(std::span<const float> logits, std::span<const int32_t> history, float max_logit);
   // The draw again with every token the guide refuses masked out.
   int32_t choose_guided(std::span<const float> logits, std::span<const int32_t> history);
-  // scratch_ = the logits with the penalties, logit_bias and min_tokens' ban applied.
+  // scratch_ = the logits with the penalties, logit_bias, allowed_tokens and min_tokens' ban
+  // applied.
   void adjust(std::span<const float> logits, std::span<const int32_t> history);
   bool bans_ending() const { return drawn_ < params_.min_tokens && !params_.ending_tokens.empty(); }
   void ban_ending();
@@ -101,6 +105,7 @@ class Sampler {
   template <class Visit>
   void for_each_distinct(std::span<const int32_t> tokens, Visit&& visit);
   void apply_logit_bias();
+  void keep_allowed();
   // The candidates' strict total order: higher scratch_ value first, then the lower id.
   bool more_likely(int32_t a, int32_t b) const {
     return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
@@ -117,6 +122,7 @@ class Sampler {
   std::vector<double> bucket_mass_;       // top-p: weight per bucket of weights
   std::vector<int32_t> token_counts_;     // per token id: occurrences, for for_each_distinct
   std::vector<int32_t> distinct_tokens_;  // the distinct tokens for_each_distinct visits
+  std::vector<float> allowed_logits_;     // keep_allowed(): the allowed tokens' values
 };
 
 }  // namespace pipeline

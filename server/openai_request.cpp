@@ -475,21 +475,35 @@ std::vector<std::string> read_stop(const JsonBody& body) {
   return stop;
 }
 
-// vLLM's stop_token_ids: an array of token ids (the tokenize stage checks them against the
-// model's vocabulary).
-std::vector<int32_t> read_stop_token_ids(const JsonBody& body) {
-  const JsonBody* value = find_field(body, "stop_token_ids");
+// An array of token ids at `name`, of at most `limit` (the tokenize stage checks them against
+// the model's vocabulary).
+std::vector<int32_t> read_token_ids(const JsonBody& body, const char* name, size_t limit) {
+  const JsonBody* value = find_field(body, name);
   if (!value) return {};
-  if (!value->is_array()) throw wrong_type("stop_token_ids", "an array of token ids", *value);
-  if (value->size() > 64) throw invalid("stop_token_ids", "stop_token_ids holds at most 64 ids");
+  if (!value->is_array()) throw wrong_type(name, "an array of token ids", *value);
+  if (value->size() > limit)
+    throw invalid(name, std::string(name) + " holds at most " + std::to_string(limit) + " ids");
   std::vector<int32_t> ids;
   for (const JsonBody& id : *value) {
     const std::optional<int64_t> token = id.is_number_integer() ? json_int64(id) : std::nullopt;
-    if (!token) throw wrong_type("stop_token_ids", "an array of token ids", id);
+    if (!token) throw wrong_type(name, "an array of token ids", id);
     if (*token < 0 || *token > INT32_MAX)
-      throw invalid("stop_token_ids", "token id " + std::to_string(*token) + " is not a token id");
+      throw invalid(name, "token id " + std::to_string(*token) + " is not a token id");
     ids.push_back(int32_t(*token));
   }
+  return ids;
+}
+
+// vLLM's stop_token_ids.
+std::vector<int32_t> read_stop_token_ids(const JsonBody& body) {
+  return read_token_ids(body, "stop_token_ids", 64);
+}
+
+// vLLM's allowed_token_ids: only these may be drawn. Given, it may not be empty, as in vLLM.
+std::vector<int32_t> read_allowed_token_ids(const JsonBody& body) {
+  std::vector<int32_t> ids = read_token_ids(body, "allowed_token_ids", size_t(1) << 20);
+  if (find_field(body, "allowed_token_ids") && ids.empty())
+    throw invalid("allowed_token_ids", "allowed_token_ids may not be empty");
   return ids;
 }
 
@@ -599,6 +613,7 @@ SamplingParams read_sampling(const JsonBody& body, const SamplingParams& default
   params.frequency_penalty = read_float(body, "frequency_penalty", defaults.frequency_penalty);
   params.seed = read_seed(body, defaults.seed);
   params.logit_bias = read_logit_bias(body);
+  params.allowed_tokens = read_allowed_token_ids(body);
   return params;
 }
 

@@ -77,6 +77,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
   const std::string prompt_param = req.chat ? "messages" : "prompt";
   if (auto problem = validate(req.sampling); !problem.empty()) throw Refusal{problem, ""};
   for (const LogitBias& b : req.sampling.logit_bias) check_in_vocabulary(b.token, "logit_bias");
+  for (int32_t token : req.sampling.allowed_tokens) check_in_vocabulary(token, "allowed_token_ids");
   for (int32_t token : req.stop_token_ids) check_in_vocabulary(token, "stop_token_ids");
   try {
     seq.tokens = prompt_tokens(req);
@@ -128,6 +129,15 @@ void TokenizeStage::prepare(Sequence& seq) const {
   if (!req.ignore_eos) sampling.ending_tokens = ctx_.model.eos_token_ids;
   sampling.ending_tokens.insert(sampling.ending_tokens.end(), req.stop_token_ids.begin(),
                                 req.stop_token_ids.end());
+  if (sampling.min_tokens > 0 && !sampling.allowed_tokens.empty() &&
+      std::all_of(sampling.allowed_tokens.begin(), sampling.allowed_tokens.end(), [&](int32_t t) {
+        return std::find(sampling.ending_tokens.begin(), sampling.ending_tokens.end(), t) !=
+               sampling.ending_tokens.end();
+      }))
+    throw Refusal{
+        "allowed_token_ids holds only tokens that end the answer, which min_tokens "
+        "bans from its first draws: nothing could be drawn",
+        "allowed_token_ids"};
   std::optional<GuidedDecoding> guide;
   if (req.json_schema || req.text_pattern) {
     if (ctx_.guided_vocabulary.eos_tokens().empty())

@@ -592,6 +592,14 @@ std::vector<BadInput> bad_inputs() {
        "min_tokens", "guided_regex"},
       {chat, with(chat_body(), "structured_outputs", "json"), "structured_outputs",
        "expected an object"},
+      {completion, with(completion_body(), "allowed_token_ids", json::array()), "allowed_token_ids",
+       "may not be empty"},
+      {completion, with(completion_body(), "allowed_token_ids", 5), "allowed_token_ids",
+       "expected an array of token ids"},
+      {chat, with(chat_body(), "allowed_token_ids", {1, "2"}), "allowed_token_ids",
+       "expected an array of token ids"},
+      {chat, with(chat_body(), "allowed_token_ids", {-3}), "allowed_token_ids",
+       "token id -3 is not a token id"},
       {chat, with(chat_body(), "structured_outputs", {{"grammar", "root ::= \"a\""}}),
        "structured_outputs.grammar", "not supported"},
       {chat, with(chat_body(), "structured_outputs", {{"whitespace_pattern", " "}}),
@@ -662,6 +670,16 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
+}
+
+// vLLM's allowed_token_ids: read as given; null or absent allows every token.
+TEST(ParseRequest, AllowedTokenIdsAreRead) {
+  EXPECT_EQ(parse_completion(with(completion_body(), "allowed_token_ids", {7, 3, 7}))
+                .request->sampling.allowed_tokens,
+            (std::vector<int32_t>{7, 3, 7}));
+  EXPECT_TRUE(parse_chat(with(chat_body(), "allowed_token_ids", nullptr))
+                  .request->sampling.allowed_tokens.empty());
+  EXPECT_TRUE(parse_chat(chat_body()).request->sampling.allowed_tokens.empty());
 }
 
 // vLLM's stop_token_ids and min_tokens.

@@ -370,6 +370,32 @@ TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
   expect_penalised_to(both, 3.0f, {}, {0}, 2.75f);
 }
 
+// vLLM's allowed_token_ids: only they are drawn, greedy or not, in proportion to their own
+// weights; logprobs stay the model's own; one outside the vocabulary is an error.
+TEST(Sampling, AllowedTokensAreTheOnlyOnesDrawn) {
+  const std::vector<float> logits{0.5f, 4.0f, 1.0f, 3.5f, -1.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.allowed_tokens = {4, 2};
+  greedy.logprobs = true;
+  const SampledToken best = Sampler(greedy, 0).sample(logits, {});
+  EXPECT_EQ(best.token, 2);
+  EXPECT_NEAR(best.logprob, std::log(softmax(logits)[2]), 1e-5);
+  SamplingParams drawing = seeded(11);
+  drawing.allowed_tokens = {0, 4};
+  const auto seen = frequencies(drawing, logits, 20000);
+  EXPECT_EQ(seen.size(), 2u);
+  const double p0 = std::exp(0.5) / (std::exp(0.5) + std::exp(-1.0));
+  EXPECT_NEAR(seen.at(0), p0, 0.015);
+  // With a bias, the allowed token's biased logit is what counts.
+  SamplingParams biased = greedy;
+  biased.logit_bias = {{4, 5.0f}};
+  EXPECT_EQ(Sampler(biased, 0).sample(logits, {}).token, 4);
+  SamplingParams outside;
+  outside.allowed_tokens = {5};
+  EXPECT_THROW(Sampler(outside, 0).sample(logits, {}), std::invalid_argument);
+}
+
 // min_tokens: the ending tokens cannot be drawn in the first min_tokens draws, greedy or not,
 // and are as likely as ever after; their logprobs stay the model's own.
 TEST(Sampling, MinTokensBansTheEndingTokensFromTheFirstDraws) {
@@ -558,6 +584,11 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
   };
   expect_rejected([](SamplingParams& p) { p.temperature = 2.5f; },
                   "temperature must be between 0 and 2, got 2.5");
+  expect_rejected(
+      [](SamplingParams& p) {
+        p.allowed_tokens = {3, -1};
+      },
+      "allowed_token_ids must be token ids of 0 or more, got -1");
   expect_rejected([](SamplingParams& p) { p.temperature = -0.1f; },
                   "temperature must be between 0 and 2");
   expect_rejected([](SamplingParams& p) { p.temperature = std::nanf(""); },

@@ -830,6 +830,42 @@ TEST_F(ServerE2E, StopTokenIdsEndTheAnswerAndMinTokensHoldsEveryEndingBack) {
       400);
 }
 
+// vLLM's allowed_token_ids: one allowed token is drawn at every step; the end of sequence alone
+// ends the answer at once; an id outside the vocabulary, or ending tokens only where min_tokens
+// bans them, is a 400 naming the parameter.
+TEST_F(ServerE2E, AllowedTokenIdsAreTheOnlyTokensDrawn) {
+  const Tokenizer& tokenizer = testing::stories_tokenizer();
+  const std::vector<int32_t> ids = tokenizer.encode("cat", false);
+  ASSERT_FALSE(ids.empty());
+  const int32_t only = ids.back();
+  const std::string piece = tokenizer.token_text(only);
+  const Reply repeated =
+      post(port(), "/v1/completions",
+           with(with(completion_body("Once upon a time", 5), "allowed_token_ids", {only}),
+                "temperature", 1.0));
+  ASSERT_EQ(repeated.status, 200) << repeated.raw;
+  std::string expected;
+  for (int i = 0; i < 5; ++i) expected += piece;
+  EXPECT_EQ(repeated.body["choices"][0]["text"], expected);
+  EXPECT_EQ(repeated.body["choices"][0]["finish_reason"], "length");
+
+  const Reply ended = post(port(), "/v1/chat/completions",
+                           with(chat_body("Hello", 5), "allowed_token_ids", {tokenizer.eos_id()}));
+  ASSERT_EQ(ended.status, 200) << ended.raw;
+  EXPECT_EQ(ended.body["choices"][0]["message"]["content"], "");
+  EXPECT_EQ(ended.body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ended.body["usage"]["completion_tokens"], 1);
+
+  for (const json& body :
+       {with(completion_body("Once", 5), "allowed_token_ids", {100000}),
+        with(with(completion_body("Once", 5), "allowed_token_ids", {tokenizer.eos_id()}),
+             "min_tokens", 2)}) {
+    const Reply refused = post(port(), "/v1/completions", body);
+    ASSERT_EQ(refused.status, 400) << refused.raw;
+    EXPECT_EQ(refused.body["error"]["param"], "allowed_token_ids") << refused.raw;
+  }
+}
+
 // response_format json_object: every choice is the beginning of a JSON object, whole where it
 // ended on its own, streamed or not. The model writes stories, not JSON, so a logit_bias toward
 // quotes and closing braces gives its objects a chance to close.
