@@ -73,10 +73,7 @@ class Parser {
   RegexTree parse() {
     if (peek('^')) ++at_;  // the answer is matched whole: an anchor there says nothing more
     tree_.root = alternation();
-    if (at_ < pattern_.size()) {
-      if (pattern_[at_] == ')') fail("a ')' closes no group");
-      fail("unexpected '" + std::string(1, pattern_[at_]) + "'");
-    }
+    if (!ends()) fail("a ')' closes no group");  // the one place an alternation stops early
     return std::move(tree_);
   }
 
@@ -170,6 +167,10 @@ class Parser {
 
   int group() {
     const size_t start = at_++;
+    // Parsing and compiling recurse once per level: a bound keeps a hostile pattern off the
+    // bottom of the stack.
+    if (++depth_ > kMaxRegexDepth)
+      fail_at(start, "groups may nest at most " + std::to_string(kMaxRegexDepth) + " deep");
     if (peek('?')) {
       ++at_;
       if (peek(':')) {
@@ -190,6 +191,7 @@ class Parser {
     const int inside = alternation();
     if (!peek(')')) fail_at(start, "the group opened here is not closed");
     ++at_;
+    --depth_;
     return inside;
   }
 
@@ -369,8 +371,8 @@ class Parser {
     uint32_t code = 0;
     for (int i = 0; i < digits; ++i, ++at_) {
       if (ends() || !std::isxdigit(uint8_t(pattern_[at_])))
-        fail_at(start, std::string(pattern_.substr(start, 2)) + " needs " +
-                           std::to_string(digits) + " hexadecimal digits");
+        fail_at(start, std::string(pattern_.substr(start, 2)) + " needs " + std::to_string(digits) +
+                           " hexadecimal digits");
       const char h = char(std::tolower(uint8_t(pattern_[at_])));
       code = code * 16 + uint32_t(h <= '9' ? h - '0' : h - 'a' + 10);
     }
@@ -381,6 +383,7 @@ class Parser {
 
   std::string_view pattern_;
   size_t at_ = 0;
+  int depth_ = 0;  // groups open
   RegexTree tree_;
 };
 

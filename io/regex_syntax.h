@@ -57,6 +57,8 @@ struct RegexTree {
 
 // A count in {n,m} may not exceed this: each repetition is a copy of the repeated automaton.
 inline constexpr int kMaxRegexRepeat = 1000;
+// Groups may nest at most this deep.
+inline constexpr int kMaxRegexDepth = 200;
 
 // Throws RegexSyntaxError naming the character offset of what it refuses.
 RegexTree parse_regex(std::string_view pattern);

@@ -71,7 +71,7 @@ class ThreadProbeEmit : public Stage {
           int seen = most.load();
           while (seen < now && !most.compare_exchange_weak(seen, now)) {
           }
-          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
           while (most.load() < wanted && std::chrono::steady_clock::now() < give_up)
             std::this_thread::yield();
           --running;

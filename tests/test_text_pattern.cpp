@@ -177,7 +177,7 @@ TEST(TextPattern, BracesAnchorsAndClassEdgesAreReadAsPythonReadsThem) {
 // What no automaton holds, and what is not a pattern, is refused naming the offset.
 TEST(TextPattern, RefusesWhatItCannotHoldNamingWhere) {
   const struct {
-    const char* source;
+    std::string source;
     const char* message;
   } cases[] = {
       {"(ab", "the group opened here is not closed at offset 0"},
@@ -203,6 +203,8 @@ TEST(TextPattern, RefusesWhatItCannotHoldNamingWhere) {
       {"((a{1000}){1000})", "more than 200000 automaton states"},
       {"(.?){1000}", "too complex: building its automaton takes more than 20 million steps"},
       {"\xC3(", "not valid UTF-8 at offset 0"},
+      {std::string(201, '(') + "a" + std::string(201, ')'),
+       "groups may nest at most 200 deep at offset 200"},
   };
   for (const auto& test : cases) {
     SCOPED_TRACE(test.source);
