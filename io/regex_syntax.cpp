@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
+#include <set>
 
 namespace pipeline {
 namespace {
@@ -79,8 +80,12 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const { fail_at(at_, what); }
+  // Positions count characters, as Python's re reports them.
   [[noreturn]] void fail_at(size_t offset, const std::string& what) const {
-    throw RegexSyntaxError(what + " at offset " + std::to_string(offset));
+    const size_t position =
+        size_t(std::count_if(pattern_.begin(), pattern_.begin() + ptrdiff_t(offset),
+                             [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
+    throw RegexSyntaxError(what + " at position " + std::to_string(position));
   }
   bool peek(char c) const { return at_ < pattern_.size() && pattern_[at_] == c; }
   bool ends() const { return at_ == pattern_.size(); }
@@ -195,14 +200,20 @@ class Parser {
     return inside;
   }
 
+  // An identifier, as Python wants it (non-ASCII characters taken as letters), used once.
   void group_name(size_t group_start) {
     const size_t name_start = at_;
-    while (!ends() && (std::isalnum(uint8_t(pattern_[at_])) || pattern_[at_] == '_')) ++at_;
-    if (at_ == name_start || !peek('>')) fail_at(group_start, "a group name must be a word in <>");
+    const auto word_byte = [](uint8_t c) { return c >= 0x80 || std::isalnum(c) || c == '_'; };
+    while (!ends() && word_byte(uint8_t(pattern_[at_]))) ++at_;
+    const std::string name(pattern_.substr(name_start, at_ - name_start));
+    if (name.empty() || !peek('>') || std::isdigit(uint8_t(name[0])))
+      fail_at(group_start, "a group name must be an identifier in <>");
+    if (!group_names_.insert(name).second)
+      fail_at(group_start, "redefinition of group name '" + name + "'");
     ++at_;
   }
 
-  // Whether a quantifier {n}, {n,}, {,m} or {n,m} begins at `offset`.
+  // Whether a quantifier {n}, {n,}, {,m}, {n,m} or {,} (as *) begins at `offset`.
   bool quantifier_at(size_t offset) const {
     size_t i = offset + 1;
     const auto digits = [&] {
@@ -211,12 +222,13 @@ class Parser {
       return i > begin;
     };
     const bool low = digits();
-    bool high = false;
+    bool comma = false;
     if (i < pattern_.size() && pattern_[i] == ',') {
       ++i;
-      high = digits();
+      comma = true;
+      digits();
     }
-    return i < pattern_.size() && pattern_[i] == '}' && (low || high);
+    return i < pattern_.size() && pattern_[i] == '}' && (low || comma);  // "{}" is text
   }
 
   int count() {
@@ -269,7 +281,7 @@ class Parser {
     }
     if (peek('?')) ++at_;  // lazy: the same texts
     if (!ends() && (peek('*') || peek('+') || peek('?') || (peek('{') && quantifier_at(at_))))
-      fail("multiple repeat");
+      fail("multiple repeat (possessive quantifiers are not supported)");
     RegexNode node;
     node.kind = RegexNode::Kind::Repeat;
     node.children = {item};
@@ -290,8 +302,9 @@ class Parser {
       first = false;
       const size_t item_start = at_;
       std::vector<CodePointRange> item = class_item();
-      const bool range = item.size() == 1 && item[0].lo == item[0].hi && peek('-') &&
-                         at_ + 1 < pattern_.size() && pattern_[at_ + 1] != ']';
+      const bool range = peek('-') && at_ + 1 < pattern_.size() && pattern_[at_ + 1] != ']';
+      if (range && (item.size() != 1 || item[0].lo != item[0].hi))
+        fail_at(item_start, "a class range must begin at one character");
       if (range) {
         ++at_;
         const std::vector<CodePointRange> end = class_item();
@@ -341,8 +354,6 @@ class Parser {
         return {single('\v')};
       case 'a':
         return {single('\a')};
-      case '0':
-        return {single(0)};
       case 'x':
         return {single(hex_code(start, 2))};
       case 'u':
@@ -352,6 +363,17 @@ class Parser {
       case 'b':
         if (in_class) return {single('\b')};
         break;
+      case '0':
+      case '1':
+      case '2':
+      case '3':
+      case '4':
+      case '5':
+      case '6':
+      case '7':
+      case '8':
+      case '9':
+        return {single(octal(start, in_class))};
       default:
         if (uint8_t(c) >= 0x80) {  // a backslash before a non-ASCII character: that character
           --at_;
@@ -360,11 +382,29 @@ class Parser {
         if (!std::isalnum(uint8_t(c))) return {single(uint8_t(c))};
         break;
     }
-    if (std::isdigit(uint8_t(c))) fail_at(start, "backreferences are not supported");
     if (c == 'b' || c == 'B' || c == 'A' || c == 'Z' || c == 'z' || c == 'G')
       fail_at(start, "the anchor \\" + std::string(1, c) +
                          " is not supported: the pattern matches the whole answer");
     fail_at(start, "unknown escape \\" + std::string(1, c));
+  }
+
+  // A backslash and a digit (at_ past the digit), as Python reads them: \0 and up to two more
+  // octal digits, or three octal digits, is a character (in a class, any octal digit begins
+  // one); anything else is a backreference.
+  uint32_t octal(size_t start, bool in_class) {
+    const auto octal_digit = [&](size_t i) {
+      return i < pattern_.size() && pattern_[i] >= '0' && pattern_[i] <= '7';
+    };
+    const char first = pattern_[start + 1];
+    const bool three = octal_digit(start + 1) && octal_digit(at_) && octal_digit(at_ + 1);
+    if (in_class && !octal_digit(start + 1))
+      fail_at(start, std::string("unknown escape \\") + first);
+    if (!in_class && first != '0' && !three) fail_at(start, "backreferences are not supported");
+    uint32_t code = uint32_t(first - '0');
+    for (int more = 0; more < 2 && octal_digit(at_); ++more)
+      code = code * 8 + uint32_t(pattern_[at_++] - '0');
+    if (code > 0377) fail_at(start, "an octal escape must be at most \\377");
+    return code;
   }
 
   uint32_t hex_code(size_t start, int digits) {
@@ -383,7 +423,8 @@ class Parser {
 
   std::string_view pattern_;
   size_t at_ = 0;
-  int depth_ = 0;  // groups open
+  int depth_ = 0;                      // groups open
+  std::set<std::string> group_names_;  // named groups so far
   RegexTree tree_;
 };
 
@@ -405,7 +446,7 @@ RegexTree literal_alternatives(std::span<const std::string> texts) {
       const std::optional<uint32_t> code = decode_utf8(text, &at);
       if (!code)
         throw RegexSyntaxError("choice " + std::to_string(alternation.children.size()) +
-                               " is not valid UTF-8 at offset " + std::to_string(start));
+                               " is not valid UTF-8 at byte " + std::to_string(start));
       RegexNode character;
       character.kind = RegexNode::Kind::Set;
       character.ranges = {{*code, *code}};

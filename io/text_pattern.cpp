@@ -94,7 +94,7 @@ class Nfa {
 
   int add_state() {
     if (states_.size() == kMaxStates)
-      throw TextPatternError("the pattern is too large: its repetitions come to more than " +
+      throw TextPatternError("the pattern is too large: it comes to more than " +
                              std::to_string(kMaxStates) + " automaton states");
     states_.emplace_back();
     return int(states_.size()) - 1;
@@ -188,7 +188,7 @@ class SubsetSteps {
  public:
   // The work the construction may do, in Nfa states visited: a pattern that needs more is
   // refused rather than left to hold a request thread for seconds.
-  static constexpr size_t kMaxVisits = 20'000'000;
+  static constexpr size_t kMaxVisits = 10'000'000;
 
   explicit SubsetSteps(const Nfa& nfa) : nfa_(nfa), marks_(nfa.states().size(), 0) {}
 
@@ -245,6 +245,9 @@ class SubsetSteps {
 }  // namespace
 
 std::shared_ptr<const TextPattern> TextPattern::from_regex(std::string_view pattern) {
+  if (pattern.size() > kMaxTextBytes)
+    throw TextPatternError("the pattern is " + std::to_string(pattern.size()) + " bytes; at most " +
+                           std::to_string(kMaxTextBytes) + " are held");
   try {
     return std::shared_ptr<const TextPattern>(new TextPattern(parse_regex(pattern)));
   } catch (const RegexSyntaxError& e) {
@@ -254,6 +257,11 @@ std::shared_ptr<const TextPattern> TextPattern::from_regex(std::string_view patt
 
 std::shared_ptr<const TextPattern> TextPattern::from_choices(std::span<const std::string> texts) {
   if (texts.empty()) throw TextPatternError("there must be at least one choice");
+  size_t bytes = 0;
+  for (const std::string& text : texts) bytes += text.size();
+  if (bytes > kMaxTextBytes)
+    throw TextPatternError("the choices come to " + std::to_string(bytes) + " bytes; at most " +
+                           std::to_string(kMaxTextBytes) + " are held");
   try {
     return std::shared_ptr<const TextPattern>(new TextPattern(literal_alternatives(texts)));
   } catch (const RegexSyntaxError& e) {

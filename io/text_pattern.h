@@ -25,11 +25,15 @@ class TextPattern {
   // A pattern compiles to at most this many states, each a row of transitions, so a pattern
   // costs at most a few MiB; a pattern past it is refused rather than built.
   static constexpr int kMaxStates = 20000;
+  // A regex's text, or its choices' texts together, may be at most this long: what is built
+  // from them grows with them, so the refusal comes before any of it.
+  static constexpr size_t kMaxTextBytes = 65536;
 
-  // Throws TextPatternError (with the syntax error's offset, or the state limit) on a pattern
-  // it cannot hold, or one that matches no text.
+  // Throws TextPatternError (with the syntax error's position, or the limit passed) on a
+  // pattern it cannot hold, or one that matches no text.
   static std::shared_ptr<const TextPattern> from_regex(std::string_view pattern);
-  // Exactly one of `texts`, whole. Throws TextPatternError on no texts or text not UTF-8.
+  // Exactly one of `texts`, whole. Throws TextPatternError on no texts, texts past
+  // kMaxTextBytes together, or text not UTF-8.
   static std::shared_ptr<const TextPattern> from_choices(std::span<const std::string> texts);
 
   static constexpr int32_t kNoState = -1;

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "io/json_integer.h"
 
@@ -213,6 +214,8 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
   refuse_unless("audio", empty, " (no audio output)");
   // vLLM's per-request Jinja template: the server applies the one its config names.
   refuse_unless("chat_template", empty, " (the server applies its configured chat template)");
+  // vLLM's bad_words: its token sequences are the tokenizer's business, not implemented here.
+  refuse_unless("bad_words", empty, " (logit_bias or allowed_token_ids can ban tokens)");
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
     throw invalid("top_logprobs",
                   "top_logprobs is a chat parameter; /v1/completions takes the number of "
@@ -324,8 +327,8 @@ std::shared_ptr<const TextPattern> read_regex(const JsonBody& value, const std::
 
 // Texts the answer must be one of, at `param`.
 std::shared_ptr<const TextPattern> read_choice(const JsonBody& value, const std::string& param) {
-  if (!value.is_array() || value.empty())
-    throw wrong_type(param, "a non-empty array of strings", value);
+  if (!value.is_array()) throw wrong_type(param, "a non-empty array of strings", value);
+  if (value.empty()) throw invalid(param, param + " must hold at least one text");
   std::vector<std::string> texts;
   for (const JsonBody& text : value) {
     if (!text.is_string()) throw wrong_type(param, "a non-empty array of strings", text);
@@ -334,69 +337,94 @@ std::shared_ptr<const TextPattern> read_choice(const JsonBody& value, const std:
   return compile_pattern(param, [&] { return TextPattern::from_choices(texts); });
 }
 
-// One way a request asks for a guide, and what it asks for: a schema or a pattern.
-struct GuideAsked {
-  std::string param;
-  std::shared_ptr<const JsonSchema> schema;
-  std::shared_ptr<const TextPattern> pattern;
-};
-
 // vLLM's structured_outputs (what replaced its guided_* fields): one of json (a schema or its
 // text), json_object (true: any object), regex and choice. What would change the answer in a
 // way not held here is refused rather than ignored: grammar, structural_tag, a
-// whitespace_pattern, and disable_any_whitespace or disable_additional_properties true.
-// disable_fallback concerns vLLM's choice among its backends, of which there is one here.
-void read_structured_outputs(const JsonBody& body, std::vector<GuideAsked>& asked) {
+// whitespace_pattern, and disable_any_whitespace or disable_additional_properties true; so is a
+// field vLLM does not know. disable_fallback concerns vLLM's choice among its backends, of
+// which there is one here. Null: not given.
+const JsonBody* read_structured_outputs(const JsonBody& body) {
   const JsonBody* outputs = find_field(body, "structured_outputs");
-  if (!outputs) return;
+  if (!outputs) return nullptr;
   if (!outputs->is_object()) throw wrong_type("structured_outputs", "an object", *outputs);
-  const auto param = [](const char* name) { return std::string("structured_outputs.") + name; };
-  for (const char* name : {"grammar", "structural_tag", "whitespace_pattern"})
-    if (find_field(*outputs, name))
-      throw invalid(param(name), param(name) +
-                                     " is not supported: structured_outputs json, json_object, "
-                                     "regex and choice are");
-  for (const char* name : {"disable_any_whitespace", "disable_additional_properties"})
-    if (read_bool(*outputs, name, false))
-      throw invalid(param(name),
-                    param(name) +
+  static const std::set<std::string> kGuides = {"json", "json_object", "regex", "choice"};
+  for (const auto& [name, value] : outputs->items()) {
+    const std::string param = "structured_outputs." + name;
+    if (value.is_null() || kGuides.count(name)) continue;
+    if (name == "grammar" || name == "structural_tag" || name == "whitespace_pattern")
+      throw invalid(param, param +
+                               " is not supported: structured_outputs json, json_object, regex "
+                               "and choice are");
+    if (name != "disable_any_whitespace" && name != "disable_additional_properties" &&
+        name != "disable_fallback")
+      throw invalid(param, param + " is not a field of structured_outputs");
+    if (!value.is_boolean()) throw wrong_type(param, "a boolean", value);
+    if (value.get<bool>() && name != "disable_fallback")
+      throw invalid(param,
+                    param +
                         " is not supported: JSON mode writes one space, or a newline and an "
-                        "indent, between tokens, and an object with properties takes no other "
-                        "key unless its schema's additionalProperties says so");
-  read_bool(*outputs, "disable_fallback", false);
-  if (const JsonBody* json = find_field(*outputs, "json"))
-    asked.push_back({param("json"), read_schema_or_text(*json, param("json")), nullptr});
-  if (read_bool(*outputs, "json_object", false))
-    asked.push_back({param("json_object"), JsonSchema::any_object(), nullptr});
-  if (const JsonBody* regex = find_field(*outputs, "regex"))
-    asked.push_back({param("regex"), nullptr, read_regex(*regex, param("regex"))});
-  if (const JsonBody* choice = find_field(*outputs, "choice"))
-    asked.push_back({param("choice"), nullptr, read_choice(*choice, param("choice"))});
+                        "indent, between tokens, and an object with properties takes no other key "
+                        "unless its schema's additionalProperties says so");
+  }
+  if (const JsonBody* json_object = find_field(*outputs, "json_object");
+      json_object && !json_object->is_boolean())
+    throw wrong_type("structured_outputs.json_object", "a boolean", *json_object);
+  return outputs;
 }
 
-// The answer's guide, at most one: response_format json_object or json_schema, vLLM's
-// guided_json, guided_regex and guided_choice, or its structured_outputs. guided_grammar is
-// refused rather than ignored.
-void read_guide(const JsonBody& body, Request& request) {
-  if (find_field(body, "guided_grammar"))
-    throw invalid("guided_grammar",
-                  "guided_grammar is not supported: response_format json_schema, guided_json, "
-                  "guided_regex and guided_choice are");
-  std::vector<GuideAsked> asked;
-  if (auto schema = read_response_format(body)) asked.push_back({"response_format", schema, {}});
-  if (const JsonBody* json = find_field(body, "guided_json"))
-    asked.push_back({"guided_json", read_schema_or_text(*json, "guided_json"), nullptr});
-  if (const JsonBody* regex = find_field(body, "guided_regex"))
-    asked.push_back({"guided_regex", nullptr, read_regex(*regex, "guided_regex")});
-  if (const JsonBody* choice = find_field(body, "guided_choice"))
-    asked.push_back({"guided_choice", nullptr, read_choice(*choice, "guided_choice")});
-  read_structured_outputs(body, asked);
+// The params of the fields that ask for a guide (response_format json_object or json_schema,
+// guided_json, guided_regex, guided_choice, structured_outputs json, json_object, regex or
+// choice), found without compiling any, so that a second one, or a parameter that cannot go
+// with one, is refused before a guide's cost is paid. guided_grammar and
+// guided_whitespace_pattern are refused rather than ignored.
+std::vector<std::string> guides_asked(const JsonBody& body) {
+  for (const char* name : {"guided_grammar", "guided_whitespace_pattern"})
+    if (find_field(body, name))
+      throw invalid(name, std::string(name) +
+                              " is not supported: response_format json_schema, guided_json, "
+                              "guided_regex, guided_choice and structured_outputs are");
+  std::vector<std::string> asked;
+  // Any response_format but {"type": "text"} is read as a guide (a malformed one fails there).
+  if (const JsonBody* format = find_field(body, "response_format")) {
+    const JsonBody* type = format->is_object() ? find_field(*format, "type") : nullptr;
+    if (!(type && type->is_string() && *type == "text")) asked.push_back("response_format");
+  }
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice"})
+    if (find_field(body, name)) asked.push_back(name);
+  if (const JsonBody* outputs = read_structured_outputs(body)) {
+    for (const char* name : {"json", "json_object", "regex", "choice"}) {
+      const JsonBody* value = find_field(*outputs, name);
+      if (value && !(value->is_boolean() && !value->get<bool>()))
+        asked.push_back(std::string("structured_outputs.") + name);
+    }
+  }
   if (asked.size() > 1)
-    throw invalid(asked[1].param, asked[1].param + " cannot be combined with " + asked[0].param +
-                                      ": give one guide");
-  if (asked.empty()) return;
-  request.json_schema = asked[0].schema;
-  request.text_pattern = asked[0].pattern;
+    throw invalid(asked[1], asked[1] + " cannot be combined with " + asked[0] + ": give one guide");
+  return asked;
+}
+
+// The guide `param` (one of guides_asked()'s) asks for, compiled into the request.
+void read_guide(const JsonBody& body, const std::string& param, Request& request) {
+  if (param == "response_format") {
+    request.json_schema = read_response_format(body);
+    return;
+  }
+  // structured_outputs.X is field X of that object; guided_X the body's own.
+  const std::string prefix = "structured_outputs.";
+  const bool structured = param.starts_with(prefix);
+  const JsonBody& holder = structured ? *find_field(body, "structured_outputs") : body;
+  const std::string field = structured ? param.substr(prefix.size()) : param;
+  const std::string name = structured ? field : field.substr(std::string("guided_").size());
+  const JsonBody& value = *find_field(holder, field.c_str());
+  if (name == "json") {
+    request.json_schema = read_schema_or_text(value, param);
+  } else if (name == "json_object") {
+    request.json_schema = JsonSchema::any_object();
+  } else if (name == "regex") {
+    request.text_pattern = read_regex(value, param);
+  } else {
+    request.text_pattern = read_choice(value, param);
+  }
 }
 
 // best_of: sampling more sequences than are returned, to return the likeliest, is not
@@ -507,21 +535,20 @@ std::vector<int32_t> read_allowed_token_ids(const JsonBody& body) {
   return ids;
 }
 
-bool guided(const Request& request) {
-  return request.json_schema || request.text_pattern;
+// What a parameter that would keep an answer guided by `guide` (one of guides_asked()'s params)
+// from ending gets.
+ApiError not_with_guide(const JsonBody& body, const std::string& param, const std::string& guide) {
+  std::string named = guide;  // response_format with its type: "response_format json_object"
+  if (guide == "response_format")
+    if (const JsonBody* type = find_field(*find_field(body, "response_format"), "type");
+        type && type->is_string())
+      named += " " + type->get<std::string>();
+  return invalid(param, param + " cannot be combined with " + named +
+                            " (guided decoding): the answer ends when the text it is held to "
+                            "is whole");
 }
 
-// What a parameter that would keep a guided answer from ending gets.
-ApiError not_with_guide(const std::string& param) {
-  return invalid(param, param +
-                            " cannot be combined with guided decoding (response_format "
-                            "json_object or json_schema, guided_json, guided_regex, "
-                            "guided_choice, structured_outputs): the answer ends when the text "
-                            "it is held to is whole");
-}
-
-// vLLM's min_tokens: at most max_tokens, and not with guided decoding, whose answer ends when
-// its text is whole.
+// vLLM's min_tokens: at most max_tokens.
 int read_min_tokens(const JsonBody& body, const Request& request) {
   const int min_tokens = read_int(body, "min_tokens", 0, 0, INT_MAX);
   if (min_tokens > request.max_tokens)
@@ -530,7 +557,6 @@ int read_min_tokens(const JsonBody& body, const Request& request) {
                       (request.max_tokens_param.empty() ? std::string("the default max_tokens")
                                                         : request.max_tokens_param) +
                       " (" + std::to_string(request.max_tokens) + ")");
-  if (min_tokens > 0 && guided(request)) throw not_with_guide("min_tokens");
   return min_tokens;
 }
 
@@ -734,11 +760,14 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   if (echo) apply_echo(parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
-  read_guide(body, request);
-  if (guided(request) && request.ignore_eos) throw not_with_guide("ignore_eos");
+  const std::vector<std::string> guides = guides_asked(body);
+  if (!guides.empty() && request.ignore_eos) throw not_with_guide(body, "ignore_eos", guides[0]);
   request.stop_token_ids = read_stop_token_ids(body);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.sampling.min_tokens = read_min_tokens(body, request);
+  if (request.sampling.min_tokens > 0 && !guides.empty())
+    throw not_with_guide(body, "min_tokens", guides[0]);
+  if (!guides.empty()) read_guide(body, guides[0], request);  // the costly part, last
   return parsed;
 }
 

@@ -997,7 +997,7 @@ TEST_F(ServerE2E, GuidedChoiceAndRegexAnswersAreTheirTextsWhole) {
   const Reply refused = post(port(), "/v1/completions", completion);
   ASSERT_EQ(refused.status, 400) << refused.raw;
   EXPECT_EQ(refused.body["error"]["param"], "guided_regex");
-  EXPECT_NE(refused.body["error"]["message"].get<std::string>().find("at offset 8"),
+  EXPECT_NE(refused.body["error"]["message"].get<std::string>().find("at position 8"),
             std::string::npos)
       << refused.raw;
 }

@@ -159,7 +159,6 @@ TEST(TextPattern, AnyCharacterMeansValidUtf8Only) {
 // a trailing $ say nothing (the whole answer is matched), a ] first in a class is a member.
 TEST(TextPattern, BracesAnchorsAndClassEdgesAreReadAsPythonReadsThem) {
   EXPECT_TRUE(matches(*TextPattern::from_regex("a{"), "a{"));
-  EXPECT_TRUE(matches(*TextPattern::from_regex("a{,}"), "a{,}"));
   EXPECT_TRUE(matches(*TextPattern::from_regex("{x}"), "{x}"));
   const auto up_to_two = TextPattern::from_regex("x{,2}");
   EXPECT_TRUE(matches(*up_to_two, ""));
@@ -170,6 +169,19 @@ TEST(TextPattern, BracesAnchorsAndClassEdgesAreReadAsPythonReadsThem) {
   EXPECT_TRUE(matches(*TextPattern::from_regex("[^]]"), "a"));
   EXPECT_TRUE(matches(*TextPattern::from_regex("[a-]"), "-"));
   EXPECT_TRUE(matches(*TextPattern::from_regex("(?P<x>a)(?<y>b)*"), "abb"));
+  EXPECT_TRUE(matches(*TextPattern::from_regex("(?P<é_1>a)"), "a"));
+  // {,} is *; a brace pair with nothing in it is text.
+  const auto any_x = TextPattern::from_regex("x{,}");
+  EXPECT_TRUE(matches(*any_x, ""));
+  EXPECT_TRUE(matches(*any_x, "xxx"));
+  EXPECT_FALSE(continues(*any_x, "x{"));
+  EXPECT_TRUE(matches(*TextPattern::from_regex("x{}"), "x{}"));
+  // Octal escapes: \0 and up to two more digits, three octal digits, any octal digit in a class.
+  EXPECT_TRUE(matches(*TextPattern::from_regex("\\07"), "\a"));
+  EXPECT_TRUE(matches(*TextPattern::from_regex("\\0"), std::string(1, '\0')));
+  EXPECT_TRUE(matches(*TextPattern::from_regex("\\x41\\101"), "AA"));
+  EXPECT_TRUE(matches(*TextPattern::from_regex("[\\1-\\3]"), "\x02"));
+  EXPECT_TRUE(matches(*TextPattern::from_regex("[\\d-]"), "-"));
   EXPECT_TRUE(
       matches(*TextPattern::from_regex("\\x41\\u00e9\\t\\0"), std::string("A\xC3\xA9\t\0", 5)));
 }
@@ -180,31 +192,40 @@ TEST(TextPattern, RefusesWhatItCannotHoldNamingWhere) {
     std::string source;
     const char* message;
   } cases[] = {
-      {"(ab", "the group opened here is not closed at offset 0"},
-      {"ab)", "a ')' closes no group at offset 2"},
-      {"*a", "nothing to repeat at offset 0"},
-      {"a|+", "nothing to repeat at offset 2"},
-      {"a**", "multiple repeat at offset 2"},
-      {"(a)\\1", "backreferences are not supported at offset 3"},
+      {"(ab", "the group opened here is not closed at position 0"},
+      {"ab)", "a ')' closes no group at position 2"},
+      {"*a", "nothing to repeat at position 0"},
+      {"a|+", "nothing to repeat at position 2"},
+      {"a**", "multiple repeat (possessive quantifiers are not supported) at position 2"},
+      {"(a)\\1", "backreferences are not supported at position 3"},
       {"a(?=b)", "lookarounds"},
       {"(?i)a", "inline flags"},
-      {"a{3,2}", "minimum exceeds its maximum at offset 1"},
-      {"[b-a]", "runs backwards at offset 1"},
-      {"[a", "the class opened here is not closed at offset 0"},
-      {"\\q", "unknown escape \\q at offset 0"},
+      {"a{3,2}", "minimum exceeds its maximum at position 1"},
+      {"[b-a]", "runs backwards at position 1"},
+      {"[a", "the class opened here is not closed at position 0"},
+      {"\\q", "unknown escape \\q at position 0"},
       {"a\\b", "the anchor \\b is not supported"},
       {"a^b", "'^' is held only at the start"},
       {"a$b", "'$' is held only at the end"},
-      {"a{1001}", "at most 1000 at offset 2"},
-      {"\\x4", "\\x needs 2 hexadecimal digits at offset 0"},
+      {"a{1001}", "at most 1000 at position 2"},
+      {"\\x4", "\\x needs 2 hexadecimal digits at position 0"},
       {"\\ud800", "names no character"},
       {"[^\\s\\S]", "matches no text"},
       {"(a|b)*a(a|b){16}", "more than 20000 automaton states"},
       {"((a{1000}){1000})", "more than 200000 automaton states"},
-      {"(.?){1000}", "too complex: building its automaton takes more than 20 million steps"},
-      {"\xC3(", "not valid UTF-8 at offset 0"},
+      {"(.?){1000}", "too complex: building its automaton takes more than 10 million steps"},
+      {"\xC3(", "not valid UTF-8 at position 0"},
+      {"中中(a", "the group opened here is not closed at position 2"},
+      {"(?P<1>a)", "a group name must be an identifier"},
+      {"(?P<n>a)(?P<n>b)", "redefinition of group name 'n' at position 8"},
+      {"[\\d-z]", "a class range must begin at one character at position 1"},
+      {"a{2}+", "possessive quantifiers are not supported"},
+      {"\\18", "backreferences are not supported at position 0"},
+      {"\\477", "an octal escape must be at most \\377"},
+      {"[\\8]", "unknown escape \\8 at position 1"},
+      {std::string(65537, 'a'), "the pattern is 65537 bytes; at most 65536 are held"},
       {std::string(201, '(') + "a" + std::string(201, ')'),
-       "groups may nest at most 200 deep at offset 200"},
+       "groups may nest at most 200 deep at position 200"},
   };
   for (const auto& test : cases) {
     SCOPED_TRACE(test.source);
@@ -234,6 +255,8 @@ TEST(TextPattern, ChoicesAreExactlyTheirTexts) {
   EXPECT_TRUE(matches(*TextPattern::from_choices(std::vector<std::string>{"a.*"}), "a.*"));
   EXPECT_FALSE(continues(*TextPattern::from_choices(std::vector<std::string>{"a.*"}), "ab"));
   EXPECT_THROW(TextPattern::from_choices({}), TextPatternError);
+  EXPECT_THROW(TextPattern::from_choices(std::vector<std::string>(2, std::string(32769, 'a'))),
+               TextPatternError);
   EXPECT_THROW(TextPattern::from_choices(std::vector<std::string>{"ok", "\xE0\x80"}),
                TextPatternError);
 }
