@@ -6,11 +6,13 @@
 //
 // Held: literals (any UTF-8 text), `.` (any character but a newline), classes `[...]` and
 // `[^...]` with ranges, `\d \w \s` and `\D \W \S` (ASCII: [0-9], [A-Za-z0-9_], [ \t\n\r\f\v]),
-// the escapes `\n \t \r \f \v \a \0 \xHH \uHHHH \UHHHHHHHH` and a backslash before any other
-// punctuation, groups `(...)`, `(?:...)`, `(?P<name>...)`, `(?<name>...)`, alternation `|`,
-// and the quantifiers `* + ? {n} {n,} {,m} {n,m}`, each also lazy (`*?`: a lazy quantifier
-// admits the same texts, and only the texts matter here). A `{` that does not begin a
-// quantifier is a literal, as in Python. The pattern matches the whole answer.
+// the escapes `\n \t \r \f \v \a \xHH \uHHHH \UHHHHHHHH`, octal ones as Python reads them
+// (`\0` and up to two more octal digits, or three octal digits; in a class any octal digit
+// begins one), and a backslash before any other punctuation, groups `(...)`, `(?:...)`,
+// `(?P<name>...)` and JavaScript's `(?<name>...)` (each name an identifier, once), alternation
+// `|`, and the quantifiers `* + ? {n} {n,} {,m} {n,m} {,}`, each also lazy (`*?`: a lazy
+// quantifier admits the same texts, and only the texts matter here). A `{` that does not begin
+// a quantifier is a literal, as in Python. The pattern matches the whole answer.
 #pragma once
 
 #include <cstddef>
@@ -60,7 +62,7 @@ inline constexpr int kMaxRegexRepeat = 1000;
 // Groups may nest at most this deep.
 inline constexpr int kMaxRegexDepth = 200;
 
-// Throws RegexSyntaxError naming the character offset of what it refuses.
+// Throws RegexSyntaxError naming the position (in characters) of what it refuses.
 RegexTree parse_regex(std::string_view pattern);
 
 // The tree of exactly these texts (guided_choice): an alternation of literals.

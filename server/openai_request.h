@@ -20,7 +20,7 @@
 //   vLLM's guided_json) holds the answer to a JSON value (GuidedDecoding); a schema the compiler
 //   cannot hold an answer to (io/json_schema.h) is a 400 naming the place in the schema, not a
 //   schema ignored. vLLM's guided_regex and guided_choice hold it to a TextPattern; a pattern it
-//   cannot hold (io/regex_syntax.h) is a 400 naming the offset. vLLM's structured_outputs (json,
+//   cannot hold (io/regex_syntax.h) is a 400 naming the position. vLLM's structured_outputs (json,
 //   json_object, regex, choice) asks for the same. One guide per request.
 // - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
 //   follow llama.cpp's server.
