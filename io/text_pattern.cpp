@@ -318,10 +318,13 @@ TextPattern::TextPattern(const RegexTree& tree) {
     for (int c = 0; c < classes_; ++c)
       if (const int32_t to = rows[state * size_t(classes_) + size_t(c)]; to != kNoState)
         sources[size_t(to)].push_back(int32_t(state));
+  std::vector<bool> accepts(count);
+  for (size_t state = 0; state < count; ++state)
+    accepts[state] = std::binary_search(sets[state]->begin(), sets[state]->end(), nfa.accept());
   std::vector<bool> live(count);
   std::vector<int32_t> stack;
   for (size_t state = 0; state < count; ++state) {
-    if (std::binary_search(sets[state]->begin(), sets[state]->end(), nfa.accept())) {
+    if (accepts[state]) {
       live[state] = true;
       stack.push_back(int32_t(state));
     }
@@ -344,8 +347,7 @@ TextPattern::TextPattern(const RegexTree& tree) {
   transitions_.reserve(size_t(next_number) * size_t(classes_));
   for (size_t state = 0; state < count; ++state) {
     if (!live[state]) continue;
-    accepting_.push_back(
-        std::binary_search(sets[state]->begin(), sets[state]->end(), nfa.accept()) ? 1 : 0);
+    accepting_.push_back(accepts[state] ? 1 : 0);
     for (int c = 0; c < classes_; ++c) {
       const int32_t to = rows[state * size_t(classes_) + size_t(c)];
       transitions_.push_back(to == kNoState ? kNoState : renumbered[size_t(to)]);

@@ -462,6 +462,20 @@ struct NanKvPool {
   PagedKvLayer layer;
 };
 
+// Every block of a pool of `num_blocks`, in a random order: a table whose blocks lie anywhere.
+std::vector<int32_t> shuffled_blocks(int num_blocks, std::mt19937& rng) {
+  std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  return blocks;
+}
+
+// An attention layout and pool type, for a test's trace.
+std::string layout_name(int head_dim, int num_heads, int num_kv_heads, DType dtype) {
+  return "head_dim " + std::to_string(head_dim) + ", " + std::to_string(num_heads) +
+         " heads over " + std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool";
+}
+
 // One batch of paged attention against the dense reference, for one layout and pool type. The
 // reference attends the keys and values the pool holds (rounded to bf16 for a bf16 pool), so
 // the kernel must match it as closely for either type.
@@ -555,17 +569,14 @@ TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
 // decode at that position) give the same bits. Group sizes 1 (as LLaMA-2), 2 and 8, head sizes
 // 64 and 128 (the AVX-512 kernel where it runs) and 12 (the generic one).
 void check_rows_independent(int head_dim, int num_heads, int num_kv_heads, DType dtype) {
-  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(num_heads) +
-               " heads over " + std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool");
+  SCOPED_TRACE(layout_name(head_dim, num_heads, num_kv_heads, dtype));
   std::mt19937 rng(11);
   const int block_size = 16, positions = 150;
   const int num_blocks = (positions + block_size - 1) / block_size;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
   const NanKvPool pool(num_blocks, block_size, num_kv_heads, head_dim, dtype);
   const PagedKvLayer& kv = pool.layer;
-  std::vector<int32_t> table(static_cast<size_t>(num_blocks));
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
+  const std::vector<int32_t> table = shuffled_blocks(num_blocks, rng);
   const std::vector<float> k = random_floats(size_t(positions) * kv_dim, rng, 2.0f);
   const std::vector<float> v = random_floats(size_t(positions) * kv_dim, rng);
   const std::vector<float> q = random_floats(size_t(positions) * q_dim, rng, 2.0f);
@@ -603,8 +614,7 @@ TEST(PagedAttention, AQuerysResultDoesNotDependOnTheQueriesBesideIt) {
 // pool (as a serving batch's): each query's result is the bits it gets decoding alone, and
 // matches the dense reference.
 void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType dtype) {
-  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(num_heads) +
-               " heads over " + std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool");
+  SCOPED_TRACE(layout_name(head_dim, num_heads, num_kv_heads, dtype));
   std::mt19937 rng(13);
   const int block_size = 16, num_seqs = 24, max_positions = 150;
   const int blocks_per_seq = (max_positions + block_size - 1) / block_size;
@@ -612,9 +622,7 @@ void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType d
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
   const NanKvPool pool(num_blocks, block_size, num_kv_heads, head_dim, dtype);
   const PagedKvLayer& kv = pool.layer;
-  std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
-  std::iota(block_ids.begin(), block_ids.end(), 0);
-  std::shuffle(block_ids.begin(), block_ids.end(), rng);
+  const std::vector<int32_t> block_ids = shuffled_blocks(num_blocks, rng);
 
   std::vector<std::vector<float>> ks, vs;
   std::vector<AttentionSequence> seqs;

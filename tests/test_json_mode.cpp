@@ -17,12 +17,15 @@
 #include "io/tokenizer.h"
 #include "model/guided_decoding.h"
 #include "model/sampling.h"
+#include "tests/support/llama2_vocabulary.h"
 #include "tests/support/schema_prefix_checks.h"
-#include "tests/support/shared_data.h"
 #include "tests/support/stories_tokenizer.h"
 
 namespace pipeline {
 namespace {
+
+using testing::config_for;
+using testing::llama2_tokenizer;
 
 using nlohmann::json;
 
@@ -212,18 +215,6 @@ TEST(JsonObjectMode, AgreesWithAStrictParserOnMutatedObjects) {
 }
 
 // ---- Tokens
-
-LlamaConfig config_for(const Tokenizer& tokenizer) {
-  LlamaConfig config;
-  config.vocab_size = tokenizer.vocab_size();
-  config.eos_token_ids = {tokenizer.eos_id()};
-  return config;
-}
-
-const Tokenizer& llama2_tokenizer() {
-  static const Tokenizer tokenizer(testing::shared_path("models/llama2-tokenizer/tokenizer.model"));
-  return tokenizer;
-}
 
 // The mask keeps exactly the tokens allows() takes, one by one, in states along an object.
 TEST(JsonMode, TheMaskKeepsExactlyTheTokensAllowed) {

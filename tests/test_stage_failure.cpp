@@ -38,16 +38,23 @@ class ThrowingStage final : public Stage {
   std::atomic<int> calls_{0};
 };
 
+// Registers `name`: the stage `inner` as `wrap` wraps it.
+using Wrap = std::function<std::unique_ptr<Stage>(std::unique_ptr<Stage> inner)>;
+void add_wrapping_stage(const std::string& name, const std::string& inner, Wrap wrap) {
+  StageInfo info = *StageRegistry::global().find(inner);
+  info.name = name;
+  info.make = [inner, wrap](const GraphNodeSpec& spec, EngineContext& ctx) {
+    return wrap(StageRegistry::global().find(inner)->make(spec, ctx));
+  };
+  StageRegistry::global().add(std::move(info));
+}
+
 // Registers `name`: the stage `inner` with ThrowingStage's picker.
 void add_throwing_stage(const std::string& name, const std::string& inner,
                         ThrowingStage::Picker throws) {
-  StageInfo info = *StageRegistry::global().find(inner);
-  info.name = name;
-  info.make = [inner, throws](const GraphNodeSpec& spec, EngineContext& ctx) {
-    return std::make_unique<ThrowingStage>(StageRegistry::global().find(inner)->make(spec, ctx),
-                                           throws);
-  };
-  StageRegistry::global().add(std::move(info));
+  add_wrapping_stage(name, inner, [throws](std::unique_ptr<Stage> stage) {
+    return std::make_unique<ThrowingStage>(std::move(stage), throws);
+  });
 }
 
 // decode_step, except that before its first pass it hands the scheduler a step result that
@@ -83,13 +90,9 @@ void add_stages_once() {
     });
     add_throwing_stage("decode_boom", "decode_step",
                        [](const Message&, int call) { return call == 0; });
-    StageInfo info = *StageRegistry::global().find("decode_step");
-    info.name = "decode_breaks_scheduler";
-    info.make = [](const GraphNodeSpec& spec, EngineContext& ctx) {
-      return std::make_unique<SchedulerBreakingStage>(
-          StageRegistry::global().find("decode_step")->make(spec, ctx));
-    };
-    StageRegistry::global().add(std::move(info));
+    add_wrapping_stage("decode_breaks_scheduler", "decode_step", [](std::unique_ptr<Stage> stage) {
+      return std::make_unique<SchedulerBreakingStage>(std::move(stage));
+    });
     return true;
   }();
   (void)added;

@@ -14,10 +14,13 @@
 #include "io/tokenizer.h"
 #include "model/guided_decoding.h"
 #include "model/sampling.h"
-#include "tests/support/shared_data.h"
+#include "tests/support/llama2_vocabulary.h"
 
 namespace pipeline {
 namespace {
+
+using testing::config_for;
+using testing::llama2_tokenizer;
 
 bool matches(const TextPattern& pattern, std::string_view text) {
   PatternPrefix prefix(pattern);
@@ -259,18 +262,6 @@ TEST(TextPattern, ChoicesAreExactlyTheirTexts) {
                TextPatternError);
   EXPECT_THROW(TextPattern::from_choices(std::vector<std::string>{"ok", "\xE0\x80"}),
                TextPatternError);
-}
-
-const Tokenizer& llama2_tokenizer() {
-  static const Tokenizer tokenizer(testing::shared_path("models/llama2-tokenizer/tokenizer.model"));
-  return tokenizer;
-}
-
-LlamaConfig config_for(const Tokenizer& tokenizer) {
-  LlamaConfig config;
-  config.vocab_size = tokenizer.vocab_size();
-  config.eos_token_ids = {tokenizer.eos_id()};
-  return config;
 }
 
 // Along random walks over the real LLaMA-2 vocabulary, the mask keeps exactly the tokens
