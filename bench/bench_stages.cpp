@@ -135,10 +135,12 @@ struct StageBench {
   }
 
   // A chat request of a system prompt and a `words`-word user message, through tokenize.
-  SequencePtr tokenized(int words, const SamplingParams& sampling, bool json_object = false) {
+  SequencePtr tokenized(int words, const SamplingParams& sampling, bool json_object = false,
+                        int truncate_prompt_tokens = 0) {
     auto request = std::make_shared<Request>();
     request->id = "chatcmpl-bench-" + std::to_string(next_number);
     request->messages = {{"system", "You are a helpful assistant."}, {"user", prose(words)}};
+    request->truncate_prompt_tokens = truncate_prompt_tokens;
     request->sampling = sampling;
     if (json_object) request->json_schema = JsonSchema::any_object();
     request->ignore_eos = true;   // random logits pick the EOS id too
@@ -212,16 +214,26 @@ DecodeBatch decode_batch(const std::vector<SequencePtr>& seqs) {
   return work;
 }
 
-// tokenize: a chat request (system prompt + a user message of range(0) words) → its token ids,
-// sampler and text state. Includes making the Sequence, as the engine does on submit.
+// tokenize: a chat request (system prompt + a user message of range(0) words, its last range(1)
+// tokens kept when not 0) → its token ids, sampler and text state, or its refusal when it does
+// not fit LLaMA-2's 4,096 positions. Includes making the Sequence, as the engine does on submit.
 void BM_Stage_tokenize(benchmark::State& state) {
   StageBench* b = bench(state);
   if (!b) return;
   const int words = int(state.range(0));
-  for (auto _ : state) benchmark::DoNotOptimize(b->tokenized(words, greedy()));
-  state.counters["prompt_tokens"] = double(b->tokenized(words, greedy())->prompt_len);
+  const int keep = int(state.range(1));
+  for (auto _ : state) benchmark::DoNotOptimize(b->tokenized(words, greedy(), false, keep));
+  state.counters["prompt_tokens"] = double(b->tokenized(words, greedy(), false, keep)->prompt_len);
+  // The user message alone: each iteration also builds it (about 1 ms a megabyte).
+  state.counters["prompt_MB"] = double(prose(words).size()) / 1e6;
 }
-BENCHMARK(BM_Stage_tokenize)->Arg(32)->Arg(1024)->Unit(benchmark::kMicrosecond);
+// 200,000 words: a 1.4 MB prompt, refused (0) or truncated to its last 1,000 tokens.
+BENCHMARK(BM_Stage_tokenize)
+    ->Args({32, 0})
+    ->Args({1024, 0})
+    ->Args({200000, 0})
+    ->Args({200000, 1000})
+    ->Unit(benchmark::kMicrosecond);
 
 // batch_window: the scheduler's round trip in steady decoding. With range(0) sequences running,
 // one iteration posts a decode step's result (each sequence one token longer) and waits for the

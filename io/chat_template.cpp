@@ -79,17 +79,12 @@ void check_roles(const std::vector<ChatMessage>& messages, PromptEnd end) {
         "messages: continue_final_message needs the last message to have role 'assistant'");
 }
 
-void append(std::vector<int32_t>& ids, const std::vector<int32_t>& more) {
-  ids.insert(ids.end(), more.begin(), more.end());
-}
-
 // Meta's chat_completion(): an optional system message folded into the first user turn,
 // then user/assistant pairs, each "<s>[INST] {user} [/INST] {assistant} </s>", then the last
 // user turn "<s>[INST] {user} [/INST]". A final assistant message to continue ends the prompt
 // as "<s>[INST] {user} [/INST] {assistant}", its pair cut before the space and EOS that close it
 // (what Hugging Face's continue_final_message cuts from the rendered template).
-std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
-                                  const std::vector<ChatMessage>& messages, PromptEnd end) {
+PromptText llama2_prompt(const std::vector<ChatMessage>& messages, PromptEnd end) {
   size_t first = 0;
   std::string system_prefix;
   if (is_system(messages.front().role)) {
@@ -118,14 +113,11 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
     return std::string(kBeginInst) + " " + std::string(strip(user_content(i))) + " " +
            std::string(kEndInst);
   };
-  if (tokenizer.eos_id() < 0)
-    throw std::runtime_error("the llama2 chat template needs a tokenizer with an EOS piece");
   const size_t last_user = end == PromptEnd::NewAnswer ? messages.size() - 1 : messages.size() - 2;
-  std::vector<int32_t> ids;
+  PromptText prompt;
   for (size_t i = first; i < last_user; i += 2) {
     const std::string turn = inst(i) + " " + std::string(strip(messages[i + 1].content)) + " ";
-    append(ids, tokenizer.encode(turn, /*add_bos=*/true));
-    ids.push_back(tokenizer.eos_id());
+    prompt.push_back({turn, /*bos_before=*/true, /*eos_after=*/true});
   }
   std::string last_turn = inst(last_user);
   if (end == PromptEnd::ContinueFinalMessage) {
@@ -135,18 +127,17 @@ std::vector<int32_t> apply_llama2(const Tokenizer& tokenizer,
       last_turn += open_answer;
     }
   }
-  append(ids, tokenizer.encode(last_turn, /*add_bos=*/true));
-  return ids;
+  prompt.push_back({std::move(last_turn), /*bos_before=*/true, /*eos_after=*/false});
+  return prompt;
 }
 
-std::vector<int32_t> apply_raw(const Tokenizer& tokenizer,
-                               const std::vector<ChatMessage>& messages) {
+PromptText raw_prompt(const std::vector<ChatMessage>& messages) {
   std::string text;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (i > 0) text += '\n';
     text += messages[i].content;
   }
-  return tokenizer.encode(text, /*add_bos=*/true);
+  return {{std::move(text), /*bos_before=*/true, /*eos_after=*/false}};
 }
 
 }  // namespace
@@ -161,16 +152,21 @@ std::optional<ChatTemplate> parse_chat_template(std::string_view name) {
   return std::nullopt;
 }
 
-std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
-                                         const std::vector<ChatMessage>& messages, PromptEnd end) {
+PromptText chat_prompt(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
+                       PromptEnd end) {
   check_roles(messages, end);
   switch (chat_template) {
     case ChatTemplate::Llama2:
-      return apply_llama2(tokenizer, messages, end);
+      return llama2_prompt(messages, end);
     case ChatTemplate::Raw:
-      return apply_raw(tokenizer, messages);
+      return raw_prompt(messages);
   }
   throw std::invalid_argument("unknown chat template");
+}
+
+std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
+                                         const std::vector<ChatMessage>& messages, PromptEnd end) {
+  return encode_prompt(tokenizer, chat_prompt(chat_template, messages, end));
 }
 
 }  // namespace pipeline

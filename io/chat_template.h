@@ -1,5 +1,5 @@
-// Chat templates: a list of messages to the prompt's token ids. BOS and EOS enter as ids,
-// never as text, so a user cannot forge them.
+// Chat templates: a list of messages to the prompt's texts and token ids. BOS and EOS enter as
+// ids, never as text, so a user cannot forge them.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/prompt_text.h"
 #include "io/tokenizer.h"
 
 namespace pipeline {
@@ -34,8 +35,13 @@ enum class PromptEnd {
 
 std::optional<ChatTemplate> parse_chat_template(std::string_view name);
 
-// Throws std::invalid_argument with a message fit for a 400 answer on a dialog the template
-// cannot express (unknown role, the wrong role last, roles out of order).
+// The dialog as the texts the template writes, one segment a turn. Throws
+// std::invalid_argument with a message fit for a 400 answer on a dialog the template cannot
+// express (unknown role, the wrong role last, roles out of order).
+PromptText chat_prompt(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
+                       PromptEnd end = PromptEnd::NewAnswer);
+
+// chat_prompt() encoded (encode_prompt()).
 std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,
                                          const std::vector<ChatMessage>& messages,
                                          PromptEnd end = PromptEnd::NewAnswer);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "graph/log.h"
+#include "io/prompt_text.h"
 
 namespace pipeline {
 
@@ -21,18 +22,54 @@ StageInfo TokenizeStage::info() {
   return info;
 }
 
-// The chat template's tokens, a prompt's own ids (checked against the model's vocabulary, which
-// the API checked against the tokenizer's), or the prompt's text encoded after BOS.
-std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req) const {
-  if (req.chat)
-    return apply_chat_template(ctx_.tokenizer, ctx_.chat_template, req.messages, req.prompt_end);
-  if (req.prompt_ids.empty()) return ctx_.tokenizer.encode(req.prompt, /*add_bos=*/true);
-  for (int32_t id : req.prompt_ids)
+// The prompt's token ids, its last truncate_prompt_tokens when the client asks (vLLM's left
+// truncation): a prompt's own ids (checked against the model's vocabulary, which the API checked
+// against the tokenizer's), or the chat template's or the prompt's text encoded after BOS. A
+// text is measured before it is encoded, which costs seconds a megabyte: one that cannot fit is
+// refused unencoded, and a truncated one has only its end encoded.
+std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer,
+                                                  const std::string& prompt_param) const {
+  const int keep = req.truncate_prompt_tokens;
+  const int context = ctx_.model.max_position_embeddings;
+  if (keep > context)
+    throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
+                      " but the model's context is " + std::to_string(context) + " tokens",
+                  "truncate_prompt_tokens"};
+  if (!req.chat && !req.prompt_ids.empty()) return prompt_ids(req.prompt_ids, keep);
+  const PromptText text = req.chat
+                              ? chat_prompt(ctx_.chat_template, req.messages, req.prompt_end)
+                              : PromptText{{req.prompt, /*bos_before=*/true, /*eos_after=*/false}};
+  if (keep > 0) return encode_prompt_end(ctx_.tokenizer, text, size_t(keep));
+  const size_t at_least = min_prompt_tokens(ctx_.tokenizer, text);
+  check_fits(int64_t(std::min<size_t>(at_least, INT_MAX)), answer, prompt_param, "at least ");
+  return encode_prompt(ctx_.tokenizer, text);
+}
+
+std::vector<int32_t> TokenizeStage::prompt_ids(const std::vector<int32_t>& ids, int keep) const {
+  for (int32_t id : ids)
     if (id < 0 || id >= ctx_.model.vocab_size)
       throw std::invalid_argument("token id " + std::to_string(id) +
                                   " is outside the model's vocabulary of " +
                                   std::to_string(ctx_.model.vocab_size) + " tokens");
-  return req.prompt_ids;
+  if (keep > 0 && size_t(keep) < ids.size()) return {ids.end() - keep, ids.end()};
+  return ids;
+}
+
+// A prompt of `n` tokens ("at least n" where only a bound is known) must leave room for
+// `answer` more, in the model's context and in the whole KV pool.
+void TokenizeStage::check_fits(int64_t n, int answer, const std::string& prompt_param,
+                               const std::string& at_least) const {
+  const int context = ctx_.model.max_position_embeddings;
+  const std::string prompt_is = "the prompt is " + at_least + std::to_string(n) + " tokens";
+  const std::string no_room = answer ? ", which leaves no room for a completion" : "";
+  if (n + answer > context)
+    throw Refusal{
+        prompt_is + " but the model's context is " + std::to_string(context) + " tokens" + no_room,
+        prompt_param};
+  const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
+  if (n + answer > pool)
+    throw Refusal{prompt_is + " but the KV cache holds only " + std::to_string(pool) + " tokens",
+                  prompt_param};
 }
 
 // A max_tokens the client gave must fit beside the prompt, in the context and in the KV pool.
@@ -62,16 +99,6 @@ void TokenizeStage::check_in_vocabulary(int32_t token, const char* param) const 
                   param};
 }
 
-// Keeps the last `keep` tokens (vLLM's left truncation); 0 keeps them all.
-void TokenizeStage::truncate(std::vector<int32_t>& tokens, int keep) const {
-  const int context = ctx_.model.max_position_embeddings;
-  if (keep > context)
-    throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
-                      " but the model's context is " + std::to_string(context) + " tokens",
-                  "truncate_prompt_tokens"};
-  if (keep > 0 && size_t(keep) < tokens.size()) tokens.erase(tokens.begin(), tokens.end() - keep);
-}
-
 void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
@@ -79,30 +106,19 @@ void TokenizeStage::prepare(Sequence& seq) const {
   for (const LogitBias& b : req.sampling.logit_bias) check_in_vocabulary(b.token, "logit_bias");
   for (int32_t token : req.sampling.allowed_tokens) check_in_vocabulary(token, "allowed_token_ids");
   for (int32_t token : req.stop_token_ids) check_in_vocabulary(token, "stop_token_ids");
-  try {
-    seq.tokens = prompt_tokens(req);
-  } catch (const std::invalid_argument& e) {
-    throw Refusal{e.what(), prompt_param};
-  }
-  truncate(seq.tokens, req.truncate_prompt_tokens);
-  const int n = int(seq.tokens.size());
-  if (n == 0) throw Refusal{"the prompt is empty", prompt_param};
-  const int context = ctx_.model.max_position_embeddings;
   // Positions the answer needs beside the prompt: at least one, none for a prompt-only answer
   // (its one token is dropped, never computed).
   const int answer = req.prompt_only ? 0 : 1;
-  if (n + answer > context) {
-    throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the model's context is " +
-                      std::to_string(context) + " tokens" +
-                      (answer ? ", which leaves no room for a completion" : ""),
-                  prompt_param};
+  try {
+    seq.tokens = prompt_tokens(req, answer, prompt_param);
+  } catch (const std::invalid_argument& e) {
+    throw Refusal{e.what(), prompt_param};
   }
+  const int n = int(seq.tokens.size());
+  if (n == 0) throw Refusal{"the prompt is empty", prompt_param};
+  check_fits(n, answer, prompt_param);
+  const int context = ctx_.model.max_position_embeddings;
   const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
-  if (n + answer > pool) {
-    throw Refusal{"the prompt is " + std::to_string(n) + " tokens but the KV cache holds only " +
-                      std::to_string(pool) + " tokens",
-                  prompt_param};
-  }
   if (!req.max_tokens_param.empty() && !req.prompt_only)
     check_room(n, req.max_tokens, context, pool, prompt_param, req.max_tokens_param);
   // Only once the prompt fits: the text state decodes the whole prompt, which for one far past

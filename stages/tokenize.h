@@ -27,8 +27,11 @@ class TokenizeStage : public Stage {
     std::string message;
     std::string param;  // the request field at fault; empty: none in particular
   };
-  std::vector<int32_t> prompt_tokens(const Request& req) const;
-  void truncate(std::vector<int32_t>& tokens, int keep) const;
+  std::vector<int32_t> prompt_tokens(const Request& req, int answer,
+                                     const std::string& prompt_param) const;
+  std::vector<int32_t> prompt_ids(const std::vector<int32_t>& ids, int keep) const;
+  void check_fits(int64_t n, int answer, const std::string& prompt_param,
+                  const std::string& at_least = "") const;
   static void check_room(int prompt, int max_tokens, int context, int64_t pool,
                          const std::string& prompt_param, const std::string& max_tokens_param);
   // A token id a parameter names (logit_bias, stop_token_ids) must be in the model's vocabulary.

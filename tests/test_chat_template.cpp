@@ -47,6 +47,30 @@ TEST(ChatTemplate, Llama2GoldenCases) {
   }
 }
 
+// A truncated dialog's ids are the end of the whole dialog's, across turns, their BOS and EOS,
+// and the bound on its length holds.
+TEST(ChatTemplate, APromptsEndIsTheEndOfTheWholeDialog) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  std::string long_answer;
+  for (int i = 0; i < 200; ++i) long_answer += "The cat sat on the mat. ";
+  const std::vector<ChatMessage> messages = {{"system", "Answer briefly."},
+                                             {"user", "Tell me a story."},
+                                             {"assistant", long_answer},
+                                             {"user", "And  another,  please."}};
+  for (const ChatTemplate chat_template : {ChatTemplate::Llama2, ChatTemplate::Raw}) {
+    const PromptText prompt = chat_prompt(chat_template, messages);
+    const std::vector<int32_t> whole = encode_prompt(tokenizer, prompt);
+    EXPECT_EQ(whole, apply_chat_template(tokenizer, chat_template, messages));
+    EXPECT_LE(min_prompt_tokens(tokenizer, prompt), whole.size());
+    for (size_t keep = 1; keep <= whole.size() + 1; keep += keep < 40 ? 1 : 97) {
+      SCOPED_TRACE(keep);
+      const size_t kept = std::min(keep, whole.size());
+      EXPECT_EQ(encode_prompt_end(tokenizer, prompt, keep),
+                std::vector<int32_t>(whole.end() - kept, whole.end()));
+    }
+  }
+}
+
 TEST(ChatTemplate, Llama2StripsUnicodeWhitespaceLikePython) {
   const Tokenizer tokenizer = llama2_tokenizer();
   const auto plain = apply_chat_template(tokenizer, ChatTemplate::Llama2, {{"user", "Hi!"}});

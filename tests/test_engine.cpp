@@ -523,6 +523,34 @@ TEST(Engine, TruncatePromptTokensKeepsThePromptsLastTokens) {
       << sink_of(too_many).error()->message;
 }
 
+// A 2 MiB prompt is refused from a bound on its length, unencoded (sentencepiece would take
+// seconds), and answered from its end when truncated, as if its last tokens were given as ids.
+TEST(Engine, AHugePromptIsMeasuredBeforeItIsEncoded) {
+  Engine engine(make_config("{window_ms: 0}"));
+  std::string prompt;
+  while (prompt.size() < (size_t(2) << 20)) prompt += "the cat sat on a mat. ";
+  prompt += "The end";
+  const std::string tail = prompt.substr(prompt.size() - 2000);
+  const std::vector<int32_t> tail_ids =
+      Tokenizer(model_dir() / "tokenizer.model").encode(tail.substr(tail.find(' ') + 1), false);
+  auto whole = make_request(prompt, 16);
+  auto truncated = make_request(prompt, 16, /*ignore_eos=*/true);
+  truncated->truncate_prompt_tokens = 100;
+  auto as_ids = make_request("", 16, /*ignore_eos=*/true);
+  as_ids->prompt_ids.assign(tail_ids.end() - 100, tail_ids.end());
+  for (const auto& request : {whole, truncated, as_ids}) {
+    ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+    ASSERT_TRUE(sink_of(request).wait());
+  }
+  ASSERT_TRUE(sink_of(whole).error().has_value());
+  EXPECT_EQ(sink_of(whole).error()->param, "prompt");
+  EXPECT_NE(sink_of(whole).error()->message.find("the prompt is at least"), std::string::npos)
+      << sink_of(whole).error()->message;
+  ASSERT_TRUE(sink_of(truncated).completion().has_value()) << sink_of(truncated).error()->message;
+  EXPECT_EQ(sink_of(truncated).completion()->prompt_tokens, 100);
+  EXPECT_EQ(sink_of(truncated).text(), sink_of(as_ids).text());
+}
+
 // A max_tokens the client gave must fit beside the prompt in the context (512 tokens).
 TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
   Engine engine(make_config("{window_ms: 0}"));

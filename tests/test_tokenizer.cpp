@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
 
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
@@ -150,6 +152,100 @@ TEST(Tokenizer, Stories260KBasics) {
 
   // This model's normalizer collapses runs of spaces and trims the ends.
   EXPECT_EQ(tokenizer.decode(tokenizer.encode("  a   big  dog ", false)), "a big dog");
+}
+
+// Texts that stress what a bound on the tokens may get wrong: runs of spaces, a "▁" spelled out,
+// tabs and newlines, control characters, characters only byte pieces spell, long pieces.
+std::string random_text(std::mt19937& rng, size_t words) {
+  static const std::vector<std::string> kWords = {"the",
+                                                  "cat",
+                                                  "Once",
+                                                  "upon",
+                                                  "a",
+                                                  "time",
+                                                  "straightforward",
+                                                  "----------------",
+                                                  "🦙",
+                                                  "日本",
+                                                  "café",
+                                                  "\u2581",
+                                                  "\t",
+                                                  "\n",
+                                                  "\x01",
+                                                  "1234567",
+                                                  "ﬁsh",
+                                                  "e\u0301",
+                                                  " ",
+                                                  "   ",
+                                                  ".",
+                                                  "Lily",
+                                                  "addEventListener"};
+  std::uniform_int_distribution<size_t> pick(0, kWords.size() - 1);
+  std::bernoulli_distribution space(0.7);
+  std::string text;
+  for (size_t i = 0; i < words; ++i) {
+    text += kWords[pick(rng)];
+    if (space(rng)) text += ' ';
+  }
+  return text;
+}
+
+// Both tokenizers pass the normalizer probes (LLaMA-2's keeps runs of spaces, stories260K's
+// collapses them), so both have a bound, and it never exceeds the tokens.
+TEST(Tokenizer, MinTokensIsALowerBoundOnTheTokensOfAText) {
+  for (const Tokenizer& tokenizer : {llama2_tokenizer(), stories_tokenizer()}) {
+    std::mt19937 rng(7);
+    for (int i = 0; i < 300; ++i) {
+      const std::string text = random_text(rng, 1 + i % 40);
+      const size_t tokens = tokenizer.encode(text, /*add_bos=*/false).size();
+      EXPECT_LE(tokenizer.min_tokens(text), tokens) << text;
+    }
+    const std::string prose(4000, 'x');
+    EXPECT_GE(tokenizer.min_tokens(prose), 4000u / 16) << "the bound is in force";
+  }
+}
+
+// The end encoded alone, from a space after a word, is the end of the whole text's tokens.
+TEST(Tokenizer, EncodeLastIsTheEndOfTheWholeEncoding) {
+  for (const Tokenizer& tokenizer : {llama2_tokenizer(), stories_tokenizer()}) {
+    std::mt19937 rng(11);
+    for (int i = 0; i < 60; ++i) {
+      const std::string text = random_text(rng, 50 + 20 * i);
+      for (const bool bos : {false, true}) {
+        const std::vector<int32_t> whole = tokenizer.encode(text, bos);
+        for (const size_t keep : {size_t(1), size_t(7), size_t(60), whole.size() + 3}) {
+          const std::vector<int32_t> expected(whole.end() - std::min(keep, whole.size()),
+                                              whole.end());
+          EXPECT_EQ(tokenizer.encode_last(text, bos, keep), expected) << text << " keep " << keep;
+        }
+      }
+    }
+  }
+}
+
+// A 2 MiB text is never encoded whole: past 1 MiB, encode_last() refuses a text it could not
+// start within (no space after a word), and answers one it can from its end.
+TEST(Tokenizer, EncodeLastOfAHugeTextEncodesOnlyItsEnd) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  const std::string words = [] {
+    std::string text;
+    while (text.size() < (size_t(2) << 20)) text += "Once upon a time there was a cat. ";
+    return text + "The end";
+  }();
+  const std::vector<int32_t> last = tokenizer.encode_last(words, /*add_bos=*/true, 100);
+  ASSERT_EQ(last.size(), 100u);
+  const std::string tail = words.substr(words.size() - 1000);
+  const std::vector<int32_t> tail_tokens = tokenizer.encode(tail.substr(tail.find(' ') + 1), false);
+  EXPECT_EQ(last, std::vector<int32_t>(tail_tokens.end() - 100, tail_tokens.end()));
+
+  const std::string one_word(size_t(2) << 20, 'a');
+  try {
+    tokenizer.encode_last(one_word, /*add_bos=*/true, 100);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("no space after a word"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(Tokenizer, MovedTokenizerStillWorks) {
