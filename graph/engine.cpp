@@ -1,5 +1,6 @@
 #include "graph/engine.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -250,6 +251,11 @@ ChatTemplate Engine::chat_template() const {
 
 const LlamaConfig& Engine::model_config() const {
   return impl_->runner->config();
+}
+int Engine::max_model_len() const {
+  const auto& kv = impl_->runner->kv_shape();
+  return int(std::min<int64_t>(model_config().max_position_embeddings,
+                               int64_t(kv.num_blocks) * kv.block_size));
 }
 const std::string& Engine::model_name() const {
   return impl_->model_name;

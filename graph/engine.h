@@ -68,6 +68,9 @@ class Engine {
   const Metrics& metrics() const;
 
   const LlamaConfig& model_config() const;
+  // The most tokens a request's prompt and answer may hold together (vLLM's max_model_len): the
+  // model's context, or the whole KV cache where that holds fewer.
+  int max_model_len() const;
   const Tokenizer& tokenizer() const;
   // How chat messages become the prompt's tokens (the tokenize stage's template).
   ChatTemplate chat_template() const;

@@ -396,8 +396,7 @@ struct HttpServer::Impl {
   explicit Impl(Engine& engine_ref)
       : engine(engine_ref),
         served(served_model(engine_ref.model_name(), engine_ref.config(), engine_ref.tokenizer())),
-        tokenize_settings{engine_ref.chat_template(),
-                          engine_ref.model_config().max_position_embeddings},
+        tokenize_settings{engine_ref.chat_template(), engine_ref.max_model_len()},
         created(std::time(nullptr)) {
     // A completion request holds its connection thread until it ends, so every request the
     // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when
@@ -553,7 +552,7 @@ struct HttpServer::Impl {
                    "invalid_request_error", ""));
   }
 
-  // OpenAI's model object, and vLLM's max_model_len: the context, which clients size prompts by.
+  // OpenAI's model object, and vLLM's max_model_len, which clients size prompts by.
   json model_object() const {
     return {{"id", served.name},
             {"object", "model"},

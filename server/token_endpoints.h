@@ -35,7 +35,7 @@ namespace pipeline {
 // What /tokenize needs to know of the served model beyond its name and tokenizer.
 struct TokenizeSettings {
   ChatTemplate chat_template = ChatTemplate::Llama2;  // the engine's, for `messages`
-  int max_model_len = 0;  // the model's context (max_position_embeddings), reported as it is
+  int max_model_len = 0;  // Engine::max_model_len(): the context, or the KV cache if smaller
 };
 
 // The answers to one request body; `model.tokenizer` must be set. Throws ApiError (400 naming

@@ -578,6 +578,8 @@ TEST(Engine, RefusesAGivenMaxTokensThePromptLeavesNoRoomFor) {
 // And in the KV pool (12 blocks of 16 here); a default max_tokens is capped to the room left.
 TEST(Engine, RefusesAGivenMaxTokensBeyondTheKvPool) {
   Engine engine(make_config("{window_ms: 0, kv_cache_blocks: 12}"));
+  EXPECT_EQ(engine.max_model_len(), 192) << "what /v1/models reports";
+  EXPECT_EQ(Engine(make_config("{window_ms: 0}")).max_model_len(), 512);
   auto request = make_request(kPrompts[0], 12 * 16, /*ignore_eos=*/true);
   request->max_tokens_param = "max_completion_tokens";  // the refusal names the field given
   ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
