@@ -136,10 +136,30 @@ std::string validate(const SamplingParams& p) {
   }
   for (int32_t token : p.allowed_tokens)
     if (token < 0) return out_of_range("allowed_token_ids", "token ids of 0 or more", token);
+  for (const std::vector<int32_t>& sequence : p.bad_word_sequences) {
+    if (sequence.empty())
+      return "bad_words must be sequences of one token or more, got an empty one";
+    for (int32_t token : sequence)
+      if (token < 0) return out_of_range("bad_words", "token ids of 0 or more", token);
+  }
   if (p.min_tokens < 0) return out_of_range("min_tokens", "0 or more", p.min_tokens);
   for (int32_t token : p.ending_tokens)
     if (token < 0) return out_of_range("stop_token_ids", "token ids of 0 or more", token);
   return {};
+}
+
+bool first_draw_possible(const SamplingParams& p, int vocab_size) {
+  const size_t vocab = size_t(std::max(vocab_size, 0));
+  std::vector<bool> banned(vocab, false);
+  const auto ban = [&](int32_t token) {
+    if (size_t(token) < vocab) banned[size_t(token)] = true;
+  };
+  for (const std::vector<int32_t>& sequence : p.bad_word_sequences)
+    if (sequence.size() == 1) ban(sequence[0]);
+  if (p.min_tokens > 0) std::ranges::for_each(p.ending_tokens, ban);
+  const auto open = [&](int32_t token) { return size_t(token) < vocab && !banned[size_t(token)]; };
+  if (!p.allowed_tokens.empty()) return std::ranges::any_of(p.allowed_tokens, open);
+  return std::find(banned.begin(), banned.end(), false) != banned.end();
 }
 
 SampledToken score_token(std::span<const float> logits, int32_t token, int top_logprobs) {
@@ -195,11 +215,15 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
 
 int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> history,
                         float max_logit) {
-  if (params_.temperature == 0.0f && !penalises() && params_.logit_bias.empty() &&
-      params_.allowed_tokens.empty() && !bans_ending())
+  if (params_.temperature == 0.0f && !adjusts())
     return first_argmax(logits, max_logit);  // the raw logits' argmax: no copy needed
   adjust(logits, history);
-  return params_.temperature == 0.0f ? first_argmax(scratch_, max_value(scratch_)) : draw();
+  const float adjusted_max = max_value(scratch_);
+  // Every token banned: greedy would take token 0 and a draw its first candidate, banned too.
+  if (!std::isfinite(adjusted_max))
+    throw std::runtime_error(
+        "no token can be drawn: allowed_token_ids, bad_words and min_tokens ban every one");
+  return pick(adjusted_max);
 }
 
 int32_t Sampler::choose_guided(std::span<const float> logits, std::span<const int32_t> history) {
@@ -208,7 +232,16 @@ int32_t Sampler::choose_guided(std::span<const float> logits, std::span<const in
   const float max_logit = max_value(scratch_);
   if (!std::isfinite(max_logit))  // nothing allowed, or nothing allowed that can be drawn
     throw std::runtime_error("no token the model can draw continues " + guide_->held_to());
-  return params_.temperature == 0.0f ? first_argmax(scratch_, max_logit) : draw();
+  return pick(max_logit);
+}
+
+int32_t Sampler::pick(float max_logit) {
+  return params_.temperature == 0.0f ? first_argmax(scratch_, max_logit) : draw(max_logit);
+}
+
+bool Sampler::adjusts() const {
+  return penalises() || !params_.logit_bias.empty() || !params_.allowed_tokens.empty() ||
+         !params_.bad_word_sequences.empty() || bans_ending();
 }
 
 void Sampler::adjust(std::span<const float> logits, std::span<const int32_t> history) {
@@ -216,6 +249,7 @@ void Sampler::adjust(std::span<const float> logits, std::span<const int32_t> his
   apply_penalties(history);
   apply_logit_bias();
   if (!params_.allowed_tokens.empty()) keep_allowed();
+  if (!params_.bad_word_sequences.empty()) ban_bad_words(history);
   if (bans_ending()) ban_ending();
 }
 
@@ -233,6 +267,25 @@ void Sampler::keep_allowed() {
   std::fill(scratch_.begin(), scratch_.end(), -INFINITY);
   for (size_t i = 0; i < params_.allowed_tokens.size(); ++i)
     scratch_[size_t(params_.allowed_tokens[i])] = allowed_logits_[i];
+}
+
+// Every sequence's prefix is compared with the answer's end at every draw: a request's
+// sequences hold at most 1024 tokens (model/bad_words.h), little beside the pass over the
+// vocabulary. vLLM bans them after allowed_tokens but before logit_bias and the penalties; as
+// -inf stays -inf through those, the order here draws the same.
+void Sampler::ban_bad_words(std::span<const int32_t> history) {
+  const std::span<const int32_t> drawn = answer(history);
+  for (const std::vector<int32_t>& sequence : params_.bad_word_sequences) {
+    const std::span<const int32_t> prefix(sequence.data(), sequence.size() - 1);
+    if (prefix.size() > drawn.size() || !std::ranges::equal(prefix, drawn.last(prefix.size())))
+      continue;
+    const int32_t token = sequence.back();
+    if (size_t(token) >= scratch_.size())
+      throw std::invalid_argument("Sampler::sample: bad word token " + std::to_string(token) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(scratch_.size()));
+    scratch_[size_t(token)] = -INFINITY;
+  }
 }
 
 void Sampler::ban_ending() {
@@ -272,8 +325,7 @@ void Sampler::apply_penalties(std::span<const int32_t> history) {
     });
   }
   if (penalises_answer()) {
-    const size_t answer = std::min(history.size(), size_t(drawn_));
-    for_each_distinct(history.last(answer), [&](int32_t token, int count) {
+    for_each_distinct(answer(history), [&](int32_t token, int count) {
       scratch_[token] -= float(count) * p.frequency_penalty + p.presence_penalty;
     });
   }
@@ -330,10 +382,11 @@ size_t Sampler::sort_likeliest(size_t n, double mass) {
   return size_t(end - begin);
 }
 
-// Top-k, softmax at the temperature, top-p, min-p, then one draw. Candidates are ordered by a
-// strict total order (more likely first, then lower id), so every standard library keeps the
-// same set in the same order and the same seed picks the same token.
-int32_t Sampler::draw() {
+// Top-k, softmax at the temperature, top-p, min-p, then one draw from scratch_, whose largest
+// value is `max_logit`. Candidates are ordered by a strict total order (more likely first, then
+// lower id), so every standard library keeps the same set in the same order and the same seed
+// picks the same token.
+int32_t Sampler::draw(float max_logit) {
   const size_t vocab = scratch_.size();
   order_.resize(vocab);
   std::iota(order_.begin(), order_.end(), 0);
@@ -348,10 +401,9 @@ int32_t Sampler::draw() {
     sorted = n;
   }
 
-  // Softmax weights at the temperature, left unnormalised: the most likely candidate gets
-  // exp(0) = 1 and the others less. Dividing (not multiplying by 1/T, which overflows for a
-  // tiny T) keeps exp(0 / T) = 1.
-  const float max_logit = sorted == 0 ? max_value(scratch_) : scratch_[order_[0]];
+  // Softmax weights at the temperature, left unnormalised: the most likely candidate (top-k's
+  // first too) gets exp(0) = 1 and the others less. Dividing (not multiplying by 1/T, which
+  // overflows for a tiny T) keeps exp(0 / T) = 1.
   const float temperature = params_.temperature;
   auto weight = [&](float logit) { return shifted_exp((logit - max_logit) / temperature); };
   double total = 0.0;

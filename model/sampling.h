@@ -2,6 +2,8 @@
 // the chosen token's logprob with the top alternatives.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -36,6 +38,10 @@ struct SamplingParams {
   // vLLM's allowed_token_ids: only these may be drawn (an end of sequence too only if listed);
   // empty: every token. Like logit_bias, it leaves logprobs the model's own.
   std::vector<int32_t> allowed_tokens;
+  // vLLM's bad_words as token sequences (model/bad_words.h), which the caller fills: each one's
+  // last token is banned wherever the answer so far (not the prompt) ends with the rest of it,
+  // a one-token sequence's at every draw. Logprobs stay the model's own here too.
+  std::vector<std::vector<int32_t>> bad_word_sequences;
   // The tokens that end the answer (the end-of-sequence ids unless ignored, vLLM's stop token
   // ids), which the caller fills; vLLM's min_tokens bans them from the first min_tokens draws.
   int min_tokens = 0;
@@ -46,8 +52,15 @@ struct SamplingParams {
 // are valid: temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
 // repetition_penalty > 0, presence/frequency_penalty [-2, 2], top_logprobs [0, 20],
 // repeat_last_n >= -1, logit_bias tokens >= 0 with biases [-100, 100], allowed tokens >= 0,
-// min_tokens >= 0, ending tokens >= 0.
+// bad word sequences of one token or more, each >= 0, min_tokens >= 0, ending tokens >= 0.
 std::string validate(const SamplingParams& params);
+
+// Whether the first draw from a vocabulary of `vocab_size` has a token left: one allowed (any,
+// without allowed_tokens) that no one-token bad word sequence bans and that, where min_tokens
+// holds them back, does not end the answer. Only the prefix of a longer sequence can ban its
+// last token, and no prefix precedes the first draw; a later draw finding none is the
+// sampler's error.
+bool first_draw_possible(const SamplingParams& params, int vocab_size);
 
 struct TokenLogprob {
   int32_t token = 0;
@@ -80,8 +93,9 @@ class Sampler {
   // `history` is the sequence so far for the penalties: its prompt, then the tokens this sampler
   // drew, in order.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
-  // history, logit_bias or ending token outside the vocabulary, and std::runtime_error when the
-  // guide leaves no token to draw.
+  // history, logit_bias, allowed, bad word or ending token outside the vocabulary, and
+  // std::runtime_error when the bans (allowed_tokens, bad words, min_tokens) or the guide leave
+  // no token to draw.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
@@ -91,11 +105,20 @@ class Sampler {
   int32_t choose(std::span<const float> logits, std::span<const int32_t> history, float max_logit);
   // The draw again with every token the guide refuses masked out.
   int32_t choose_guided(std::span<const float> logits, std::span<const int32_t> history);
-  // scratch_ = the logits with the penalties, logit_bias, allowed_tokens and min_tokens' ban
-  // applied.
+  // Greedy's argmax of scratch_, or a draw from it; `max_logit` is its largest value.
+  int32_t pick(float max_logit);
+  // Whether anything changes the logits before a draw: without, greedy takes their argmax.
+  bool adjusts() const;
+  // scratch_ = the logits with the penalties, logit_bias, allowed_tokens, the bad words' bans
+  // and min_tokens' ban applied.
   void adjust(std::span<const float> logits, std::span<const int32_t> history);
   bool bans_ending() const { return drawn_ < params_.min_tokens && !params_.ending_tokens.empty(); }
   void ban_ending();
+  void ban_bad_words(std::span<const int32_t> history);
+  // The tokens this sampler drew: the history's last drawn_.
+  std::span<const int32_t> answer(std::span<const int32_t> history) const {
+    return history.last(std::min(history.size(), size_t(drawn_)));
+  }
   bool penalises() const;             // any penalty that can change a logit
   bool penalises_repetition() const;  // a repetition penalty over a window of some tokens
   bool penalises_answer() const;      // a presence or frequency penalty
@@ -111,7 +134,7 @@ class Sampler {
     return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
   }
   size_t sort_likeliest(size_t n, double mass);
-  int32_t draw();
+  int32_t draw(float max_logit);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

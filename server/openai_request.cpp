@@ -11,6 +11,7 @@
 #include <set>
 
 #include "io/json_integer.h"
+#include "model/bad_words.h"
 
 namespace pipeline {
 
@@ -214,8 +215,6 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
   refuse_unless("audio", empty, " (no audio output)");
   // vLLM's per-request Jinja template: the server applies the one its config names.
   refuse_unless("chat_template", empty, " (the server applies its configured chat template)");
-  // vLLM's bad_words: its token sequences are the tokenizer's business, not implemented here.
-  refuse_unless("bad_words", empty, " (logit_bias or allowed_token_ids can ban tokens)");
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
     throw invalid("top_logprobs",
                   "top_logprobs is a chat parameter; /v1/completions takes the number of "
@@ -535,6 +534,34 @@ std::vector<int32_t> read_allowed_token_ids(const JsonBody& body) {
   return ids;
 }
 
+// vLLM's bad_words: an array of words (the tokenize stage finds their token sequences), each
+// with some text after the leading whitespace vLLM strips: a word without has no tokens to ban.
+// At most kMaxBadWords of kMaxBadWordBytes together, so that n choices finding theirs cost
+// little. An empty array is not given.
+std::vector<std::string> read_bad_words(const JsonBody& body) {
+  const JsonBody* value = find_field(body, "bad_words");
+  if (!value) return {};
+  if (!value->is_array()) throw wrong_type("bad_words", "an array of strings", *value);
+  if (value->size() > kMaxBadWords)
+    throw invalid("bad_words",
+                  "bad_words holds at most " + std::to_string(kMaxBadWords) + " words");
+  std::vector<std::string> words;
+  size_t bytes = 0;
+  for (const JsonBody& word : *value) {
+    if (!word.is_string()) throw wrong_type("bad_words", "an array of strings", word);
+    const std::string& text = word.get_ref<const std::string&>();
+    if (strip_leading_whitespace(text).empty())
+      throw invalid("bad_words",
+                    "bad_words may not hold an empty word, or one of whitespace alone");
+    bytes += text.size();
+    words.push_back(text);
+  }
+  if (bytes > kMaxBadWordBytes)
+    throw invalid("bad_words", "bad_words holds " + std::to_string(bytes) + " bytes, more than " +
+                                   std::to_string(kMaxBadWordBytes));
+  return words;
+}
+
 // What a parameter that would keep an answer guided by `guide` (one of guides_asked()'s params)
 // from ending gets.
 ApiError not_with_guide(const JsonBody& body, const std::string& param, const std::string& guide) {
@@ -760,6 +787,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   if (echo) apply_echo(parsed);
   request.stop = read_stop(body);
   request.ignore_eos = read_bool(body, "ignore_eos", false);
+  request.bad_words = read_bad_words(body);
   const std::vector<std::string> guides = guides_asked(body);
   if (!guides.empty() && request.ignore_eos) throw not_with_guide(body, "ignore_eos", guides[0]);
   request.stop_token_ids = read_stop_token_ids(body);

@@ -7,6 +7,7 @@
 
 #include "graph/log.h"
 #include "io/prompt_text.h"
+#include "model/bad_words.h"
 
 namespace pipeline {
 
@@ -99,6 +100,22 @@ void TokenizeStage::check_in_vocabulary(int32_t token, const char* param) const 
                   param};
 }
 
+void TokenizeStage::resolve_bad_words(const Request& req, SamplingParams& sampling) const {
+  if (req.bad_words.empty()) return;
+  try {
+    sampling.bad_word_sequences = bad_word_sequences(ctx_.tokenizer, req.bad_words);
+  } catch (const std::invalid_argument& e) {
+    throw Refusal{e.what(), "bad_words"};
+  }
+  if (!first_draw_possible(sampling, ctx_.model.vocab_size))
+    throw Refusal{"bad_words bans every token " +
+                      std::string(sampling.allowed_tokens.empty() ? "of the vocabulary"
+                                                                  : "allowed_token_ids allows") +
+                      (sampling.min_tokens > 0 ? " that min_tokens does not hold back" : "") +
+                      ": nothing could be drawn",
+                  "bad_words"};
+}
+
 void TokenizeStage::prepare(Sequence& seq) const {
   const Request& req = *seq.request;
   const std::string prompt_param = req.chat ? "messages" : "prompt";
@@ -154,6 +171,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
         "allowed_token_ids holds only tokens that end the answer, which min_tokens "
         "bans from its first draws: nothing could be drawn",
         "allowed_token_ids"};
+  resolve_bad_words(req, sampling);
   std::optional<GuidedDecoding> guide;
   if (req.json_schema || req.text_pattern) {
     if (ctx_.guided_vocabulary.eos_tokens().empty())

@@ -36,6 +36,9 @@ class TokenizeStage : public Stage {
                          const std::string& prompt_param, const std::string& max_tokens_param);
   // A token id a parameter names (logit_bias, stop_token_ids) must be in the model's vocabulary.
   void check_in_vocabulary(int32_t token, const char* param) const;
+  // The token sequences the request's bad_words are banned as, in `sampling` (its ending
+  // tokens filled); refused where they do not fit the cap or leave the first draw no token.
+  void resolve_bad_words(const Request& req, SamplingParams& sampling) const;
   // Fills the sequence's prompt, limits, sampler and text state; throws Refusal.
   void prepare(Sequence& seq) const;
 

@@ -598,14 +598,23 @@ std::vector<BadInput> bad_inputs() {
        "structured_outputs.json_object", "expected a boolean"},
       {chat, with(chat_body(), "guided_whitespace_pattern", " "), "guided_whitespace_pattern",
        "not supported"},
-      {completion, with(completion_body(), "bad_words", {"dragon"}), "bad_words",
-       "not supported"},
+      {completion, with(completion_body(), "bad_words", "dragon"), "bad_words",
+       "expected an array of strings"},
+      {chat, with(chat_body(), "bad_words", {"dragon", 3}), "bad_words",
+       "expected an array of strings"},
+      {chat, with(chat_body(), "bad_words", {"dragon", ""}), "bad_words",
+       "bad_words may not hold an empty word, or one of whitespace alone"},
+      {completion, with(completion_body(), "bad_words", {" \t\u3000"}), "bad_words",
+       "may not hold an empty word"},
+      {completion, with(completion_body(), "bad_words", std::vector<std::string>(129, "x")),
+       "bad_words", "bad_words holds at most 128 words"},
+      {chat, with(chat_body(), "bad_words", {std::string(20000, 'x'), std::string(12769, 'y')}),
+       "bad_words", "bad_words holds 32769 bytes, more than 32768"},
       // A second guide is told before the first is compiled, however costly that would be.
       {completion,
        with(with(completion_body(), "guided_regex", "(.?){1000}"), "guided_choice", {"a"}),
        "guided_choice", "guided_choice cannot be combined with guided_regex: give one guide"},
-      {completion,
-       with(with(completion_body(), "guided_regex", "(.?){1000}"), "ignore_eos", true),
+      {completion, with(with(completion_body(), "guided_regex", "(.?){1000}"), "ignore_eos", true),
        "ignore_eos", "ignore_eos cannot be combined with guided_regex"},
       {completion, with(completion_body(), "allowed_token_ids", json::array()), "allowed_token_ids",
        "may not be empty"},
@@ -695,6 +704,19 @@ TEST(ParseRequest, AllowedTokenIdsAreRead) {
   EXPECT_TRUE(parse_chat(with(chat_body(), "allowed_token_ids", nullptr))
                   .request->sampling.allowed_tokens.empty());
   EXPECT_TRUE(parse_chat(chat_body()).request->sampling.allowed_tokens.empty());
+}
+
+// vLLM's bad_words: read as written (the tokenize stage strips and encodes them); null, an
+// empty array or absent bans nothing; 128 words of 32 KiB together pass.
+TEST(ParseRequest, BadWordsAreRead) {
+  EXPECT_EQ(parse_completion(with(completion_body(), "bad_words", {"dragon", " the cat"}))
+                .request->bad_words,
+            (std::vector<std::string>{"dragon", " the cat"}));
+  EXPECT_TRUE(parse_chat(with(chat_body(), "bad_words", nullptr)).request->bad_words.empty());
+  EXPECT_TRUE(parse_chat(with(chat_body(), "bad_words", json::array())).request->bad_words.empty());
+  EXPECT_TRUE(parse_chat(chat_body()).request->bad_words.empty());
+  const std::vector<std::string> most(128, std::string(256, 'w'));
+  EXPECT_EQ(parse_chat(with(chat_body(), "bad_words", most)).request->bad_words, most);
 }
 
 // vLLM's stop_token_ids and min_tokens.

@@ -396,6 +396,94 @@ TEST(Sampling, AllowedTokensAreTheOnlyOnesDrawn) {
   EXPECT_THROW(Sampler(outside, 0).sample(logits, {}), std::invalid_argument);
 }
 
+// What a sampler with `params` draws from `logits` once it has drawn `answer` after `prompt`, each
+// of the answer's tokens forced by logits that all but name it.
+SampledToken sample_after(const SamplingParams& params, std::vector<int32_t> prompt,
+                          const std::vector<int32_t>& answer, const std::vector<float>& logits) {
+  Sampler sampler(params, 0);
+  std::vector<int32_t>& history = prompt;
+  for (int32_t token : answer) {
+    std::vector<float> forcing(logits.size(), 0.0f);
+    forcing[size_t(token)] = 50.0f;
+    EXPECT_EQ(sampler.sample(forcing, history).token, token) << "forcing the answer";
+    history.push_back(token);
+  }
+  return sampler.sample(logits, history);
+}
+
+// vLLM's bad_words: a one-token sequence's token is never drawn; a longer sequence's last token
+// only where the answer ends with the rest of it, not where the prompt does; greedy takes the
+// next best, and logprobs stay the model's own.
+TEST(Sampling, BadWordSequencesBanTheirLastTokenAfterTheirPrefix) {
+  const std::vector<float> logits{0.5f, 4.0f, 1.0f, 3.5f, -1.0f};  // 1, 3, 2, 0, 4 likeliest first
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = true;
+  greedy.bad_word_sequences = {{1}, {2, 3}, {0, 4, 2}};
+  const SampledToken first = sample_after(greedy, {}, {}, logits);
+  EXPECT_EQ(first.token, 3);
+  EXPECT_NEAR(first.logprob, std::log(softmax(logits)[3]), 1e-5);
+  // After 2 the answer would end "2 3": 3 is banned too, and 2 comes next.
+  const SampledToken after_prefix = sample_after(greedy, {}, {2}, logits);
+  EXPECT_EQ(after_prefix.token, 2);
+  EXPECT_NEAR(after_prefix.logprob, std::log(softmax(logits)[2]), 1e-5);
+  // The prefix must end the answer, and be the answer's: a prompt's bans nothing.
+  EXPECT_EQ(sample_after(greedy, {}, {2, 0}, logits).token, 3);
+  EXPECT_EQ(sample_after(greedy, {2}, {}, logits).token, 3);
+  // A prefix of two: "0 4" bans 2; "4" alone, or after the prompt's 0, does not.
+  const std::vector<float> two_first{0.5f, 4.0f, 5.0f, 3.5f, -1.0f};
+  EXPECT_EQ(sample_after(greedy, {}, {0, 4}, two_first).token, 3);
+  EXPECT_EQ(sample_after(greedy, {}, {4}, two_first).token, 2);
+  EXPECT_EQ(sample_after(greedy, {0}, {4}, two_first).token, 2);
+  // Drawn, a banned token never comes, and the others keep their proportions.
+  SamplingParams drawing = seeded(5);
+  drawing.bad_word_sequences = {{1}, {2, 3}};
+  const auto seen = frequencies(drawing, logits, 20000);
+  EXPECT_EQ(seen.count(1), 0u);
+  const std::vector<double> p = softmax(logits);
+  EXPECT_NEAR(seen.at(3), p[3] / (1.0 - p[1]), 0.015);
+}
+
+// Bans that leave nothing to draw are an error, not token 0 or a NaN: first_draw_possible tells
+// the first draw's ahead (one-token sequences, allowed tokens, min_tokens), the sampler a later
+// one's; a bad word token outside the vocabulary is an error too.
+TEST(Sampling, BadWordsThatLeaveNothingToDrawAreAnError) {
+  const std::vector<float> logits{0.5f, 4.0f, 1.0f, 3.5f, -1.0f};
+  SamplingParams only;
+  only.allowed_tokens = {3};
+  only.bad_word_sequences = {{3, 3}};
+  for (const float temperature : {0.0f, 1.0f}) {
+    only.temperature = temperature;
+    EXPECT_TRUE(first_draw_possible(only, 5));
+    Sampler sampler(only, 0);
+    EXPECT_EQ(sampler.sample(logits, {}).token, 3);
+    EXPECT_THROW(sampler.sample(logits, std::vector<int32_t>{3}), std::runtime_error);
+  }
+
+  SamplingParams first;
+  first.allowed_tokens = {1, 3};
+  first.bad_word_sequences = {{1}, {2, 3}};
+  EXPECT_TRUE(first_draw_possible(first, 5));  // 3 is banned only after 2
+  first.bad_word_sequences.push_back({3});
+  EXPECT_FALSE(first_draw_possible(first, 5));
+  first.allowed_tokens.clear();
+  EXPECT_TRUE(first_draw_possible(first, 5));
+  first.bad_word_sequences = {{0}, {1}, {2}, {3}, {4}};
+  EXPECT_FALSE(first_draw_possible(first, 5));
+  EXPECT_TRUE(first_draw_possible(first, 6));
+  SamplingParams held;
+  held.allowed_tokens = {1, 2};
+  held.bad_word_sequences = {{1}};
+  held.ending_tokens = {2};
+  EXPECT_TRUE(first_draw_possible(held, 5));
+  held.min_tokens = 1;
+  EXPECT_FALSE(first_draw_possible(held, 5));
+
+  SamplingParams outside;
+  outside.bad_word_sequences = {{5}};
+  EXPECT_THROW(Sampler(outside, 0).sample(logits, {}), std::invalid_argument);
+}
+
 // min_tokens: the ending tokens cannot be drawn in the first min_tokens draws, greedy or not,
 // and are as likely as ever after; their logprobs stay the model's own.
 TEST(Sampling, MinTokensBansTheEndingTokensFromTheFirstDraws) {
@@ -510,6 +598,8 @@ TEST(Sampling, SampleAllocatesNothingAfterTheFirstCall) {
   params.repetition_penalty = 1.1f;
   params.frequency_penalty = 0.2f;
   params.presence_penalty = 0.1f;
+  // The second's prefix ends the answer once a token is drawn: the history's last stands for it.
+  params.bad_word_sequences = {{17}, {history.back(), 5}};
   Sampler sampler(params, 0);
   SamplingParams nucleus_only = seeded(11);
   nucleus_only.top_p = 0.5f;
@@ -589,6 +679,16 @@ TEST(Sampling, ValidateNamesTheParameterOutOfRange) {
         p.allowed_tokens = {3, -1};
       },
       "allowed_token_ids must be token ids of 0 or more, got -1");
+  expect_rejected(
+      [](SamplingParams& p) {
+        p.bad_word_sequences = {{3}, {}};
+      },
+      "bad_words must be sequences of one token or more, got an empty one");
+  expect_rejected(
+      [](SamplingParams& p) {
+        p.bad_word_sequences = {{3, -2}};
+      },
+      "bad_words must be token ids of 0 or more, got -2");
   expect_rejected([](SamplingParams& p) { p.temperature = -0.1f; },
                   "temperature must be between 0 and 2");
   expect_rejected([](SamplingParams& p) { p.temperature = std::nanf(""); },

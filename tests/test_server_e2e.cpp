@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -864,6 +865,55 @@ TEST_F(ServerE2E, AllowedTokenIdsAreTheOnlyTokensDrawn) {
     ASSERT_EQ(refused.status, 400) << refused.raw;
     EXPECT_EQ(refused.body["error"]["param"], "allowed_token_ids") << refused.raw;
   }
+}
+
+// vLLM's bad_words: "girl" is ▁g ir l to stories260K, and the greedy story has it by its eighth
+// token; banned, the story is the same up to its "l", which the model replaces, and never holds
+// the three again. Bans that leave the first draw nothing are a 400 naming bad_words; a later
+// draw left nothing fails its answer with a 500 rather than drawing a banned token.
+TEST_F(ServerE2E, BadWordsNeverAppearInTheAnswer) {
+  const Tokenizer& tokenizer = testing::stories_tokenizer();
+  const std::string prompt = "Once upon a time";
+  const json reference = generate_reference(prompt, 30);
+  const std::vector<int32_t> ids = reference["generated_ids"];
+  const std::vector<int32_t> girl = tokenizer.encode("girl", false);
+  ASSERT_EQ(girl.size(), 3u);
+  const auto at = std::search(ids.begin(), ids.end(), girl.begin(), girl.end());
+  ASSERT_NE(at, ids.end()) << reference["text"];
+  const std::vector<int32_t> before(ids.begin(), at + ptrdiff_t(girl.size()) - 1);  // "▁g ir"
+
+  const Reply banned =
+      post(port(), "/v1/completions",
+           with(with(completion_body(prompt, 30), "bad_words", {"girl"}), "logprobs", 0));
+  ASSERT_EQ(banned.status, 200) << banned.raw;
+  const std::string text = banned.body["choices"][0]["text"];
+  const std::string kept = tokenizer.decode(before);
+  EXPECT_EQ(text.rfind(kept, 0), 0u) << text;
+  const std::vector<std::string> tokens = banned.body["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), 30u);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(tokens[i], tokenizer.token_text(before[i]));
+  EXPECT_NE(tokens[before.size()], tokenizer.token_text(girl.back()));
+  std::vector<std::string> girl_texts;
+  for (int32_t token : girl) girl_texts.push_back(tokenizer.token_text(token));
+  EXPECT_EQ(std::search(tokens.begin(), tokens.end(), girl_texts.begin(), girl_texts.end()),
+            tokens.end())
+      << text;
+
+  // "little" is one token: with it the only one allowed, nothing is left to draw first.
+  const std::vector<int32_t> little = tokenizer.encode("little", false);
+  ASSERT_EQ(little.size(), 1u);
+  const Reply refused = post(
+      port(), "/v1/completions",
+      with(with(completion_body(prompt, 5), "allowed_token_ids", little), "bad_words", {"little"}));
+  ASSERT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_EQ(refused.body["error"]["param"], "bad_words") << refused.raw;
+  // "little little": the first draw takes it, the second has nothing left.
+  const Reply failed = post(port(), "/v1/completions",
+                            with(with(completion_body(prompt, 5), "allowed_token_ids", little),
+                                 "bad_words", {"little little"}));
+  ASSERT_EQ(failed.status, 500) << failed.raw;
+  EXPECT_NE(failed.raw.find("no token can be drawn"), std::string::npos) << failed.raw;
+  EXPECT_EQ(post(port(), "/v1/completions", completion_body(prompt, 2)).status, 200);
 }
 
 // response_format json_object: every choice is the beginning of a JSON object, whole where it
