@@ -50,8 +50,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 // "37/100 done, 2 failed, 8 in flight, 12034 tokens (412 tok/s), 29 s, about 50 s left": the
 // whole batch's requests done, `earlier` of them by earlier runs; the rest of the line is this
-// run's, the time left at this run's pace (none once it was interrupted).
-void print_progress(const BatchProgress& p, size_t earlier, double seconds) {
+// run's: the tokens generated so far, those of requests in flight too (the engine's count, as
+// usage counts them), and the time left at this run's pace (none once it was interrupted).
+void print_progress(const BatchProgress& p, size_t earlier, uint64_t tokens, double seconds) {
   std::string eta;
   if (p.written > 0 && p.written < p.total && !p.interrupted)
     eta = ", about " +
@@ -61,8 +62,8 @@ void print_progress(const BatchProgress& p, size_t earlier, double seconds) {
                "pipeline batch: %zu/%zu done, %zu failed, %zu in flight, %llu tokens (%.0f "
                "tok/s), %.0f s%s\n",
                earlier + p.written, earlier + p.total, p.failed, p.in_flight,
-               static_cast<unsigned long long>(p.completion_tokens),
-               seconds > 0 ? double(p.completion_tokens) / seconds : 0.0, seconds, eta.c_str());
+               static_cast<unsigned long long>(tokens),
+               seconds > 0 ? double(tokens) / seconds : 0.0, seconds, eta.c_str());
 }
 
 // The inputs whose custom_id has no line in the output file yet.
@@ -106,7 +107,9 @@ int batch_command(int argc, char** argv) {
   const std::string output_file = options.required("--output");
   const std::vector<std::string> overrides = config_overrides(options);
   const std::string config_file = options.finish(1, 1)[0];
-  const ServeConfig config = load_serve_config(config_file, overrides);
+  ServeConfig config = load_serve_config(config_file, overrides);
+  // The progress line, every 2 s, says how far the batch is; a line per request would bury it.
+  if (!config.server.log_requests) config.server.log_requests = false;
 
   // Both files are checked before the model loads.
   std::error_code not_there;  // an output that does not exist yet is not the input
@@ -146,7 +149,7 @@ int batch_command(int argc, char** argv) {
         engine.end_grace();
       });
   const BatchProgress progress = runner.run(todo, stop, kReportPeriod, [&](const BatchProgress& p) {
-    print_progress(p, finished, seconds_since(start));
+    print_progress(p, finished, engine.metrics().generated_tokens.value(), seconds_since(start));
   });
   const size_t done = finished + progress.written;
   if (progress.interrupted) {

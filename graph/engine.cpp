@@ -102,13 +102,15 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
   const auto& id = seq.request->id;
   if (const auto* completion = std::get_if<Completion>(&ending)) {
     metrics.requests_finished.add();
-    log_line("request %s finished (%s): %d tokens in %.3f s", id.c_str(),
-             finish_reason_name(completion->reason), completion->completion_tokens,
-             seconds_since(seq.request->arrival));
+    if (config.server.logs_requests())
+      log_line("request %s finished (%s): %d tokens in %.3f s", id.c_str(),
+               finish_reason_name(completion->reason), completion->completion_tokens,
+               seconds_since(seq.request->arrival));
   } else {
     const auto& error = std::get<RequestError>(ending);
     metrics.requests_failed.add();
-    log_line("request %s failed (%d): %s", id.c_str(), error.http_status, error.message.c_str());
+    if (config.server.logs_requests())
+      log_line("request %s failed (%d): %s", id.c_str(), error.http_status, error.message.c_str());
   }
   std::lock_guard lock(live_mutex);
   live.erase(seq.number);

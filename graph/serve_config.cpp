@@ -196,7 +196,8 @@ void read_model(const FieldReader& r, const YAML::Node& node, const std::filesys
 
 void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {
   r.require_map(node, "server");
-  r.check_keys(node, "server", {"host", "port", "api_key", "max_queue", "shutdown_grace_s"});
+  r.check_keys(node, "server",
+               {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "log_requests"});
   if (node["host"]) server.host = r.string(node["host"], "server.host");
   // An empty host binds wherever cpp-httplib's lookup of "" lands (IPv6 loopback, here).
   if (server.host.empty())
@@ -210,6 +211,8 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
                                  "each waiting request holds a connection thread");
   if (node["shutdown_grace_s"])
     server.shutdown_grace_s = r.integer(node["shutdown_grace_s"], "server.shutdown_grace_s", 0);
+  if (node["log_requests"])
+    server.log_requests = r.boolean(node["log_requests"], "server.log_requests");
 }
 
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {

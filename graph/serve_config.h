@@ -34,6 +34,10 @@ struct ServerSection {
   std::string api_key;  // empty: no authentication
   int max_queue = 256;  // waiting requests (a call's n choices count n) beyond this get 503
   int shutdown_grace_s = 30;
+  // A log line when each request is added, finishes or fails (vLLM's request log). Unset:
+  // `pipeline run` writes them, `pipeline batch` does not (its progress line counts them).
+  std::optional<bool> log_requests;
+  bool logs_requests() const { return log_requests.value_or(true); }
 };
 
 struct SchedulerSection {

@@ -26,7 +26,6 @@ struct BatchRunner::Finished {
   std::string request_id;
   int status_code = 200;
   json body;
-  int completion_tokens = 0;
   // Failed by the engine's shutdown or by a runner failure: not written, a rerun does it.
   bool cut_short = false;
 };
@@ -108,12 +107,12 @@ class BatchRunner::Answer {
     if (error_) {
       // 503 comes only from the engine's shutdown and a runner failure, which cut requests
       // short.
-      results_.push(Finished{&input_, request_id_, error_->http_status, error_body(*error_), 0,
+      results_.push(Finished{&input_, request_id_, error_->http_status, error_body(*error_),
                              error_->http_status == 503});
       return;
     }
-    results_.push(Finished{&input_, request_id_, 200, builder_.whole_response(completions_),
-                           total_usage(completions_, per_prompt_).completion_tokens, false});
+    results_.push(
+        Finished{&input_, request_id_, 200, builder_.whole_response(completions_), false});
   }
 
   const BatchInput& input_;
@@ -242,7 +241,7 @@ bool BatchRunner::submit(const BatchInput& input, Results& results, BatchProgres
       throw ApiError({400, "stream is not supported in a batch: each answer is one response body",
                       "invalid_request_error", "stream", ""});
   } catch (const ApiError& e) {
-    write({&input, "", e.error().http_status, error_body(e.error()), 0, false}, progress);
+    write({&input, "", e.error().http_status, error_body(e.error()), false}, progress);
     return true;
   }
   auto answer = std::make_shared<Answer>(
@@ -279,7 +278,6 @@ void BatchRunner::write(const Finished& finished, BatchProgress& progress) {
     throw std::runtime_error(std::string("writing the batch output failed: ") +
                              std::strerror(errno));
   ++progress.written;
-  progress.completion_tokens += uint64_t(finished.completion_tokens);
 }
 
 }  // namespace pipeline

@@ -18,11 +18,10 @@
 namespace pipeline {
 
 struct BatchProgress {
-  size_t total = 0;      // requests this run was given
-  size_t written = 0;    // of them, with their line written
-  size_t failed = 0;     // of those, refused or failed (the line carries the error)
-  size_t in_flight = 0;  // submitted to the engine, not finished
-  uint64_t completion_tokens = 0;
+  size_t total = 0;          // requests this run was given
+  size_t written = 0;        // of them, with their line written
+  size_t failed = 0;         // of those, refused or failed (the line carries the error)
+  size_t in_flight = 0;      // submitted to the engine, not finished
   bool interrupted = false;  // stopped before every request had its line
 };
 

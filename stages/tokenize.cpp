@@ -200,8 +200,9 @@ void TokenizeStage::operator()(Message message, const Emit& emit) {
     return;
   }
   ctx_.metrics.prompt_tokens.add(uint64_t(seq->prompt_len));
-  log_line("request %s added: %d prompt tokens, up to %d new", seq->request->id.c_str(),
-           seq->prompt_len, seq->max_tokens);
+  if (ctx_.config.server.logs_requests())
+    log_line("request %s added: %d prompt tokens, up to %d new", seq->request->id.c_str(),
+             seq->prompt_len, seq->max_tokens);
   emit(Tokenized{std::move(seq)});
 }
 

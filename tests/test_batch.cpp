@@ -293,9 +293,12 @@ class BatchCommandTest : public BatchTest {
            shell_quoted(config_.string()) + " --input " + shell_quoted(in.string()) + " --output " +
            shell_quoted(out.string());
   }
-  testing::CommandResult batch(const std::filesystem::path& in, const std::filesystem::path& out) {
-    return run_pipeline(
-        {"batch", config_.string(), "--input", in.string(), "--output", out.string()});
+  testing::CommandResult batch(const std::filesystem::path& in, const std::filesystem::path& out,
+                               std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"batch",     config_.string(), "--input",
+                                     in.string(), "--output",       out.string()};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_pipeline(args);
   }
   std::filesystem::path config_;
 };
@@ -382,9 +385,18 @@ TEST_F(BatchCommandTest, AnswersEveryRequestAsTheApiWouldAndRefusalsAsErrorLines
   EXPECT_EQ(hot["body"]["error"]["param"], "temperature");
   EXPECT_TRUE(hot["request_id"].is_null());
   EXPECT_EQ(results["streamed"]["response"]["body"]["error"]["param"], "stream");
-  // The refusals are named on stderr by their line.
+  // The refusals are named on stderr by their line, and the progress line counts the tokens;
+  // the engine's line per request is left out unless asked for.
   EXPECT_NE(result.err.find("in.jsonl:7 (custom_id too-hot) failed with 400"), std::string::npos)
       << result.err;
+  EXPECT_NE(result.err.find("8/8 done, 2 failed, 0 in flight, "), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("8/8 done, 2 failed, 0 in flight, 0 tokens"), std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.err.find(" added: "), std::string::npos) << result.err;
+  const auto logged = batch(in, dir_ / "logged.jsonl", {"--set", "server.log_requests=true"});
+  ASSERT_EQ(logged.exit_code, 0) << logged.err;
+  EXPECT_NE(logged.err.find("request cmpl-"), std::string::npos) << logged.err;
+  EXPECT_NE(logged.err.find(" added: "), std::string::npos) << logged.err;
 
   // Run again: nothing left to do, the model is not even loaded.
   const auto again = batch(in, out);
@@ -403,7 +415,8 @@ TEST_F(BatchCommandTest, ALineWhoseChoiceFailsCancelsItsOtherChoices) {
   body["ignore_eos"] = true;
   const auto in = write("in.jsonl", request_line("mixed", "/v1/completions", body));
   const auto out = dir_ / "out.jsonl";
-  const auto result = batch(in, out);
+  // The engine's log line per request says how the first choice ended.
+  const auto result = batch(in, out, {"--set", "server.log_requests=true"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto lines = lines_of(out);
   ASSERT_EQ(lines.size(), 1u);
