@@ -23,12 +23,39 @@ BatchFileError error_at(const std::filesystem::path& file, int line, const std::
   return BatchFileError(file.string() + ":" + std::to_string(line) + ": " + what);
 }
 
-// nlohmann's parse message without its "[json.exception.parse_error.101] " prefix.
+// A bad input file's first lines in error are each named; past these, only their count.
+constexpr size_t kBadLinesNamed = 20;
+
+// nlohmann's parse message without its "[json.exception.parse_error.101] " prefix or its "line
+// 1" (the text parsed is one line of the file, which the message names), and with bytes a
+// terminal would not show as text (its "last read" quotes the line) written as \xNN.
 std::string parse_problem(const nlohmann::json::exception& e) {
   std::string message = e.what();
   if (const size_t end = message.find("] "); message.starts_with("[json") && end != message.npos)
     message.erase(0, end + 2);
-  return message;
+  constexpr std::string_view kLineOne = "at line 1, column ";
+  if (const size_t at = message.find(kLineOne); at != message.npos)
+    message.replace(at, kLineOne.size(), "at column ");
+  std::string shown;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7F) {
+      shown += c;
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      shown += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
+    }
+  }
+  return shown;
+}
+
+// What a JSON value is, for a message that says what was given instead.
+std::string kind_of(const json& value) {
+  if (value.is_string()) return "an empty string";  // the only string refused
+  if (value.is_number()) return "a number";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_null()) return "null";
+  return value.is_array() ? "an array" : "an object";
 }
 
 bool blank(const std::string& text) {
@@ -55,8 +82,11 @@ json parse_object(const std::filesystem::path& file, int number, const std::stri
 std::string required_string(const std::filesystem::path& file, int number, const json& object,
                             const char* field) {
   const auto found = object.find(field);
-  if (found == object.end() || !found->is_string() || found->get<std::string>().empty())
+  if (found == object.end())
     throw error_at(file, number, std::string(field) + ": required, a non-empty string");
+  if (!found->is_string() || found->get<std::string>().empty())
+    throw error_at(file, number,
+                   std::string(field) + ": must be a non-empty string, not " + kind_of(*found));
   return found->get<std::string>();
 }
 
@@ -84,40 +114,64 @@ bool starts_like_a_result(std::string_view tail) {
 
 }  // namespace
 
+namespace {
+
+// One line of the input as a request; `first_line` holds the custom_ids read so far.
+BatchInput read_input_line(const std::filesystem::path& file, int number, const std::string& text,
+                           std::map<std::string, int>& first_line) {
+  const json object = parse_object(file, number, text);
+  BatchInput input;
+  input.line = number;
+  input.custom_id = required_string(file, number, object, "custom_id");
+  if (const auto [at, added] = first_line.emplace(input.custom_id, number); !added)
+    throw error_at(file, number,
+                   "custom_id: '" + input.custom_id + "' is already on line " +
+                       std::to_string(at->second) + "; every request needs its own");
+  if (required_string(file, number, object, "method") != "POST")
+    throw error_at(file, number, "method: must be \"POST\"");
+  const std::string url = required_string(file, number, object, "url");
+  if (url == "/v1/chat/completions")
+    input.endpoint = Endpoint::ChatCompletions;
+  else if (url == "/v1/completions")
+    input.endpoint = Endpoint::Completions;
+  else
+    throw error_at(file, number,
+                   "url: '" + url + "' is not /v1/chat/completions or /v1/completions");
+  const auto body = object.find("body");
+  if (body == object.end() || !body->is_object())
+    throw error_at(file, number, "body: required, the request as a JSON object");
+  input.body = *body;
+  return input;
+}
+
+}  // namespace
+
+// Every line is read, so that one run names all the bad lines there are (the first
+// kBadLinesNamed of them), not one a run.
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
   check_readable_kind(file, /*pipe_allowed=*/true, "input");
   std::ifstream in(file);
   if (!in) throw BatchFileError(file.string() + ": cannot open the batch input file");
   std::vector<BatchInput> inputs;
   std::map<std::string, int> first_line;  // custom_id -> its line
+  std::string problems;
+  size_t bad_lines = 0;
   std::string text;
   for (int number = 1; std::getline(in, text); ++number) {
     if (blank(text)) continue;
-    const json object = parse_object(file, number, text);
-    BatchInput input;
-    input.line = number;
-    input.custom_id = required_string(file, number, object, "custom_id");
-    if (const auto [at, added] = first_line.emplace(input.custom_id, number); !added)
-      throw error_at(file, number,
-                     "custom_id: '" + input.custom_id + "' is already on line " +
-                         std::to_string(at->second) + "; every request needs its own");
-    if (required_string(file, number, object, "method") != "POST")
-      throw error_at(file, number, "method: must be \"POST\"");
-    const std::string url = required_string(file, number, object, "url");
-    if (url == "/v1/chat/completions")
-      input.endpoint = Endpoint::ChatCompletions;
-    else if (url == "/v1/completions")
-      input.endpoint = Endpoint::Completions;
-    else
-      throw error_at(file, number,
-                     "url: '" + url + "' is not /v1/chat/completions or /v1/completions");
-    const auto body = object.find("body");
-    if (body == object.end() || !body->is_object())
-      throw error_at(file, number, "body: required, the request as a JSON object");
-    input.body = *body;
-    inputs.push_back(std::move(input));
+    try {
+      inputs.push_back(read_input_line(file, number, text, first_line));
+    } catch (const BatchFileError& e) {
+      if (++bad_lines > kBadLinesNamed) continue;
+      if (!problems.empty()) problems += '\n';
+      problems += e.what();
+    }
   }
   if (in.bad()) throw BatchFileError(file.string() + ": read error");
+  if (bad_lines > kBadLinesNamed)
+    problems += '\n' + file.string() + ": and " + std::to_string(bad_lines - kBadLinesNamed) +
+                " more bad lines";
+  if (!problems.empty()) throw BatchFileError(problems);
   if (inputs.empty()) throw BatchFileError(file.string() + ": no requests in the batch input file");
   return inputs;
 }
@@ -131,8 +185,9 @@ std::string result_id(const std::filesystem::path& file, int number, const std::
                       std::map<std::string, int>& first_line) {
   const json object = parse_object(file, number, text);
   const auto custom_id = object.find("custom_id");
-  if (custom_id == object.end() || !custom_id->is_string() || !object.contains("response"))
-    throw error_at(file, number, "not a result line: no custom_id and response");
+  if (custom_id == object.end() || !custom_id->is_string())
+    throw error_at(file, number, "not a result line: no custom_id string");
+  if (!object.contains("response")) throw error_at(file, number, "not a result line: no response");
   const std::string id = custom_id->get<std::string>();
   if (!expected.contains(id))
     throw error_at(

@@ -34,9 +34,10 @@ struct BatchInput {
 };
 
 // Every request of the input file, in file order; blank lines are skipped. Throws
-// BatchFileError on a line that is not a JSON object, or whose custom_id (a non-empty string,
-// unique in the file), method ("POST"), url (/v1/chat/completions or /v1/completions) or body
-// (an object) is missing or wrong.
+// BatchFileError, naming every such line ("file:line: field: why", one a line, the first 20),
+// on lines that are not JSON objects, or whose custom_id (a non-empty string, unique in the
+// file), method ("POST"), url (/v1/chat/completions or /v1/completions) or body (an object) is
+// missing or wrong.
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file);
 
 // The output file, opened for appending (created if missing) and locked (flock) by this process

@@ -99,14 +99,15 @@ TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
   const std::string good = request_line("a", "/v1/completions", {{"prompt", "x"}});
   const std::string file = (dir_ / "in.jsonl").string();
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {good + "{\"custom_id\": \"b\",", ":2: not JSON: "},
+      {good + "{\"custom_id\": \"b\",", ":2: not JSON: parse error at column 19: "},
       {good + "[1, 2]\n", ":2: not a JSON object"},
       {good + R"({"method": "POST", "url": "/v1/completions", "body": {}})"
               "\n",
        ":2: custom_id: required, a non-empty string"},
       {good + R"({"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {}})"
               "\n",
-       ":2: custom_id: required"},
+       ":2: custom_id: must be a non-empty string, not a number"},
+      {good + "\"Hi \xff\n", ":2: not JSON: "},
       {good + good, ":2: custom_id: 'a' is already on line 1"},
       {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {}})"
        "\n",
@@ -128,6 +129,8 @@ TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
     const std::string message = input_error(text);
     EXPECT_NE(message.find(file + expected), std::string::npos) << message;
   }
+  EXPECT_EQ(input_error(good + "\"Hi \xff\n").find('\xff'), std::string::npos)
+      << "a byte no terminal shows is written \\xff";
   EXPECT_NE(input_error("\n\n").find(file + ": no requests"), std::string::npos);
   // A body nested as deep as a request may be (1000 levels) is a line like any other.
   EXPECT_EQ(input_error(R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", )"
@@ -135,6 +138,23 @@ TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
                         std::string(999, '[') + std::string(999, ']') + "}}\n"),
             "no error");
   EXPECT_THROW(read_batch_input(dir_ / "missing.jsonl"), BatchFileError);
+}
+
+// One reading names every bad line, the first 20 of them, and counts the rest.
+TEST_F(BatchTest, EveryBadLineIsNamedInOneReading) {
+  const std::string good = request_line("a", "/v1/completions", {{"prompt", "x"}});
+  const std::string file = (dir_ / "in.jsonl").string();
+  const std::string two_bad = "[1]\n" + good + "{\"custom_id\": \"b\"}\n";
+  const std::string message = input_error(two_bad);
+  EXPECT_NE(message.find(file + ":1: not a JSON object\n" + file + ":3: method: required"),
+            std::string::npos)
+      << message;
+  std::string many_bad = good;
+  for (int i = 0; i < 25; ++i) many_bad += "[1]\n";
+  const std::string many = input_error(many_bad);
+  EXPECT_NE(many.find(file + ":21: not a JSON object\n"), std::string::npos) << many;
+  EXPECT_EQ(many.find(file + ":22:"), std::string::npos) << many;
+  EXPECT_NE(many.find(file + ": and 5 more bad lines"), std::string::npos) << many;
 }
 
 TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
