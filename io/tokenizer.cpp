@@ -13,9 +13,9 @@ namespace {
 
 constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // "▁", a space within a piece
 
-// encode_last() encodes a whole text up to this size when it finds nowhere to start within it:
-// a fraction of a second of sentencepiece.
-constexpr size_t kMaxWholeEncode = size_t(1) << 20;
+// The most encode_last() encodes, whole text or end, beyond the end its tokens need: a fraction of
+// a second of sentencepiece.
+constexpr size_t kMaxEncodedBytes = size_t(256) << 10;
 
 bool is_continuation_byte(char c) {
   return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
@@ -128,8 +128,10 @@ size_t Tokenizer::start_of_last(std::string_view text, size_t keep) const {
   while (at > 0 && counted < needed) counted += counts(text, --at);
   if (counted < needed) return std::string_view::npos;
   // ...then on to a space after a word: the "▁" it becomes starts a piece, and encoding the text
-  // after it alone writes that "▁" as the dummy prefix.
-  for (; at > 0; --at) {
+  // after it alone writes that "▁" as the dummy prefix. Not far on: a text whose only space is
+  // megabytes back would be encoded nearly whole.
+  const size_t farthest = at > kMaxEncodedBytes ? at - kMaxEncodedBytes : 0;
+  for (; at > farthest; --at) {
     if (text[at] != ' ' || text[at - 1] == ' ') continue;
     if (at >= kSpaceSymbol.size() &&
         text.substr(at - kSpaceSymbol.size(), kSpaceSymbol.size()) == kSpaceSymbol)
@@ -144,13 +146,14 @@ std::vector<int32_t> Tokenizer::encode_last(std::string_view text, bool add_bos,
   std::vector<int32_t> ids;
   if (const size_t start = start_of_last(text, keep); start != std::string_view::npos) {
     ids = encode(text.substr(start), /*add_bos=*/false);
-  } else if (text.size() <= kMaxWholeEncode) {
+  } else if (text.size() <= kMaxEncodedBytes) {
     ids = encode(text, add_bos);
   } else {
-    throw std::invalid_argument("the prompt is " + std::to_string(text.size()) +
-                                " bytes with no space after a word " +
-                                "early enough to truncate it from; a prompt over " +
-                                std::to_string(kMaxWholeEncode >> 20) + " MiB must have one");
+    throw std::invalid_argument(
+        "the prompt is " + std::to_string(text.size()) + " bytes with no space after a word " +
+        "within " + std::to_string(kMaxEncodedBytes >> 10) +
+        " KiB before the end its last tokens come from, where it could be truncated; a longer "
+        "text must have one");
   }
   if (ids.size() > keep) ids.erase(ids.begin(), ids.end() - ptrdiff_t(keep));
   return ids;

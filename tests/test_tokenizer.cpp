@@ -223,8 +223,9 @@ TEST(Tokenizer, EncodeLastIsTheEndOfTheWholeEncoding) {
   }
 }
 
-// A 2 MiB text is never encoded whole: past 1 MiB, encode_last() refuses a text it could not
-// start within (no space after a word), and answers one it can from its end.
+// A 2 MiB text is never encoded whole: encode_last() answers one it can start near its end from
+// there, and refuses one whose last space after a word is far back (or that has none), as it
+// does any text past 256 KiB it could only encode whole.
 TEST(Tokenizer, EncodeLastOfAHugeTextEncodesOnlyItsEnd) {
   const Tokenizer tokenizer = llama2_tokenizer();
   const std::string words = [] {
@@ -239,13 +240,18 @@ TEST(Tokenizer, EncodeLastOfAHugeTextEncodesOnlyItsEnd) {
   EXPECT_EQ(last, std::vector<int32_t>(tail_tokens.end() - 100, tail_tokens.end()));
 
   const std::string one_word(size_t(2) << 20, 'a');
-  try {
-    tokenizer.encode_last(one_word, /*add_bos=*/true, 100);
-    FAIL() << "no exception";
-  } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("no space after a word"), std::string::npos)
-        << error.what();
+  for (const std::string& text : {one_word, "hello " + one_word, one_word.substr(0, 300000)}) {
+    try {
+      tokenizer.encode_last(text, /*add_bos=*/true, 100);
+      FAIL() << "no exception for " << text.size() << " bytes";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("no space after a word within 256 KiB"),
+                std::string::npos)
+          << error.what();
+    }
   }
+  const std::string small = one_word.substr(0, 200000);
+  EXPECT_EQ(tokenizer.encode_last(small, /*add_bos=*/true, 100).size(), 100u) << "encoded whole";
 }
 
 TEST(Tokenizer, MovedTokenizerStillWorks) {
