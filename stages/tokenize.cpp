@@ -32,9 +32,14 @@ std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer
                                                   const std::string& prompt_param) const {
   const int keep = req.truncate_prompt_tokens;
   const int context = ctx_.model.max_position_embeddings;
+  const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
   if (keep > context)
     throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
                       " but the model's context is " + std::to_string(context) + " tokens",
+                  "truncate_prompt_tokens"};
+  if (keep > pool)
+    throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
+                      " but the KV cache holds only " + std::to_string(pool) + " tokens",
                   "truncate_prompt_tokens"};
   if (!req.chat && !req.prompt_ids.empty()) return prompt_ids(req.prompt_ids, keep);
   const PromptText text = req.chat

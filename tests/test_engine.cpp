@@ -580,6 +580,15 @@ TEST(Engine, RefusesAGivenMaxTokensBeyondTheKvPool) {
   Engine engine(make_config("{window_ms: 0, kv_cache_blocks: 12}"));
   EXPECT_EQ(engine.max_model_len(), 192) << "what /v1/models reports";
   EXPECT_EQ(Engine(make_config("{window_ms: 0}")).max_model_len(), 512);
+  auto truncated = make_request(kPrompts[0], 4);
+  truncated->truncate_prompt_tokens = 193;
+  ASSERT_EQ(engine.submit(truncated), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(truncated).wait());
+  ASSERT_TRUE(sink_of(truncated).error().has_value());
+  EXPECT_EQ(sink_of(truncated).error()->param, "truncate_prompt_tokens");
+  EXPECT_NE(sink_of(truncated).error()->message.find("KV cache holds only 192 tokens"),
+            std::string::npos)
+      << sink_of(truncated).error()->message;
   auto request = make_request(kPrompts[0], 12 * 16, /*ignore_eos=*/true);
   request->max_tokens_param = "max_completion_tokens";  // the refusal names the field given
   ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
