@@ -231,8 +231,25 @@ int32_t Sampler::choose_guided(std::span<const float> logits, std::span<const in
   guide_->mask(scratch_);
   const float max_logit = max_value(scratch_);
   if (!std::isfinite(max_logit))  // nothing allowed, or nothing allowed that can be drawn
-    throw std::runtime_error("no token the model can draw continues " + guide_->held_to());
+    throw std::runtime_error("no token the model can draw continues " + guide_->held_to() +
+                             bans_named());
   return pick(max_logit);
+}
+
+// What else took tokens from a guided draw, for its error: the guide alone may not be at fault.
+std::string Sampler::bans_named() const {
+  std::vector<std::string> bans;
+  if (!params_.allowed_tokens.empty()) bans.push_back("allowed_token_ids");
+  if (!params_.bad_word_sequences.empty()) bans.push_back("bad_words");
+  if (bans_ending()) bans.push_back("min_tokens");
+  if (bans.empty()) return "";
+  std::string named = " among the tokens ";
+  for (size_t i = 0; i < bans.size(); ++i) {
+    if (i > 0) named += i + 1 == bans.size() ? " and " : ", ";
+    named += bans[i];
+  }
+  named += bans.size() == 1 ? " leaves" : " leave";
+  return named;
 }
 
 int32_t Sampler::pick(float max_logit) {

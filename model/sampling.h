@@ -105,6 +105,8 @@ class Sampler {
   int32_t choose(std::span<const float> logits, std::span<const int32_t> history, float max_logit);
   // The draw again with every token the guide refuses masked out.
   int32_t choose_guided(std::span<const float> logits, std::span<const int32_t> history);
+  // " among the tokens bad_words leaves", naming the bans in force; empty without any.
+  std::string bans_named() const;
   // Greedy's argmax of scratch_, or a draw from it; `max_logit` is its largest value.
   int32_t pick(float max_logit);
   // Whether anything changes the logits before a draw: without, greedy takes their argmax.

@@ -106,7 +106,8 @@ void TokenizeStage::check_in_vocabulary(int32_t token, const char* param) const 
 }
 
 void TokenizeStage::resolve_bad_words(const Request& req, SamplingParams& sampling) const {
-  if (req.bad_words.empty()) return;
+  // A prompt-only answer (echo with max_tokens 0) keeps no token it draws: nothing to ban.
+  if (req.bad_words.empty() || req.prompt_only) return;
   try {
     sampling.bad_word_sequences = bad_word_sequences(ctx_.tokenizer, req.bad_words);
   } catch (const std::invalid_argument& e) {

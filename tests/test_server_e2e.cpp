@@ -907,6 +907,13 @@ TEST_F(ServerE2E, BadWordsNeverAppearInTheAnswer) {
       with(with(completion_body(prompt, 5), "allowed_token_ids", little), "bad_words", {"little"}));
   ASSERT_EQ(refused.status, 400) << refused.raw;
   EXPECT_EQ(refused.body["error"]["param"], "bad_words") << refused.raw;
+  // Unless nothing is drawn: the prompt scored alone (echo, max_tokens 0).
+  const Reply scored =
+      post(port(), "/v1/completions",
+           with(with(with(with(completion_body(prompt, 0), "echo", true), "logprobs", 1),
+                     "allowed_token_ids", little),
+                "bad_words", {"little"}));
+  EXPECT_EQ(scored.status, 200) << scored.raw;
   // "little little": the first draw takes it, the second has nothing left.
   const Reply failed = post(port(), "/v1/completions",
                             with(with(completion_body(prompt, 5), "allowed_token_ids", little),
