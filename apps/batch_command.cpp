@@ -108,8 +108,10 @@ int batch_command(int argc, char** argv) {
   const std::vector<std::string> overrides = config_overrides(options);
   const std::string config_file = options.finish(1, 1)[0];
   ServeConfig config = load_serve_config(config_file, overrides);
-  // The progress line, every 2 s, says how far the batch is; a line per request would bury it.
+  // The progress line, every 2 s, says how far the batch is and at what rate; a line per request
+  // or per pass would bury it.
   if (!config.server.log_requests) config.server.log_requests = false;
+  if (!config.scheduler.log_passes) config.scheduler.log_passes = false;
 
   // Both files are checked before the model loads.
   std::error_code not_there;  // an output that does not exist yet is not the input

@@ -20,6 +20,7 @@ Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_s
     : limits_{std::chrono::milliseconds(config.window_ms), config.max_batch, config.max_num_seqs,
               block_size, config.max_prefill_tokens},
       prefix_caching_(config.enable_prefix_caching),
+      log_passes_(config.logs_passes()),
       num_blocks_(num_blocks),
       metrics_(metrics),
       on_failure_(std::move(on_failure)),
@@ -379,8 +380,9 @@ void Scheduler::release_failed(Sequence& seq) {
 void Scheduler::end_decode_run() {
   if (run_tokens_ == 0) return;
   const double seconds = seconds_between(run_start_, run_end_);
-  log_line("decoded %d tokens in %.3f s (%.1f tokens/s)", run_tokens_, seconds,
-           seconds > 0 ? run_tokens_ / seconds : 0.0);
+  if (log_passes_)
+    log_line("decoded %d tokens in %.3f s (%.1f tokens/s)", run_tokens_, seconds,
+             seconds > 0 ? run_tokens_ / seconds : 0.0);
   run_tokens_ = 0;
 }
 

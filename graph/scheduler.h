@@ -96,6 +96,7 @@ class Scheduler {
 
   SchedulerLimits limits_;
   bool prefix_caching_;
+  bool log_passes_;
   int num_blocks_;
   Metrics& metrics_;
   FailureListener on_failure_;

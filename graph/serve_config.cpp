@@ -220,7 +220,7 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
   r.check_keys(
       node, "scheduler",
       {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "enable_prefix_caching",
-       "kv_block_size", "kv_cache_fraction", "kv_cache_blocks", "kv_cache_dtype"});
+       "kv_block_size", "kv_cache_fraction", "kv_cache_blocks", "kv_cache_dtype", "log_passes"});
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
@@ -231,6 +231,7 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
   if (node["enable_prefix_caching"])
     s.enable_prefix_caching =
         r.boolean(node["enable_prefix_caching"], "scheduler.enable_prefix_caching");
+  if (node["log_passes"]) s.log_passes = r.boolean(node["log_passes"], "scheduler.log_passes");
   if (node["kv_block_size"])
     s.kv_block_size = r.integer(node["kv_block_size"], "scheduler.kv_block_size", 1, 1024);
   if (node["kv_cache_fraction"]) {

@@ -412,11 +412,15 @@ TEST_F(BatchCommandTest, AnswersEveryRequestAsTheApiWouldAndRefusalsAsErrorLines
   EXPECT_NE(result.err.find("8/8 done, 2 failed, 0 in flight, "), std::string::npos) << result.err;
   EXPECT_EQ(result.err.find("8/8 done, 2 failed, 0 in flight, 0 tokens"), std::string::npos)
       << result.err;
-  EXPECT_EQ(result.err.find(" added: "), std::string::npos) << result.err;
-  const auto logged = batch(in, dir_ / "logged.jsonl", {"--set", "server.log_requests=true"});
+  for (const char* per_request_or_pass : {" added: ", "prefilled ", "decoded "})
+    EXPECT_EQ(result.err.find(per_request_or_pass), std::string::npos) << result.err;
+  const auto logged =
+      batch(in, dir_ / "logged.jsonl",
+            {"--set", "server.log_requests=true", "--set", "scheduler.log_passes=true"});
   ASSERT_EQ(logged.exit_code, 0) << logged.err;
   EXPECT_NE(logged.err.find("request cmpl-"), std::string::npos) << logged.err;
-  EXPECT_NE(logged.err.find(" added: "), std::string::npos) << logged.err;
+  for (const char* per_request_or_pass : {" added: ", "prefilled ", "decoded "})
+    EXPECT_NE(logged.err.find(per_request_or_pass), std::string::npos) << logged.err;
 
   // Run again: nothing left to do, the model is not even loaded.
   const auto again = batch(in, out);
