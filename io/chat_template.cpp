@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "io/utf8.h"
+
 namespace pipeline {
 namespace {
 
@@ -17,10 +19,6 @@ bool is_python_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
          c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
          c == 0x205F || c == 0x3000;
-}
-
-bool is_continuation_byte(char c) {
-  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
 }
 
 // The length of the UTF-8 character a lead byte starts (1 for a byte that starts none).

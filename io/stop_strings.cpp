@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "io/utf8.h"
+
 namespace pipeline {
 namespace {
-
-bool is_continuation_byte(char c) {
-  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
-}
 
 // Moves a cut position back to the start of the UTF-8 character it falls in, so a cut never
 // splits a character even for a stop string that begins mid-character.

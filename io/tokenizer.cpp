@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "io/safetensors.h"
+#include "io/utf8.h"
 
 namespace pipeline {
 namespace {
@@ -16,10 +17,6 @@ constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // "▁", a space wit
 // The most encode_last() encodes, whole text or end, beyond the end its tokens need: a fraction of
 // a second of sentencepiece.
 constexpr size_t kMaxEncodedBytes = size_t(256) << 10;
-
-bool is_continuation_byte(char c) {
-  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
-}
 
 size_t characters(std::string_view text) {
   size_t count = 0;

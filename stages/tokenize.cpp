@@ -32,7 +32,7 @@ std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer
                                                   const std::string& prompt_param) const {
   const int keep = req.truncate_prompt_tokens;
   const int context = ctx_.model.max_position_embeddings;
-  const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
+  const int64_t pool = pool_tokens();
   if (keep > context)
     throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
                       " but the model's context is " + std::to_string(context) + " tokens",
@@ -72,7 +72,7 @@ void TokenizeStage::check_fits(int64_t n, int answer, const std::string& prompt_
     throw Refusal{
         prompt_is + " but the model's context is " + std::to_string(context) + " tokens" + no_room,
         prompt_param};
-  const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
+  const int64_t pool = pool_tokens();
   if (n + answer > pool)
     throw Refusal{prompt_is + " but the KV cache holds only " + std::to_string(pool) + " tokens",
                   prompt_param};
@@ -95,6 +95,10 @@ void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t 
     throw Refusal{"The KV cache holds only " + std::to_string(pool) + " tokens, but " + request +
                       ". Please reduce the length of the " + prompt_param + " or completion.",
                   max_tokens_param};
+}
+
+int64_t TokenizeStage::pool_tokens() const {
+  return int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
 }
 
 void TokenizeStage::check_in_vocabulary(int32_t token, const char* param) const {
@@ -141,7 +145,7 @@ void TokenizeStage::prepare(Sequence& seq) const {
   if (n == 0) throw Refusal{"the prompt is empty", prompt_param};
   check_fits(n, answer, prompt_param);
   const int context = ctx_.model.max_position_embeddings;
-  const int64_t pool = int64_t(ctx_.scheduler.num_blocks()) * ctx_.scheduler.block_size();
+  const int64_t pool = pool_tokens();
   if (!req.max_tokens_param.empty() && !req.prompt_only)
     check_room(n, req.max_tokens, context, pool, prompt_param, req.max_tokens_param);
   // Only once the prompt fits: the text state decodes the whole prompt, which for one far past

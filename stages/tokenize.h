@@ -34,6 +34,8 @@ class TokenizeStage : public Stage {
                   const std::string& at_least = "") const;
   static void check_room(int prompt, int max_tokens, int context, int64_t pool,
                          const std::string& prompt_param, const std::string& max_tokens_param);
+  // Tokens the whole KV pool holds: no prompt and answer may need more.
+  int64_t pool_tokens() const;
   // A token id a parameter names (logit_bias, stop_token_ids) must be in the model's vocabulary.
   void check_in_vocabulary(int32_t token, const char* param) const;
   // The token sequences the request's bad_words are banned as, in `sampling` (its ending
