@@ -11,6 +11,7 @@
 #include "graph/graph_builder.h"
 #include "graph/log.h"
 #include "graph/runner_factory.h"
+#include "graph/vllm_metrics.h"
 #include "model/llama_weights.h"
 
 namespace pipeline {
@@ -101,7 +102,11 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
   seq.waiting.end(metrics.waiting_sequences);
   const auto& id = seq.request->id;
   if (const auto* completion = std::get_if<Completion>(&ending)) {
-    metrics.requests_finished.add();
+    (completion->reason == FinishReason::Stop ? metrics.requests_stopped : metrics.requests_cut)
+        .add();
+    metrics.request_seconds.observe(seconds_since(seq.request->arrival));
+    metrics.request_prompt_tokens.observe(completion->prompt_tokens);
+    metrics.request_generation_tokens.observe(completion->completion_tokens);
     if (config.server.logs_requests())
       log_line("request %s finished (%s): %d tokens in %.3f s", id.c_str(),
                finish_reason_name(completion->reason), completion->completion_tokens,
@@ -238,7 +243,7 @@ void Engine::on_failure(std::function<void(const std::string& why)> listener) {
 }
 
 std::string Engine::metrics_text() const {
-  return impl_->metrics.prometheus_text();
+  return impl_->metrics.prometheus_text() + vllm_metrics_text(impl_->metrics, impl_->model_name);
 }
 const Metrics& Engine::metrics() const {
   return impl_->metrics;

@@ -26,6 +26,14 @@ const std::vector<double> kLatencyBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.00
                                             0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
                                             1.0,    2.5,     5.0,    10.0,  30.0};
 
+// A request's whole time, from a fraction of a second to two hours (a long answer on a CPU).
+const std::vector<double> kRequestBounds = {0.1,  0.25, 0.5,  1.0,   2.5,   5.0,    10.0,
+                                            20.0, 30.0, 60.0, 120.0, 300.0, 1200.0, 7200.0};
+
+// Tokens in a prompt or an answer, as vLLM buckets them: 1, 2, 5 a decade.
+const std::vector<double> kTokenBounds = {1,   2,    5,    10,   20,    50,    100,   200,
+                                          500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> upper_bounds)
@@ -58,6 +66,9 @@ Metrics::Metrics()
     : prefill_batch_size({1, 2, 4, 8, 16, 32, 64, 128, 256}),
       time_to_first_token(kLatencyBounds),
       inter_token_latency(kLatencyBounds),
+      request_seconds(kRequestBounds),
+      request_prompt_tokens(kTokenBounds),
+      request_generation_tokens(kTokenBounds),
       prefill_forward_seconds(kLatencyBounds),
       decode_forward_seconds(kLatencyBounds) {}
 
@@ -83,12 +94,15 @@ std::string Metrics::prometheus_text() const {
               "Requests accepted (a call with n choices counts n).",
               double(requests_added.value()));
   write_value(out, "pipeline_requests_finished_total", "counter",
-              "Requests (choices) that completed.", double(requests_finished.value()));
+              "Requests (choices) that completed.", double(requests_finished()));
   write_value(out, "pipeline_requests_failed_total", "counter",
               "Requests (choices) that ended in an error or were cancelled.",
               double(requests_failed.value()));
   write_value(out, "pipeline_prompt_tokens_total", "counter", "Prompt tokens tokenized.",
               double(prompt_tokens.value()));
+  write_value(out, "pipeline_prefix_cache_queried_tokens_total", "counter",
+              "Tokens of admitted sequences looked up in the prefix cache.",
+              double(prefix_cache_queried_tokens.value()));
   write_value(out, "pipeline_prefix_cache_hit_tokens_total", "counter",
               "Prompt tokens whose keys and values came from the prefix cache, not computed.",
               double(prefix_cache_hit_tokens.value()));
@@ -122,6 +136,15 @@ std::string Metrics::prometheus_text() const {
   write_help(out, "pipeline_inter_token_latency_seconds", "histogram",
              "Seconds between a sequence's consecutive tokens.");
   inter_token_latency.write(out, "pipeline_inter_token_latency_seconds", "");
+  write_help(out, "pipeline_request_seconds", "histogram",
+             "Seconds from a completed request's arrival to its last token.");
+  request_seconds.write(out, "pipeline_request_seconds", "");
+  write_help(out, "pipeline_request_prompt_tokens", "histogram",
+             "Prompt tokens per completed request.");
+  request_prompt_tokens.write(out, "pipeline_request_prompt_tokens", "");
+  write_help(out, "pipeline_request_generation_tokens", "histogram",
+             "Generated tokens per completed request.");
+  request_generation_tokens.write(out, "pipeline_request_generation_tokens", "");
   write_help(out, "pipeline_forward_seconds", "histogram",
              "Seconds of the model's forward pass per batch, without sampling.");
   prefill_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"prefill\"");

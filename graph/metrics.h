@@ -63,11 +63,15 @@ class Metrics {
   StageMetrics& add_stage(const std::string& node);
   std::string prometheus_text() const;
 
+  uint64_t requests_finished() const { return requests_stopped.value() + requests_cut.value(); }
+
   Counter requests_added;
-  Counter requests_finished;  // ended with a completion
-  Counter requests_failed;    // ended with an error (refused, cancelled, shutdown)
+  Counter requests_stopped;  // ended with a completion: an end-of-sequence token or stop string
+  Counter requests_cut;      // ended with a completion: max_tokens or the end of the context
+  Counter requests_failed;   // ended with an error (refused, cancelled, shutdown)
   Counter prompt_tokens;
-  Counter prefix_cache_hit_tokens;  // prompt tokens whose keys and values came from the cache
+  Counter prefix_cache_queried_tokens;  // tokens looked up in the prefix cache at admission
+  Counter prefix_cache_hit_tokens;      // prompt tokens whose keys and values came from the cache
   Counter generated_tokens;  // as usage counts them: none sampled after a stop string matched
   Counter prefill_batches;
   Histogram prefill_batch_size;   // prompts (whole or a chunk) per prefill batch
@@ -80,6 +84,10 @@ class Metrics {
   Gauge kv_blocks_total;
   Histogram time_to_first_token;  // seconds from arrival to the first sampled token
   Histogram inter_token_latency;  // seconds between a sequence's consecutive tokens
+  // Per completed request (choice): seconds from arrival to its last token, and its tokens.
+  Histogram request_seconds;
+  Histogram request_prompt_tokens;
+  Histogram request_generation_tokens;
   // The runner's forward() alone (on a GPU: the inputs up, the device's work, the logits
   // back), so that a step's time splits into the model's and the host's (sampling, bookkeeping).
   Histogram prefill_forward_seconds;

@@ -295,6 +295,8 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
       release_failed(*seq);
       continue;
     }
+    if (prefix_caching_ && !seq->scores_prompt())
+      metrics_.prefix_cache_queried_tokens.add(seq->tokens.size());
     metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
     if (!seq->cached_prompt_tokens) seq->cached_prompt_tokens = seq->computed;
     seq->prefill_end = int(seq->tokens.size());

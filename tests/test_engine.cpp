@@ -664,7 +664,11 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
     std::this_thread::sleep_for(1ms);
   engine.shutdown(1s);  // drains the graph, so every counter is final
   EXPECT_EQ(m.generated_tokens.value(), 20u);
-  EXPECT_EQ(m.requests_finished.value(), 1u);
+  EXPECT_EQ(m.requests_finished(), 1u);
+  EXPECT_EQ(m.requests_cut.value(), 1u);  // ignore_eos: max_tokens ended it
+  EXPECT_EQ(m.request_seconds.count(), 1u);
+  EXPECT_EQ(m.request_generation_tokens.sum(), 20.0);
+  EXPECT_EQ(m.request_prompt_tokens.sum(), double(m.prompt_tokens.value()));
   EXPECT_EQ(m.decode_steps.value(), 19u);  // the first token comes from the prefill
   EXPECT_EQ(m.kv_blocks_used.value(), 0);
   EXPECT_EQ(m.time_to_first_token.count(), 1u);
@@ -680,6 +684,17 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   EXPECT_NE(text.find("pipeline_kv_blocks_used 0\n"), std::string::npos);
   EXPECT_NE(text.find("pipeline_forward_seconds_count{phase=\"decode\"} 19\n"), std::string::npos)
       << text;
+  // The same measures under vLLM's names, for dashboards written for a vLLM server.
+  for (const char* line : {
+           "vllm:generation_tokens_total{model_name=\"stories260K\"} 20\n",
+           "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} 1\n",
+           "vllm:request_success_total{finished_reason=\"stop\",model_name=\"stories260K\"} 0\n",
+           "vllm:kv_cache_usage_perc{model_name=\"stories260K\"} 0\n",
+           "vllm:inter_token_latency_seconds_count{model_name=\"stories260K\"} 19\n",
+           "vllm:request_generation_tokens_bucket{model_name=\"stories260K\",le=\"20\"} 1\n",
+           "vllm:request_generation_tokens_bucket{model_name=\"stories260K\",le=\"10\"} 0\n",
+       })
+    EXPECT_NE(text.find(line), std::string::npos) << line << text;
 }
 
 }  // namespace

@@ -228,6 +228,7 @@ TEST_F(SchedulerTest, APromptSeenBeforeStartsAfterItsCachedBlocks) {
   EXPECT_EQ(table[0], first_blocks[0]);
   EXPECT_EQ(table[1], first_blocks[1]);
   EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 32u);
+  EXPECT_EQ(metrics().prefix_cache_queried_tokens.value(), 80u);  // both prompts were looked up
   post(finished(true, {again}));
 
   // Its last token is always computed, for the logits of its first sampled token: a prompt of
@@ -244,6 +245,7 @@ TEST_F(SchedulerTest, WithoutPrefixCachingEveryPromptIsComputedWhole) {
   submit(40);
   EXPECT_EQ(std::get<PrefillBatch>(next_batch()).batch.seqs[0].start_pos, 0);
   EXPECT_EQ(metrics().prefix_cache_hit_tokens.value(), 0u);
+  EXPECT_EQ(metrics().prefix_cache_queried_tokens.value(), 0u);
 }
 
 TEST_F(SchedulerTest, EqualPromptsAdmittedTogetherComputeTheirStartOnce) {
