@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "graph/engine.h"
@@ -178,6 +179,37 @@ std::string long_prompt() {
   return text;
 }
 
+// stories260K's CPU runner whose decode passes wait until `open` is ready (10 s at most, so that a
+// failing test ends), so that a test can hand the scheduler a request while a sequence is between
+// two tokens, whatever the timing.
+class DecodeHeldRunner final : public ModelRunner {
+ public:
+  DecodeHeldRunner(std::unique_ptr<ModelRunner> runner, std::shared_future<void> open)
+      : runner_(std::move(runner)), open_(std::move(open)) {}
+  const LlamaConfig& config() const override { return runner_->config(); }
+  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
+  std::string device_name() const override { return runner_->device_name(); }
+  void forward(const Batch& batch, Logits& logits) override {
+    if (batch.is_decode()) open_.wait_for(10s);
+    runner_->forward(batch, logits);
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> runner_;
+  std::shared_future<void> open_;
+};
+
+// Waits until the batch node has handed the scheduler `calls` messages (new sequences and step
+// results): the node counts a call once its body has posted the message.
+void wait_for_batch_calls(const Engine& engine, int calls) {
+  const std::string line = "pipeline_stage_calls_total{stage=\"batch\"} " + std::to_string(calls);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (engine.metrics_text().find(line + "\n") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "never saw " << line;
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
 TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongside) {
   constexpr int kBudget = 8, kLateTokens = 8;
   const std::string prompt = long_prompt();
@@ -188,27 +220,35 @@ TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongsi
   // The running sequence has fewer tokens left than the long prompt has chunks: it ends during
   // that prefill if it decodes alongside each chunk, and only after it if it waits.
   const int running_tokens = passes * 2 / 3;
-  Engine engine(make_config("{window_ms: 0, max_prefill_tokens: " + std::to_string(kBudget) + "}"));
+  std::promise<void> decode_may_run;
+  Engine engine(make_config("{window_ms: 0, max_prefill_tokens: " + std::to_string(kBudget) + "}"),
+                [open = decode_may_run.get_future().share()](
+                    std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+                  return std::make_unique<DecodeHeldRunner>(
+                      make_cpu_runner(std::move(weights), options), open);
+                });
   auto running = make_request(kPrompts[1], running_tokens, /*ignore_eos=*/true);
   ASSERT_EQ(engine.submit(running), SubmitStatus::Accepted);
-  ASSERT_TRUE(sink_of(running).wait_for_delta());
+  ASSERT_TRUE(sink_of(running).wait_for_delta());  // its first token; its first decode waits
   const auto prefills_before = engine.metrics().prefill_batches.value();
   auto late = make_request(prompt, kLateTokens);
   ASSERT_EQ(engine.submit(late), SubmitStatus::Accepted);
-  ASSERT_FALSE(sink_of(running).ended_at().has_value())
-      << "the running sequence ended before the long prompt came: the test proves nothing";
+  // The running sequence, its prefill's result and the late prompt: the scheduler holds the
+  // late prompt before the running sequence's first decode step comes back.
+  wait_for_batch_calls(engine, 3);
+  decode_may_run.set_value();
   expect_finished_with(late, solo().text(prompt, kLateTokens));
   expect_finished_with(running, solo().text(kPrompts[1], running_tokens, true));
   const Metrics& m = engine.metrics();
   EXPECT_EQ(m.prefill_batches.value() - prefills_before, uint64_t(passes));
   // Each sequence's first token comes from its prompt's pass; the running one's next tokens
-  // from decode steps (before the long prompt came) or beside the long prompt's chunks, and the
-  // late one's from decode steps. The two never decoding in the same step (the running one
+  // from its one decode step before the long prompt or beside the long prompt's chunks, and
+  // the late one's from decode steps. The two never decoding in the same step (the running one
   // ended during the long prefill, not after it) is what makes the counts add up exactly.
   EXPECT_EQ(m.decode_steps.value() + m.prefill_decode_tokens.value(),
             uint64_t((running_tokens - 1) + (kLateTokens - 1)))
       << "the running sequence stalled while the long prompt was prefilled";
-  EXPECT_GT(m.prefill_decode_tokens.value(), 0u);
+  EXPECT_EQ(m.prefill_decode_tokens.value(), uint64_t(running_tokens - 2));
 }
 
 TEST(Engine, APromptSeenBeforeComputesOnlyWhatTheCacheLacksAndAnswersAlike) {
