@@ -12,6 +12,7 @@
 
 #include "io/json_integer.h"
 #include "model/bad_words.h"
+#include "server/foreign_fields.h"
 
 namespace pipeline {
 
@@ -777,6 +778,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   }
   check_choices(parsed, model);
   refuse_unsupported(endpoint, body);
+  refuse_foreign_fields(body);
   parsed.options = read_response_options(body);
   const bool echo = read_echo(endpoint, body);
   request.truncate_prompt_tokens = read_truncate_prompt_tokens(body, echo);

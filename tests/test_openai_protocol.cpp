@@ -648,6 +648,20 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
        "unknown response_format type 'yaml'"},
       {completion, with(completion_body(), "top_logprobs", 2), "top_logprobs", "logprobs"},
+      // Other servers' fields, which would change the answer, are refused, not ignored.
+      {completion, with(completion_body(), "n_predict", 8), "n_predict", "send max_tokens"},
+      {chat, with(chat_body(), "repeat_penalty", 1.3), "repeat_penalty", "send repetition_penalty"},
+      {completion, with(completion_body(), "n_probs", 3), "n_probs", "send logprobs"},
+      {chat, with(chat_body(), "json_schema", {{"type", "object"}}), "json_schema", "guided_json"},
+      {chat, with(chat_body(), "typical_p", 0.5), "typical_p", "typical sampling"},
+      {completion, with(completion_body(), "mirostat", 2), "mirostat", "mirostat"},
+      {chat, with(chat_body(), "dry_multiplier", 0.8), "dry_multiplier", "DRY"},
+      {chat, with(chat_body(), "xtc_probability", "0.5"), "xtc_probability", "XTC"},
+      {chat, with(chat_body(), "top_n_sigma", 1), "top_n_sigma", "not supported"},
+      {chat, with(chat_body(), "samplers", {"top_k"}), "samplers", "order is fixed"},
+      {chat, with(chat_body(), "lora", {{{"id", 0}, {"scale", 1}}}), "lora", "LoRA"},
+      {completion, with(completion_body(), "use_beam_search", true), "use_beam_search",
+       "beam search"},
   };
 }
 
@@ -694,6 +708,24 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
+  // So do other servers' sampling fields at their "off" values, and what tunes them while off.
+  json foreign = completion_body();
+  foreign.update({{"typical_p", 1.0},
+                  {"tfs_z", 1},
+                  {"mirostat", 0},
+                  {"mirostat_tau", 5.0},
+                  {"repeat_penalty", 1.0},
+                  {"n_probs", 0},
+                  {"dry_multiplier", 0.0},
+                  {"dry_base", 1.75},
+                  {"xtc_probability", 0},
+                  {"top_n_sigma", -1},
+                  {"penalize_nl", false},
+                  {"lora", json::array()},
+                  {"use_beam_search", false},
+                  {"length_penalty", 1.0},
+                  {"cache_prompt", true}});
+  EXPECT_NO_THROW(parse_completion(foreign));
 }
 
 // vLLM's allowed_token_ids: read as given; null or absent allows every token.
