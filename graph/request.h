@@ -101,6 +101,9 @@ struct Request {
   int truncate_prompt_tokens = 0;
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
+  // vLLM's priority: with scheduler.policy priority, a lower value is admitted first and
+  // preempted last; otherwise always 0.
+  int priority = 0;
   // The field the client limited max_tokens with ("max_tokens", "max_completion_tokens"), or
   // empty for the server's default. A prompt that leaves a limit the client gave too little
   // room is refused (400 naming the field), as OpenAI and vLLM refuse it, rather than answered

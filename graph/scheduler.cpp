@@ -92,10 +92,21 @@ void Scheduler::loop() {
 void Scheduler::apply(Message& message) {
   if (auto* tokenized = std::get_if<Tokenized>(&message)) {
     tokenized->seq->queued_at = Clock::now();
-    waiting_.push_back(std::move(tokenized->seq));
+    queue(std::move(tokenized->seq), /*ahead_of_equals=*/false);
   } else if (auto* result = std::get_if<StepResult>(&message)) {
     apply_step(*result);
   }
+}
+
+// The waiting queue is in priority order: a sequence goes behind those of a lower priority
+// value, and behind or ahead of those of its own (a newcomer behind, a preempted one ahead: it
+// arrived before them, and resumes first).
+void Scheduler::queue(SequencePtr seq, bool ahead_of_equals) {
+  const int priority = seq->request->priority;
+  const auto place = std::find_if(waiting_.begin(), waiting_.end(), [&](const SequencePtr& s) {
+    return ahead_of_equals ? s->request->priority >= priority : s->request->priority > priority;
+  });
+  waiting_.insert(place, std::move(seq));
 }
 
 void Scheduler::apply_step(StepResult& result) {
@@ -139,7 +150,10 @@ void Scheduler::schedule_next(Clock::time_point now) {
   for (const auto& [id, s] : running_) register_computed(*s);
   std::vector<WaitingSequence> waiting;
   for (const auto& s : waiting_) {
-    waiting.push_back({s->number, int(s->tokens.size()), s->queued_at, s->window_closed});
+    WaitingSequence& w =
+        waiting.emplace_back(WaitingSequence{s->number, int(s->tokens.size()), s->queued_at});
+    w.window_closed = s->window_closed;
+    w.priority = s->request->priority;
     s->cached_prefix.clear();
   }
   // None can be admitted while the window is open or the running set is full: no lookups yet.
@@ -150,8 +164,8 @@ void Scheduler::schedule_next(Clock::time_point now) {
     // A preemption frees only the blocks nobody else holds (a cached prefix may be shared).
     int own = 0;
     for (int32_t block : s->block_table) own += blocks_.ref_count(block) == 1;
-    running.push_back(
-        {id, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size()), own});
+    running.push_back({id, int(s->tokens.size()), s->prompt_left(), int(s->block_table.size()), own,
+                       s->request->priority});
   }
   const auto decision = schedule(waiting, running, blocks_.num_free(), limits_, now);
   wake_at_ = decision.wake_at;
@@ -258,12 +272,12 @@ void Scheduler::register_computed(Sequence& seq) {
 }
 
 void Scheduler::preempt(const std::vector<uint64_t>& ids) {
-  for (uint64_t id : ids) {  // newest first, so the oldest ends up at the front
+  for (uint64_t id : ids) {  // the last in order first, so the first ends up ahead
     SequencePtr seq = std::move(running_.extract(id).mapped());
     release(*seq);
     seq->computed = 0;
     seq->window_closed = true;  // it resumes as soon as there is room, not after a window
-    waiting_.push_front(seq);
+    queue(seq, /*ahead_of_equals=*/true);
     seq->waiting.enter(metrics_.waiting_sequences);
     metrics_.preemptions.add();
     log_line("request %s preempted after %d tokens (KV cache full); it resumes later",

@@ -60,6 +60,7 @@ class Scheduler {
   void loop();
   void fail(const std::string& what);
   void apply(Message& message);
+  void queue(SequencePtr seq, bool ahead_of_equals);
   void apply_step(StepResult& result);
   void drop_ended();
   void schedule_next(Clock::time_point now);

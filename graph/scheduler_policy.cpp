@@ -15,21 +15,24 @@ int step_need(const RunningSequence& s, int block_size) {
   return std::max(0, blocks_for(s.tokens, block_size) - s.blocks);
 }
 
-// Running sequences, newest first.
-std::vector<const RunningSequence*> newest_first(const std::vector<RunningSequence>& running) {
+// Running sequences, the first in order first.
+std::vector<const RunningSequence*> in_order(const std::vector<RunningSequence>& running) {
   std::vector<const RunningSequence*> order;
   for (const auto& s : running) order.push_back(&s);
-  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->id > b->id; });
+  std::sort(order.begin(), order.end(),
+            [](const auto* a, const auto* b) { return goes_before(*a, *b); });
   return order;
 }
 
-// Preempts the newest running sequences until the others' next step fits the free blocks (never
-// the oldest); returns the blocks left over once the kept sequences took their step's share.
+// Preempts the last running sequences in order until the others' next step fits the free blocks
+// (never the first); returns the blocks left over once the kept sequences took their step's
+// share.
 int preempt_until_the_step_fits(const std::vector<RunningSequence>& running, int free_blocks,
                                 int block_size, SchedulerDecision& decision) {
   int need = 0;
   for (const auto& s : running) need += step_need(s, block_size);
-  const auto order = newest_first(running);
+  auto order = in_order(running);
+  std::reverse(order.begin(), order.end());
   int available = free_blocks;
   for (size_t i = 0; need > available && i + 1 < order.size(); ++i) {
     need -= step_need(*order[i], block_size);
@@ -44,14 +47,12 @@ bool is_preempted(const SchedulerDecision& decision, uint64_t id) {
 }
 
 // Every kept sequence advances: a decoding one by its token, an unfinished prompt by the next
-// chunk the budget allows (oldest first). Returns the budget left for newcomers.
+// chunk the budget allows (in order). Returns the budget left for newcomers.
 int advance_running(const std::vector<RunningSequence>& running, int budget,
                     SchedulerDecision& decision) {
   for (const auto& s : running)
     if (s.decoding() && !is_preempted(decision, s.id)) decision.decode.push_back(s.id);
-  auto order = newest_first(running);
-  std::reverse(order.begin(), order.end());
-  for (const auto* s : order) {
+  for (const auto* s : in_order(running)) {
     if (s->decoding() || is_preempted(decision, s->id)) continue;
     const int n = std::min(s->prompt_left, budget);
     if (n == 0) break;
@@ -83,7 +84,7 @@ int passes_for(int prompt_tokens, const SchedulerLimits& limits) {
   return (prompt_tokens + limits.max_prefill_tokens - 1) / limits.max_prefill_tokens;
 }
 
-// Newcomers in arrival order while the limits, the blocks and the prompt-token budget allow;
+// Newcomers in queue order while the limits, the blocks and the prompt-token budget allow;
 // the last may get only its prompt's first chunk. Besides a newcomer's own blocks, admission
 // keeps room for the decoding sequences to grow until the newcomers' last chunks, so that a long
 // prompt is not preempted (and recomputed) between two of its chunks. Newcomers only get budget
@@ -117,13 +118,22 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
   }
 }
 
+// When the longest-waiting sequence arrived. The queue is in priority order, so that need not be
+// the first.
+Clock::time_point first_arrival(const std::vector<WaitingSequence>& waiting) {
+  return std::min_element(waiting.begin(), waiting.end(),
+                          [](const auto& a, const auto& b) { return a.queued < b.queued; })
+      ->queued;
+}
+
 }  // namespace
 
 bool window_over(const std::vector<WaitingSequence>& waiting, const SchedulerLimits& limits,
                  Clock::time_point now) {
   return !waiting.empty() &&
-         (waiting.front().window_closed || now >= waiting.front().queued + limits.window ||
-          int(waiting.size()) >= limits.max_batch);
+         (std::any_of(waiting.begin(), waiting.end(),
+                      [](const auto& w) { return w.window_closed; }) ||
+          now >= first_arrival(waiting) + limits.window || int(waiting.size()) >= limits.max_batch);
 }
 
 SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
@@ -139,7 +149,7 @@ SchedulerDecision schedule(const std::vector<WaitingSequence>& waiting,
     admit(waiting, running, available, budget, limits, decision);
     decision.window_closed = true;
   } else if (running.empty()) {
-    decision.wake_at = waiting.front().queued + limits.window;
+    decision.wake_at = first_arrival(waiting) + limits.window;
   }
   return decision;
 }

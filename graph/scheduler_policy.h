@@ -6,7 +6,10 @@
 //  - Window: waiting sequences are admitted once the oldest has waited window_ms, or as
 //    soon as max_batch of them wait; those a closed window leaves waiting (for lack of blocks,
 //    places or prompt-token budget) go as soon as there is room.
-//  - Admission in arrival order (the head blocks the rest, so nobody starves) while
+//  - Order: by priority (vLLM's: lower first; every request has 0 unless scheduler.policy is
+//    priority), then arrival. The waiting queue is kept in this order, and "first" and "last"
+//    below follow it.
+//  - Admission in queue order (the head blocks the rest, so nobody of its priority starves) while
 //    max_batch, max_num_seqs, free blocks and the pass's prompt-token budget allow. A sequence
 //    is admitted only when the blocks for its tokens plus its first decoded token (less the
 //    cached ones that running sequences hold already) fit beside what the running sequences need
@@ -18,15 +21,16 @@
 //    n choices of a call) is passed over until that block is cached, and the ones after it are
 //    not held back.
 //  - Chunked prefill: a pass computes at most max_prefill_tokens prompt tokens, unfinished
-//    prompts first (oldest first), then the newcomers'; the last prompt to get tokens may get
+//    prompts first (in order), then the newcomers'; the last prompt to get tokens may get
 //    only its first part and continues in the next pass. The decoding sequences' tokens ride
 //    along every pass, so a long prompt never stalls the running streams for more than one
 //    chunk.
-//  - Preemption: when the running sequences need more new blocks than are free, the newest
-//    are preempted (their own blocks freed, a cached prefix they share staying with the others;
-//    they return to the front of the waiting queue to be recomputed) until the rest fit, and
-//    nobody is admitted in that pass. The oldest is never
-//    preempted: every single sequence fits the pool by itself (tokenize caps max_tokens so).
+//  - Preemption: when the running sequences need more new blocks than are free, the last in
+//    order (the newest of the lowest priority) are preempted (their own blocks freed, a cached
+//    prefix they share staying with the others; they return to the front of their priority in
+//    the waiting queue to be recomputed) until the rest fit, and nobody is admitted in that
+//    pass. The first is never preempted: every single sequence fits the pool by itself
+//    (tokenize caps max_tokens so).
 #pragma once
 
 #include <chrono>
@@ -56,6 +60,7 @@ struct WaitingSequence {
   // Its next block is one an earlier newcomer or a running prefill computes: it waits for the
   // cache instead.
   bool follows = false;
+  int priority = 0;  // lower goes first
 };
 
 struct RunningSequence {
@@ -64,6 +69,7 @@ struct RunningSequence {
   int prompt_left = 0;  // prompt tokens still to compute; 0: it decodes
   int blocks = 0;       // blocks it holds
   int own_blocks = 0;   // of those, the ones no other sequence holds: what preempting it frees
+  int priority = 0;     // lower goes first
   bool decoding() const { return prompt_left == 0; }
 };
 
@@ -75,20 +81,25 @@ struct PromptChunk {
 };
 
 struct SchedulerDecision {
-  std::vector<PromptChunk> prefill;   // running sequences' unfinished prompts, oldest first
+  std::vector<PromptChunk> prefill;   // running sequences' unfinished prompts, in order
   std::vector<PromptChunk> admitted;  // waiting sequences that start now, in waiting order
   std::vector<uint64_t> decode;       // running sequences that decode a token, in running order
-  std::vector<uint64_t> preempt;      // newest first
+  std::vector<uint64_t> preempt;      // the last in order first
   // The window closed in this pass: the sequences still waiting after it were all waiting when
   // it did, and are admitted as soon as there is room, without waiting for another window.
   bool window_closed = false;
-  // Nothing to run now: when the window of the oldest waiting sequence ends (unset: wait for
+  // Nothing to run now: when the window of the longest-waiting sequence ends (unset: wait for
   // an event).
   std::optional<Clock::time_point> wake_at;
 
   bool computes_prompts() const { return !prefill.empty() || !admitted.empty(); }
   bool idle() const { return !computes_prompts() && decode.empty(); }
 };
+
+// Whether `a` goes before `b`: lower priority value, then earlier arrival.
+inline bool goes_before(const RunningSequence& a, const RunningSequence& b) {
+  return a.priority != b.priority ? a.priority < b.priority : a.id < b.id;
+}
 
 // Whether the waiting sequences may be admitted now (the window rule above).
 bool window_over(const std::vector<WaitingSequence>& waiting, const SchedulerLimits& limits,

@@ -217,10 +217,10 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
 
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
   r.require_map(node, "scheduler");
-  r.check_keys(
-      node, "scheduler",
-      {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "enable_prefix_caching",
-       "kv_block_size", "kv_cache_fraction", "kv_cache_blocks", "kv_cache_dtype", "log_passes"});
+  r.check_keys(node, "scheduler",
+               {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "policy",
+                "enable_prefix_caching", "kv_block_size", "kv_cache_fraction", "kv_cache_blocks",
+                "kv_cache_dtype", "log_passes"});
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
@@ -228,6 +228,9 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
                                "each running request holds a connection thread");
   if (node["max_prefill_tokens"])
     s.max_prefill_tokens = r.integer(node["max_prefill_tokens"], "scheduler.max_prefill_tokens", 1);
+  if (node["policy"])
+    s.priority_policy =
+        r.one_of(node["policy"], "scheduler.policy", {"fcfs", "priority"}) == "priority";
   if (node["enable_prefix_caching"])
     s.enable_prefix_caching =
         r.boolean(node["enable_prefix_caching"], "scheduler.enable_prefix_caching");

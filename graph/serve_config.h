@@ -44,7 +44,10 @@ struct SchedulerSection {
   int window_ms = 200;  // batch window for new requests; 0 = no wait
   int max_batch = 16;   // most prompts prefilled together
   int max_num_seqs = 64;
-  int max_prefill_tokens = 2048;      // prompt tokens per forward pass; longer prompts go in chunks
+  int max_prefill_tokens = 2048;  // prompt tokens per forward pass; longer prompts go in chunks
+  // vLLM's scheduling policy. fcfs: arrival order, and a request's priority must be 0. priority:
+  // a request's priority (lower first), then arrival, orders admission and preemption.
+  bool priority_policy = false;
   bool enable_prefix_caching = true;  // reuse the KV blocks of a prompt's cached first tokens
   int kv_block_size = 16;
   double kv_cache_fraction = 0.9;  // of free device memory (CUDA)

@@ -687,6 +687,16 @@ void read_max_tokens(Endpoint endpoint, const JsonBody& body, int fallback, bool
   if (given) request.max_tokens_param = name;
 }
 
+// vLLM's priority (lower first), which, as in vLLM, only a server scheduling by priority takes.
+int read_priority(const JsonBody& body, const ServedModel& model) {
+  const int priority = read_int(body, "priority", 0, INT_MIN, INT_MAX);
+  if (priority != 0 && !model.priority_policy)
+    throw invalid("priority",
+                  "priority scheduling is not enabled: the server schedules in arrival order "
+                  "(scheduler.policy fcfs), so priority must be 0");
+  return priority;
+}
+
 // Completions' echo (chat has none: a 400 rather than an answer without it).
 bool read_echo(Endpoint endpoint, const JsonBody& body) {
   const bool echo = read_bool(body, "echo", false);
@@ -738,7 +748,8 @@ JsonBody parse_json_body(std::string_view body) {
 
 ServedModel served_model(std::string name, const ServeConfig& config, const Tokenizer& tokenizer) {
   // A call's choices wait in the queue together: more than it holds could never be accepted.
-  return {std::move(name), config.sampling, std::min(128, config.server.max_queue), &tokenizer};
+  return {std::move(name), config.sampling, std::min(128, config.server.max_queue), &tokenizer,
+          config.scheduler.priority_policy};
 }
 
 // Every choice is a request of its own: the queue must hold them all, and each has its own copy
@@ -783,6 +794,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   const bool echo = read_echo(endpoint, body);
   request.truncate_prompt_tokens = read_truncate_prompt_tokens(body, echo);
   read_max_tokens(endpoint, body, model.defaults.max_tokens, echo, request);
+  request.priority = read_priority(body, model);
   request.sampling = read_sampling(body, model.defaults.params);
   read_logprobs(endpoint, body, request);
   check_sampling_ranges(endpoint, request.sampling);

@@ -62,6 +62,8 @@ struct ServedModel {
   int max_choices = 128;      // n at most (OpenAI's limit, or fewer: what the queue can hold)
   // Reads prompts given as token ids (their range, their text); without it they are refused.
   const Tokenizer* tokenizer = nullptr;
+  // scheduler.policy is priority: a request's priority is read; otherwise only 0 is taken.
+  bool priority_policy = false;
 };
 
 // The model as a server with `config` serves it under `name`, with its tokenizer.

@@ -251,6 +251,32 @@ TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongsi
   EXPECT_EQ(m.prefill_decode_tokens.value(), uint64_t(running_tokens - 2));
 }
 
+// scheduler.policy priority: of two requests waiting for the one place, the one of the lower
+// priority value goes first, though it came second.
+TEST(Engine, WithThePriorityPolicyTheLowerPriorityValueIsServedFirst) {
+  std::promise<void> decode_may_run;
+  Engine engine(make_config("{window_ms: 0, max_num_seqs: 1, policy: priority}"),
+                [open = decode_may_run.get_future().share()](
+                    std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+                  return std::make_unique<DecodeHeldRunner>(
+                      make_cpu_runner(std::move(weights), options), open);
+                });
+  auto running = make_request(kPrompts[0], 8, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(running), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(running).wait_for_delta());
+  auto second = make_request(kPrompts[1], 4, true);
+  auto third = make_request(kPrompts[2], 4, true);
+  third->priority = -1;
+  ASSERT_EQ(engine.submit(second), SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(third), SubmitStatus::Accepted);
+  wait_for_batch_calls(engine, 4);  // both wait in the scheduler's queue
+  decode_may_run.set_value();
+  expect_finished_with(second, solo().text(kPrompts[1], 4, true));
+  expect_finished_with(third, solo().text(kPrompts[2], 4, true));
+  EXPECT_LT(*sink_of(running).ended_at(), *sink_of(third).ended_at());
+  EXPECT_LT(*sink_of(third).ended_at(), *sink_of(second).ended_at());
+}
+
 TEST(Engine, APromptSeenBeforeComputesOnlyWhatTheCacheLacksAndAnswersAlike) {
   std::string prompt = long_prompt();
   prompt.pop_back();  // no trailing space: the prompt and its answer retokenize as generated

@@ -662,6 +662,9 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "lora", {{{"id", 0}, {"scale", 1}}}), "lora", "LoRA"},
       {completion, with(completion_body(), "use_beam_search", true), "use_beam_search",
        "beam search"},
+      {chat, with(chat_body(), "priority", 3), "priority", "scheduler.policy fcfs"},
+      {completion, with(completion_body(), "priority", -1), "priority", "must be 0"},
+      {chat, with(chat_body(), "priority", 1.5), "priority", "integer"},
   };
 }
 
@@ -680,6 +683,21 @@ TEST(ParseRequest, RangesHoldForNumbersParsedFromText) {
   EXPECT_EQ(rejection(Endpoint::Completions, huge).param, "max_tokens");
   const json ok = parse_json_body(R"({"model": "stories260K", "prompt": "a", "max_tokens": 3})");
   EXPECT_EQ(parse_completion(ok).request->max_tokens, 3);
+}
+
+// vLLM's priority: 0 (or absent) on any server, any integer on one scheduling by priority.
+TEST(ParseRequest, PriorityIsReadWhereTheServerSchedulesByIt) {
+  EXPECT_EQ(parse_chat(with(chat_body(), "priority", 0)).request->priority, 0);
+  ServedModel by_priority = served_model();
+  by_priority.priority_policy = true;
+  for (int priority : {-7, 0, 12}) {
+    const auto parsed = parse_openai_request(
+        Endpoint::Completions, with(completion_body(), "priority", priority), by_priority);
+    EXPECT_EQ(parsed.request->priority, priority);
+  }
+  EXPECT_EQ(
+      parse_openai_request(Endpoint::ChatCompletions, chat_body(), by_priority).request->priority,
+      0);
 }
 
 TEST(ParseRequest, LogitBiasMapsTokenIdsToBiases) {

@@ -40,9 +40,11 @@ class SchedulerTest : public ::testing::Test {
 
   // A sequence with a prompt of `prompt` tokens (first_token, first_token + 1, ...), posted as
   // tokenize posts it; `score_prompt`: one whose prompt is scored (echo with logprobs).
-  SequencePtr submit(int prompt, int32_t first_token = 10, bool score_prompt = false) {
+  SequencePtr submit(int prompt, int32_t first_token = 10, bool score_prompt = false,
+                     int priority = 0) {
     auto request = std::make_shared<Request>();
     request->prompt_logprobs = score_prompt;
+    request->priority = priority;
     request->id = "cmpl-sched-" + std::to_string(next_number_);
     request->sink = std::make_shared<testing::CollectingSink>();
     auto seq = std::make_shared<Sequence>(request, next_number_++,
@@ -209,6 +211,16 @@ TEST_F(SchedulerTest, ALongPromptGoesInChunksWithTheRunningSequencesAlongside) {
   EXPECT_EQ(both.seqs[0], decoder);  // by arrival
   EXPECT_EQ(both.batch.seqs[0].start_pos, 9);
   EXPECT_EQ(both.batch.seqs[1].start_pos, 40);
+}
+
+// The waiting queue is kept in priority order (lower first), arrival order within a priority.
+TEST_F(SchedulerTest, NewcomersQueueByPriorityThenArrival) {
+  start(2048, /*prefix_caching=*/false, /*max_batch=*/4, /*window_ms=*/60000);
+  const SequencePtr a = submit(5, 10, false, 0);
+  const SequencePtr b = submit(5, 20, false, 5);
+  const SequencePtr c = submit(5, 30, false, -1);
+  const SequencePtr d = submit(5, 40, false, 0);
+  EXPECT_EQ(std::get<PrefillBatch>(next_batch()).seqs, (std::vector<SequencePtr>{c, a, d, b}));
 }
 
 TEST_F(SchedulerTest, APromptSeenBeforeStartsAfterItsCachedBlocks) {

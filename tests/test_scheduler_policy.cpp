@@ -285,6 +285,49 @@ TEST(SchedulerPolicy, NeverPreemptsTheLastSequence) {
   EXPECT_EQ(d.decode, (Ids{1}));
 }
 
+// scheduler.policy priority: the lowest priority goes first, however old, and the highest
+// priority is never preempted.
+TEST(SchedulerPolicy, PreemptsTheLowestPriorityFirstThenTheNewest) {
+  auto with_priority = [](RunningSequence s, int priority) {
+    s.priority = priority;
+    return s;
+  };
+  const std::vector<RunningSequence> running = {
+      with_priority(decoding(1, 17, 1), 5), with_priority(decoding(2, 17, 1), 0),
+      with_priority(decoding(3, 17, 1), 5), with_priority(decoding(4, 17, 1), -1)};
+  // Each needs a block and frees one: two preempted leave the two others room.
+  const auto d = schedule({}, running, 0, limits(0), kT0);
+  EXPECT_EQ(d.preempt, (Ids{3, 1}));
+  EXPECT_EQ(d.decode, (Ids{2, 4}));
+  // With none free and one held each but two needed each, all but the first in order go.
+  const std::vector<RunningSequence> hungry = {
+      with_priority(decoding(1, 33, 1), 5), with_priority(decoding(2, 33, 1), 0),
+      with_priority(decoding(3, 33, 1), 5), with_priority(decoding(4, 33, 1), -1)};
+  EXPECT_EQ(schedule({}, hungry, 0, limits(0), kT0).preempt, (Ids{3, 1, 2}));
+}
+
+TEST(SchedulerPolicy, UnfinishedPromptsGetTheBudgetInPriorityOrder) {
+  RunningSequence old_low = prefilling(1, 100, 60, 7);
+  old_low.priority = 1;
+  const std::vector<RunningSequence> running = {old_low, prefilling(2, 100, 60, 7)};
+  const auto d = schedule({}, running, 100, limits(0, 16, 64, 16, 80), kT0);
+  EXPECT_EQ(d.prefill, (Chunks{{2, 60}, {1, 20}}));
+}
+
+// The queue is in priority order, so its head may be a newcomer: the window is the
+// longest-waiting sequence's, and a sequence a closed window left anywhere in it ends it.
+TEST(SchedulerPolicy, TheWindowIsTheLongestWaitingSequencesWhateverItsPlace) {
+  std::vector<WaitingSequence> w = {{2, 10, kT0 + milliseconds(150)}, {1, 10, kT0}};
+  w[0].priority = -1;
+  const auto early = schedule(w, {}, 100, limits(200), kT0 + milliseconds(160));
+  ASSERT_TRUE(early.wake_at.has_value());
+  EXPECT_EQ(*early.wake_at, kT0 + milliseconds(200));
+  const auto over = schedule(w, {}, 100, limits(200), kT0 + milliseconds(200));
+  EXPECT_EQ(over.admitted, (Chunks{{2, 10}, {1, 10}}));
+  w[1].window_closed = true;
+  EXPECT_EQ(schedule(w, {}, 100, limits(200), kT0 + milliseconds(160)).admitted.size(), 2u);
+}
+
 TEST(SchedulerPolicy, NoPreemptionWhileBlocksSuffice) {
   const std::vector<RunningSequence> running = {decoding(1, 17, 1), decoding(2, 10, 1)};
   const auto d = schedule({}, running, 1, limits(0), kT0);

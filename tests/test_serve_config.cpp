@@ -56,6 +56,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
   EXPECT_DOUBLE_EQ(config.scheduler.kv_cache_fraction, 0.9);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 0);
   EXPECT_EQ(config.scheduler.kv_cache_dtype, std::nullopt);  // auto
+  EXPECT_FALSE(config.scheduler.priority_policy);            // fcfs
   EXPECT_EQ(config.scheduler.log_passes, std::nullopt);      // run: true, batch: false
   EXPECT_EQ(config.model.matmul_activations, DType::BF16);
   EXPECT_EQ(config.sampling.max_tokens, 1024);
@@ -73,7 +74,7 @@ model: {path: /abs/model, chat_template: raw, name: tiny, matmul_activations: f3
 device: cpu
 threads: 2
 server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1, log_requests: false}
-scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, enable_prefix_caching: false, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40, kv_cache_dtype: f32, log_passes: false}
+scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, policy: priority, enable_prefix_caching: false, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40, kv_cache_dtype: f32, log_passes: false}
 sampling: {temperature: 0.7, top_p: 0.9, top_k: 40, repeat_last_n: 64, repetition_penalty: 1.1, seed: 7, max_tokens: 99}
 graph:
   nodes:
@@ -94,6 +95,7 @@ graph:
   EXPECT_FALSE(config.scheduler.enable_prefix_caching);
   EXPECT_EQ(config.scheduler.kv_cache_blocks, 40);
   EXPECT_EQ(config.scheduler.kv_cache_dtype, DType::F32);
+  EXPECT_TRUE(config.scheduler.priority_policy);
   EXPECT_EQ(config.scheduler.log_passes, false);
   EXPECT_FLOAT_EQ(config.sampling.params.temperature, 0.7f);
   EXPECT_EQ(config.sampling.params.top_k, 40);
@@ -188,6 +190,8 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file + ":1: field 'model.chat_template': 'chatml' is not one of llama2, raw");
   EXPECT_EQ(error_of("model: {path: m, matmul_activations: f16}\n"),
             file + ":1: field 'model.matmul_activations': 'f16' is not one of bf16, f32");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler: {policy: lifo}\n"),
+            file + ":2: field 'scheduler.policy': 'lifo' is not one of fcfs, priority");
   EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  kv_cache_dtype: fp8\n"),
             file + ":3: field 'scheduler.kv_cache_dtype': 'fp8' is not one of auto, bf16, f32");
   // An empty value is named on its own line (yaml-cpp marks it at the next token), with the
