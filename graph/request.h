@@ -101,6 +101,8 @@ struct Request {
   int truncate_prompt_tokens = 0;
   SamplingParams sampling;
   int max_tokens = 0;  // 0: up to the end of the context
+  // vLLM's add_special_tokens: a text prompt (not a chat, not token ids) gets BOS first.
+  bool add_bos = true;
   // vLLM's priority: with scheduler.policy priority, a lower value is admitted first and
   // preempted last; otherwise always 0.
   int priority = 0;

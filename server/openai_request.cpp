@@ -85,6 +85,15 @@ bool read_bool(const JsonBody& body, const char* name, bool fallback) {
   return value->get<bool>();
 }
 
+bool read_add_special_tokens(const JsonBody& body, bool chat) {
+  const bool add = read_bool(body, "add_special_tokens", !chat);
+  if (add && chat)
+    throw invalid("add_special_tokens",
+                  "add_special_tokens must be false with messages: the chat template places BOS "
+                  "itself");
+  return add;
+}
+
 void check_model(const JsonBody& body, const ServedModel& model) {
   const JsonBody* value = find_field(body, "model");
   if (!value) throw invalid("model", "you must provide a model parameter");
@@ -795,6 +804,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   request.truncate_prompt_tokens = read_truncate_prompt_tokens(body, echo);
   read_max_tokens(endpoint, body, model.defaults.max_tokens, echo, request);
   request.priority = read_priority(body, model);
+  request.add_bos = read_add_special_tokens(body, request.chat);
   request.sampling = read_sampling(body, model.defaults.params);
   read_logprobs(endpoint, body, request);
   check_sampling_ranges(endpoint, request.sampling);

@@ -21,18 +21,15 @@ void check_object(const JsonBody& body) {
 std::vector<int32_t> prompt_tokens(const JsonBody& body, const Tokenizer& tokenizer) {
   const JsonBody& prompt = *find_field(body, "prompt");
   if (!prompt.is_string()) throw wrong_type("prompt", "a string", prompt);
-  const bool add_bos = read_bool(body, "add_special_tokens", true);
-  return tokenizer.encode(prompt.get_ref<const std::string&>(), add_bos);
+  return tokenizer.encode(prompt.get_ref<const std::string&>(),
+                          read_add_special_tokens(body, /*chat=*/false));
 }
 
 // A chat's tokens as /v1/chat/completions builds them (the tokenize stage calls the same
 // template).
 std::vector<int32_t> chat_tokens(const JsonBody& body, const Tokenizer& tokenizer,
                                  ChatTemplate chat_template) {
-  if (read_bool(body, "add_special_tokens", false))
-    throw invalid("add_special_tokens",
-                  "add_special_tokens must be false with messages: the chat template places BOS "
-                  "itself");
+  read_add_special_tokens(body, /*chat=*/true);
   const std::vector<ChatMessage> messages = read_messages(body);
   const PromptEnd end = read_prompt_end(body);
   try {

@@ -25,7 +25,8 @@ StageInfo TokenizeStage::info() {
 
 // The prompt's token ids, its last truncate_prompt_tokens when the client asks (vLLM's left
 // truncation): a prompt's own ids (checked against the model's vocabulary, which the API checked
-// against the tokenizer's), or the chat template's or the prompt's text encoded after BOS. A
+// against the tokenizer's), or the chat template's or the prompt's text encoded (the prompt's
+// after BOS unless add_special_tokens is false). A
 // text is measured before it is encoded, which costs seconds a megabyte: one that cannot fit is
 // refused unencoded, and a truncated one has only its end encoded.
 std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer,
@@ -42,9 +43,8 @@ std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer
                       " but the KV cache holds only " + std::to_string(pool) + " tokens",
                   "truncate_prompt_tokens"};
   if (!req.chat && !req.prompt_ids.empty()) return prompt_ids(req.prompt_ids, keep);
-  const PromptText text = req.chat
-                              ? chat_prompt(ctx_.chat_template, req.messages, req.prompt_end)
-                              : PromptText{{req.prompt, /*bos_before=*/true, /*eos_after=*/false}};
+  const PromptText text = req.chat ? chat_prompt(ctx_.chat_template, req.messages, req.prompt_end)
+                                   : PromptText{{req.prompt, req.add_bos, /*eos_after=*/false}};
   if (keep > 0) return encode_prompt_end(ctx_.tokenizer, text, size_t(keep));
   const size_t at_least = min_prompt_tokens(ctx_.tokenizer, text);
   check_fits(int64_t(std::min<size_t>(at_least, INT_MAX)), answer, prompt_param, "at least ");

@@ -663,6 +663,7 @@ std::vector<BadInput> bad_inputs() {
       {completion, with(completion_body(), "use_beam_search", true), "use_beam_search",
        "beam search"},
       {chat, with(chat_body(), "priority", 3), "priority", "scheduler.policy fcfs"},
+      {chat, with(chat_body(), "add_special_tokens", true), "add_special_tokens", "places BOS"},
       {completion, with(completion_body(), "priority", -1), "priority", "must be 0"},
       {chat, with(chat_body(), "priority", 1.5), "priority", "integer"},
   };
@@ -683,6 +684,15 @@ TEST(ParseRequest, RangesHoldForNumbersParsedFromText) {
   EXPECT_EQ(rejection(Endpoint::Completions, huge).param, "max_tokens");
   const json ok = parse_json_body(R"({"model": "stories260K", "prompt": "a", "max_tokens": 3})");
   EXPECT_EQ(parse_completion(ok).request->max_tokens, 3);
+}
+
+// vLLM's add_special_tokens: BOS before a text prompt unless false; false (its default) for chat.
+TEST(ParseRequest, AddSpecialTokensSaysWhetherATextPromptGetsBos) {
+  EXPECT_TRUE(parse_completion(completion_body()).request->add_bos);
+  EXPECT_FALSE(
+      parse_completion(with(completion_body(), "add_special_tokens", false)).request->add_bos);
+  EXPECT_FALSE(parse_chat(with(chat_body(), "add_special_tokens", false)).request->add_bos);
+  EXPECT_FALSE(parse_chat(chat_body()).request->add_bos);
 }
 
 // vLLM's priority: 0 (or absent) on any server, any integer on one scheduling by priority.

@@ -439,6 +439,21 @@ TEST_F(ServerE2E, APromptOfTokenIdsIsAnsweredAsItsText) {
   ASSERT_EQ(both.body["choices"].size(), 2u);
   const Reply second = post(port(), "/v1/completions", completion_body(prompts[1], 16));
   EXPECT_EQ(both.body["choices"][1]["text"], second.body["choices"][0]["text"]);
+
+  // vLLM's add_special_tokens false: the text's own tokens, without BOS, as /tokenize gives them.
+  json bare = completion_body(prompts[0], 16);
+  bare["add_special_tokens"] = false;
+  const Reply without_bos = post(port(), "/v1/completions", bare);
+  ASSERT_EQ(without_bos.status, 200) << without_bos.raw;
+  body["prompt"] = tokenizer.encode(prompts[0], false);
+  const Reply by_bare_ids = post(port(), "/v1/completions", body);
+  EXPECT_EQ(without_bos.body["choices"][0]["text"], by_bare_ids.body["choices"][0]["text"]);
+  EXPECT_EQ(without_bos.body["usage"]["prompt_tokens"],
+            by_ids.body["usage"]["prompt_tokens"].get<int>() - 1);
+  bare["prompt"] = "";
+  const Reply nothing = post(port(), "/v1/completions", bare);
+  EXPECT_EQ(nothing.status, 400) << nothing.raw;
+  EXPECT_EQ(nothing.body["error"]["param"], "prompt");
 }
 
 // /tokenize gives the tokens the completion endpoints feed the model (their usage counts them),
