@@ -798,7 +798,6 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   }
   check_choices(parsed, model);
   refuse_unsupported(endpoint, body);
-  refuse_foreign_fields(body);
   parsed.options = read_response_options(body);
   const bool echo = read_echo(endpoint, body);
   request.truncate_prompt_tokens = read_truncate_prompt_tokens(body, echo);
@@ -806,6 +805,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, const JsonBody& body,
   request.priority = read_priority(body, model);
   request.add_bos = read_add_special_tokens(body, request.chat);
   request.sampling = read_sampling(body, model.defaults.params);
+  refuse_foreign_fields(body, request.sampling);
   read_logprobs(endpoint, body, request);
   check_sampling_ranges(endpoint, request.sampling);
   if (echo) apply_echo(parsed);

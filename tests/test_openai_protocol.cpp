@@ -662,6 +662,13 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "lora", {{{"id", 0}, {"scale", 1}}}), "lora", "LoRA"},
       {completion, with(completion_body(), "use_beam_search", true), "use_beam_search",
        "beam search"},
+      {chat, with(with(chat_body(), "penalize_nl", false), "presence_penalty", 1.0), "penalize_nl",
+       "a newline as any other token"},
+      {completion, with(completion_body(), "prompt_logprobs", 1), "prompt_logprobs", "echo"},
+      {chat, with(chat_body(), "return_tokens_as_token_ids", true), "return_tokens_as_token_ids",
+       "by text"},
+      {chat, with(chat_body(), "logits_processors", {"x"}), "logits_processors", "processors"},
+      {chat, with(chat_body(), "min_keep", 2), "min_keep", "at least one token"},
       {chat, with(chat_body(), "priority", 3), "priority", "scheduler.policy fcfs"},
       {chat, with(chat_body(), "add_special_tokens", true), "add_special_tokens", "places BOS"},
       {completion, with(completion_body(), "priority", -1), "priority", "must be 0"},
@@ -739,7 +746,6 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
   // So do other servers' sampling fields at their "off" values, and what tunes them while off.
   json foreign = completion_body();
   foreign.update({{"typical_p", 1.0},
-                  {"tfs_z", 1},
                   {"mirostat", 0},
                   {"mirostat_tau", 5.0},
                   {"repeat_penalty", 1.0},
@@ -748,11 +754,21 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                   {"dry_base", 1.75},
                   {"xtc_probability", 0},
                   {"top_n_sigma", -1},
-                  {"penalize_nl", false},
+                  {"penalize_nl", false},  // no penalty: the served model's 1.1 is set aside
+                  {"repetition_penalty", 1.0},
+                  {"tfs_z", 2.0},
+                  {"dynatemp_range", -0.5},
+                  {"min_keep", 1},
+                  {"n_indent", 0},
+                  {"return_tokens", false},
+                  {"return_tokens_as_token_ids", false},
                   {"lora", json::array()},
                   {"use_beam_search", false},
                   {"length_penalty", 1.0},
                   {"cache_prompt", true}});
+  EXPECT_NO_THROW(parse_completion(foreign));
+  // A newline weighed as any other token is llama.cpp's penalize_nl true, whatever the penalties.
+  foreign.update({{"penalize_nl", true}, {"top_n_sigma", 0}, {"repetition_penalty", 1.3}});
   EXPECT_NO_THROW(parse_completion(foreign));
 }
 
