@@ -484,8 +484,10 @@ struct HttpServer::Impl {
       pending(req).headers.erase(kRefusedEncoding);
       pending(req).headers.erase(kRefusedKey);
       take_off_body_encoding(req);
+      // As vLLM's --api-key: the API's /v1 routes need the key; /health, /metrics (a Prometheus
+      // scrape carries no key) and the token routes do not.
       const std::string& key = engine.config().server.api_key;
-      if (!key.empty() && req.path != "/health" &&
+      if (!key.empty() && req.path.starts_with("/v1") &&
           !bearer_matches(req.get_header_value("Authorization"), key))
         pending(req).set_header(kRefusedKey, "1");
       return httplib::Server::HandlerResponse::Unhandled;

@@ -1499,7 +1499,8 @@ TEST(ServerE2EHost, AnIpv6HostIsPrintedInBracketsAndServes) {
   EXPECT_EQ(health->status, 200);
 }
 
-TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
+// As vLLM's --api-key: the /v1 routes need it; /health, /metrics and the token routes do not.
+TEST(ServerE2EApiKey, EveryV1RouteNeedsTheKey) {
   ServerProcess server(stories_config("  api_key: sesame\n"));
   const httplib::Headers right = {{"Authorization", "Bearer sesame"}};
   const httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
@@ -1507,16 +1508,19 @@ TEST(ServerE2EApiKey, EveryRouteButHealthNeedsTheKey) {
   for (const auto& headers : {httplib::Headers{}, wrong}) {
     for (const auto& [method, path] :
          std::vector<std::pair<std::string, std::string>>{{"POST", "/v1/chat/completions"},
+                                                          {"POST", "/v1/completions"},
                                                           {"GET", "/v1/models"},
-                                                          {"GET", "/metrics"},
-                                                          {"POST", "/tokenize"},
-                                                          {"POST", "/detokenize"}}) {
+                                                          {"GET", "/v1/models/stories260K"},
+                                                          {"GET", "/v1/nowhere"}}) {
       const Reply reply = send(server.port(), method, path, body, headers);
       EXPECT_EQ(reply.status, 401) << method << " " << path;
       EXPECT_EQ(reply.body["error"]["code"], "invalid_api_key");
     }
   }
   EXPECT_EQ(send(server.port(), "GET", "/health", "").status, 200);
+  EXPECT_EQ(send(server.port(), "GET", "/metrics", "").status, 200);
+  const std::string text = json{{"model", kModel}, {"prompt", "Hi"}}.dump();
+  EXPECT_EQ(send(server.port(), "POST", "/tokenize", text).status, 200);
   EXPECT_EQ(send(server.port(), "POST", "/v1/chat/completions", body, right).status, 200);
   EXPECT_EQ(send(server.port(), "GET", "/v1/models", "", right).status, 200);
   // The scheme's case does not matter (RFC 7235); the key's does.
