@@ -236,8 +236,6 @@ json ResponseBuilder::usage(std::span<const Completion> choices) const {
 }
 
 json ResponseBuilder::usage_json(TokenCounts counts) const {
-  // A prompt_only answer's one token is dropped.
-  if (prompt_only_) counts.completion_tokens = 0;
   return {{"prompt_tokens", counts.prompt_tokens},
           {"completion_tokens", counts.completion_tokens},
           {"total_tokens", counts.prompt_tokens + counts.completion_tokens},

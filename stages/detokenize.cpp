@@ -48,8 +48,10 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
   TextState& state = *seq->text;
   if (state.done) return;  // tokens sampled after a stop string matched
   ++state.completion_tokens;
-  // Counted here rather than where sampled, so that the metric counts what usage does.
-  ctx_.metrics.generated_tokens.add();
+  // Counted here rather than where sampled, so that the metric counts what usage does; a
+  // prompt-only answer's one token is dropped, and counts nowhere.
+  const bool counted = !seq->request->prompt_only;
+  if (counted) ctx_.metrics.generated_tokens.add();
   const int32_t id = token.sampled.token;
   std::optional<FinishReason> finish = token.finish;
 
@@ -99,7 +101,7 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     stop_reason = id;
   }
   delta.new_token = !ending_token;
-  const TokenCounts counts{seq->prompt_len, state.completion_tokens,
+  const TokenCounts counts{seq->prompt_len, counted ? state.completion_tokens : 0,
                            seq->cached_prompt_tokens.value_or(0)};
   delta.counts = counts;
   if (delta.new_token || !delta.text.empty() || !delta.tokens.empty() || !delta.prompt.empty())

@@ -1116,14 +1116,15 @@ TEST(Responses, ContinuousUsageCountsEachPromptOfAList) {
   EXPECT_EQ(builder.finish_chunk({FinishReason::Stop, 3, 2, 0}, 0)["usage"], usage_json(3, 2));
 }
 
-// As the last chunk, the one token a prompt_only answer generated (and dropped) is not counted.
+// A prompt_only answer's chunk and last chunk carry the usage detokenize counts for it (no
+// completion tokens: the one it generated is dropped).
 TEST(Responses, ContinuousUsageOfAnEchoAloneCountsNoCompletionTokens) {
   json body = with(with(completion_body(), "echo", true), "max_tokens", 0);
   const ParsedRequest parsed =
       parsed_from(Endpoint::Completions, streamed_with_usage_per_chunk(body));
   ResponseBuilder builder(parsed, "stories260K", token_text);
-  EXPECT_EQ(builder.delta_chunk(counted(" there", {5, 1, 0}))["usage"], usage_json(5, 0));
-  EXPECT_EQ(builder.finish_chunk({FinishReason::Stop, 5, 1})["usage"], usage_json(5, 0));
+  EXPECT_EQ(builder.delta_chunk(counted(" there", {5, 0, 0}))["usage"], usage_json(5, 0));
+  EXPECT_EQ(builder.finish_chunk({FinishReason::Stop, 5, 0})["usage"], usage_json(5, 0));
 }
 
 // Without include_usage, as in vLLM, continuous_usage_stats gives no usage at all.
@@ -1442,7 +1443,7 @@ TEST(Responses, EchoWithNoNewTokensShowsThePromptAlone) {
   EXPECT_FALSE(builder.shows(delta(" more", dropped)));
   // Whatever ended the dropped token, the answer ends at its length of 0.
   EXPECT_EQ(builder.finish_chunk({FinishReason::Stop})["choices"][0]["finish_reason"], "length");
-  const json response = builder.whole_response(one({FinishReason::Stop, 5, 1, 0, int32_t(2)}));
+  const json response = builder.whole_response(one({FinishReason::Stop, 5, 0, 0, int32_t(2)}));
   EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(response["choices"][0].at("stop_reason").is_null());
   EXPECT_EQ(response["usage"], usage_json(5, 0));

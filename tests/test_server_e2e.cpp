@@ -612,6 +612,7 @@ TEST_F(ServerE2E, PresenceAndFrequencyPenaltiesLeaveThePromptsTokensAlone) {
 
 TEST_F(ServerE2E, EchoWithNoNewTokensAnswersThePromptAloneWholeOrStreamed) {
   const json body = with(with(completion_body("Once upon a time", 0), "echo", true), "logprobs", 0);
+  const double generated_before = metric(port(), "pipeline_generation_tokens_total");
   const Reply whole = post(port(), "/v1/completions", body);
   ASSERT_EQ(whole.status, 200) << whole.raw;
   const json& choice = whole.body["choices"][0];
@@ -624,6 +625,8 @@ TEST_F(ServerE2E, EchoWithNoNewTokensAnswersThePromptAloneWholeOrStreamed) {
   ASSERT_EQ(stream.status, 200) << stream.raw;
   EXPECT_EQ(stream.text, "Once upon a time");
   EXPECT_EQ(stream.finish_reason, "length");
+  // The token each drew and dropped is not counted as generated either.
+  EXPECT_EQ(metric(port(), "pipeline_generation_tokens_total"), generated_before);
 
   // Echo with new tokens, streamed: the prompt, then the answer a plain request gets.
   const Reply plain = post(port(), "/v1/completions", completion_body("Once upon a time", 8));
