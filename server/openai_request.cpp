@@ -96,7 +96,7 @@ bool read_add_special_tokens(const JsonBody& body, bool chat) {
 
 void check_model(const JsonBody& body, const ServedModel& model) {
   const JsonBody* value = find_field(body, "model");
-  if (!value) throw invalid("model", "you must provide a model parameter");
+  if (!value) return;  // as in vLLM: the model served
   if (!value->is_string()) throw wrong_type("model", "a string", *value);
   const auto& name = value->get_ref<const std::string&>();
   if (name == model.name) return;
@@ -613,7 +613,8 @@ ResponseOptions read_response_options(const JsonBody& body) {
 }
 
 // Chat: logprobs is a boolean and top_logprobs the number of alternatives (0..20).
-// Completions: logprobs is itself the number of alternatives (0..5).
+// Completions: logprobs is itself the number of alternatives (0..20, vLLM's default limit; OpenAI
+// stops at 5).
 void read_logprobs(Endpoint endpoint, const JsonBody& body, Request& request) {
   if (endpoint == Endpoint::ChatCompletions) {
     request.sampling.logprobs = read_bool(body, "logprobs", false);
@@ -624,7 +625,7 @@ void read_logprobs(Endpoint endpoint, const JsonBody& body, Request& request) {
   } else {
     const JsonBody* value = find_field(body, "logprobs");
     request.sampling.logprobs = value != nullptr;
-    request.sampling.top_logprobs = read_int(body, "logprobs", 0, 0, 5);
+    request.sampling.top_logprobs = read_int(body, "logprobs", 0, 0, 20);
   }
 }
 

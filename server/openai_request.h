@@ -122,7 +122,7 @@ bool read_bool(const JsonBody& body, const char* name, bool fallback);
 // vLLM's add_special_tokens: whether a text prompt gets BOS first (default true). With messages
 // (`chat`) it must be false, its default there: the chat template places BOS itself.
 bool read_add_special_tokens(const JsonBody& body, bool chat);
-// `model` must be given and name the served model: 404 model_not_found for any other name.
+// `model`, when given, must name the served model: 404 model_not_found for any other name.
 void check_model(const JsonBody& body, const ServedModel& model);
 // `messages`: at least one, each a system (or developer), user or assistant message with text
 // content.

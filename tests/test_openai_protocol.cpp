@@ -361,8 +361,6 @@ struct BadInput {
 std::vector<BadInput> bad_inputs() {
   const auto chat = Endpoint::ChatCompletions;
   const auto completion = Endpoint::Completions;
-  json no_model = chat_body();
-  no_model.erase("model");
   json no_messages = chat_body();
   no_messages.erase("messages");
   json no_prompt = completion_body();
@@ -380,7 +378,6 @@ std::vector<BadInput> bad_inputs() {
   usage_per_chunk_not_bool["stream_options"] = {{"include_usage", true},
                                                 {"continuous_usage_stats", 1}};
   return {
-      {chat, no_model, "model", "model"},
       {chat, with(chat_body(), "model", 7), "model", "string"},
       {chat, no_messages, "messages", "messages"},
       {chat, with(chat_body(), "messages", json::array()), "messages", "at least one"},
@@ -481,7 +478,7 @@ std::vector<BadInput> bad_inputs() {
        "expected an integer, but got a number instead"},
       {chat, with(with(chat_body(), "logprobs", true), "top_logprobs", 21), "top_logprobs",
        "between 0 and 20"},
-      {completion, with(completion_body(), "logprobs", 6), "logprobs", "between 0 and 5"},
+      {completion, with(completion_body(), "logprobs", 21), "logprobs", "between 0 and 20"},
       {completion, with(completion_body(), "logprobs", true), "logprobs", "integer"},
       {chat, with(chat_body(), "logit_bias", "x"), "logit_bias", "an object mapping token ids"},
       {chat, with(chat_body(), "logit_bias", {{"abc", 1}}), "logit_bias", "Invalid key"},
@@ -691,6 +688,14 @@ TEST(ParseRequest, RangesHoldForNumbersParsedFromText) {
   EXPECT_EQ(rejection(Endpoint::Completions, huge).param, "max_tokens");
   const json ok = parse_json_body(R"({"model": "stories260K", "prompt": "a", "max_tokens": 3})");
   EXPECT_EQ(parse_completion(ok).request->max_tokens, 3);
+}
+
+// As in vLLM, a request that names no model asks for the one served.
+TEST(ParseRequest, AbsentModelIsTheServedOne) {
+  json chat = chat_body();
+  chat.erase("model");
+  EXPECT_NO_THROW(parse_chat(chat));
+  EXPECT_NO_THROW(parse_completion(with(completion_body(), "model", nullptr)));
 }
 
 // vLLM's add_special_tokens: BOS before a text prompt unless false; false (its default) for chat.
