@@ -8,61 +8,10 @@
 namespace pipeline {
 namespace {
 
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-
-// Sorted, disjoint and not adjacent: what RegexNode::ranges holds.
-std::vector<CodePointRange> normalized(std::vector<CodePointRange> ranges) {
-  std::sort(ranges.begin(), ranges.end(),
-            [](const CodePointRange& a, const CodePointRange& b) { return a.lo < b.lo; });
-  std::vector<CodePointRange> merged;
-  for (const CodePointRange& range : ranges) {
-    if (!merged.empty() && range.lo <= merged.back().hi + 1) {
-      merged.back().hi = std::max(merged.back().hi, range.hi);
-    } else {
-      merged.push_back(range);
-    }
-  }
-  return merged;
-}
-
-std::vector<CodePointRange> complement(const std::vector<CodePointRange>& ranges) {
-  std::vector<CodePointRange> out;
-  uint32_t next = 0;
-  for (const CodePointRange& range : normalized(ranges)) {
-    if (range.lo > next) out.push_back({next, range.lo - 1});
-    next = range.hi + 1;
-  }
-  if (next <= kMaxCodePoint) out.push_back({next, kMaxCodePoint});
-  return out;
-}
-
 const std::vector<CodePointRange> kDigits = {{'0', '9'}};
 const std::vector<CodePointRange> kWordCharacters = {
     {'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
 const std::vector<CodePointRange> kSpaces = {{'\t', '\r'}, {' ', ' '}};  // \t \n \v \f \r
-
-// One UTF-8 character from `text` at `*at`, which it moves past it; nullopt if the bytes there
-// are not one.
-std::optional<uint32_t> decode_utf8(std::string_view text, size_t* at) {
-  const auto byte = [&](size_t i) { return uint8_t(text[i]); };
-  const uint8_t lead = byte(*at);
-  int length = lead < 0x80           ? 1
-               : (lead >> 5) == 0x6  ? 2
-               : (lead >> 4) == 0xE  ? 3
-               : (lead >> 3) == 0x1E ? 4
-                                     : 0;
-  if (length == 0 || *at + size_t(length) > text.size()) return std::nullopt;
-  uint32_t code = length == 1 ? lead : uint32_t(lead) & (0x7Fu >> length);
-  for (int i = 1; i < length; ++i) {
-    if ((byte(*at + size_t(i)) & 0xC0) != 0x80) return std::nullopt;
-    code = (code << 6) | (byte(*at + size_t(i)) & 0x3F);
-  }
-  static constexpr uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (code < kLeast[length] || code > kMaxCodePoint || (code >= 0xD800 && code <= 0xDFFF))
-    return std::nullopt;
-  *at += size_t(length);
-  return code;
-}
 
 // A recursive-descent parser over the pattern's bytes:
 //   alternation := concat ('|' concat)*
@@ -97,7 +46,7 @@ class Parser {
   int set(std::vector<CodePointRange> ranges) {
     RegexNode node;
     node.kind = RegexNode::Kind::Set;
-    node.ranges = normalized(std::move(ranges));
+    node.ranges = normalized_ranges(std::move(ranges));
     return add(std::move(node));
   }
 
@@ -149,7 +98,7 @@ class Parser {
         return set(character_class());
       case '.':
         ++at_;
-        return set(complement({{'\n', '\n'}}));
+        return set(complement_ranges({{'\n', '\n'}}));
       case '\\':
         return set(escape(/*in_class=*/false));
       case '^':
@@ -316,7 +265,7 @@ class Parser {
       ranges.insert(ranges.end(), item.begin(), item.end());
     }
     ++at_;  // ']'
-    return negated ? complement(ranges) : ranges;
+    return negated ? complement_ranges(ranges) : ranges;
   }
 
   std::vector<CodePointRange> class_item() {
@@ -333,15 +282,15 @@ class Parser {
       case 'd':
         return kDigits;
       case 'D':
-        return complement(kDigits);
+        return complement_ranges(kDigits);
       case 'w':
         return kWordCharacters;
       case 'W':
-        return complement(kWordCharacters);
+        return complement_ranges(kWordCharacters);
       case 's':
         return kSpaces;
       case 'S':
-        return complement(kSpaces);
+        return complement_ranges(kSpaces);
       case 'n':
         return {single('\n')};
       case 't':

@@ -23,17 +23,13 @@
 #include <string_view>
 #include <vector>
 
+#include "io/code_points.h"
+
 namespace pipeline {
 
 class RegexSyntaxError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
-};
-
-// Code points lo..hi, both included.
-struct CodePointRange {
-  uint32_t lo;
-  uint32_t hi;
 };
 
 struct RegexNode {
