@@ -31,6 +31,7 @@
 #include "graph/scheduler.h"
 #include "graph/serve_config.h"
 #include "graph/stage_registry.h"
+#include "io/grammar.h"
 #include "io/json_schema.h"
 #include "io/tokenizer.h"
 #include "model/guided_decoding.h"
@@ -387,6 +388,18 @@ void BM_JsonMode_mask(benchmark::State& state) {
 }
 BENCHMARK(BM_JsonMode_mask)->DenseRange(0, 6)->Unit(benchmark::kMicrosecond);
 
+// Writes `text` a character a token: the tokenizer would begin it with a space a pattern or
+// grammar may refuse.
+void advance_by_characters(GuidedDecoding& mode, const GuidedVocabulary& vocabulary,
+                           const std::string& text) {
+  for (char c : text)
+    for (int32_t token : vocabulary.sorted_tokens())
+      if (vocabulary.text(token) == std::string(1, c)) {
+        mode.advance(token);
+        break;
+      }
+}
+
 // The same mask for guided_choice and guided_regex (a TextPattern: one table lookup a byte), in
 // states that fit few tokens and one that fits nearly all.
 void BM_PatternMode_mask(benchmark::State& state) {
@@ -407,20 +420,50 @@ void BM_PatternMode_mask(benchmark::State& state) {
   const Written& written = kWritten[state.range(0)];
   GuidedDecoding mode(b->guided_vocabulary, written.regex ? TextPattern::from_regex(written.regex)
                                                           : TextPattern::from_choices(kChoices));
-  // A character a token: the tokenizer would begin the text with a space the pattern refuses.
-  const GuidedVocabulary& vocabulary = b->guided_vocabulary;
-  for (char c : std::string(written.text))
-    for (int32_t token : vocabulary.sorted_tokens())
-      if (vocabulary.text(token) == std::string(1, c)) {
-        mode.advance(token);
-        break;
-      }
+  advance_by_characters(mode, b->guided_vocabulary, written.text);
   std::vector<float> logits(size_t(kVocab), 0.0f);
   size_t allowed = 0;
   for (auto _ : state) allowed = mode.mask(logits);
   state.SetLabel(std::string(written.label) + ": " + std::to_string(allowed) + " tokens fit");
 }
 BENCHMARK(BM_PatternMode_mask)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
+
+// The same mask for guided_grammar (a Grammar, followed a parse stack at a time): a JSON grammar
+// in the states BM_JsonMode_mask's json_object ones stand in (range 0-3), and a list's (4-5).
+void BM_GrammarMode_mask(benchmark::State& state) {
+  StageBench* b = bench(state);
+  if (!b) return;
+  static const char* kJson = R"(root ::= object
+value ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+  static const char* kList = "root ::= (\"- \" item \"\\n\")+\nitem ::= [^\\n]+";
+  struct Written {
+    const char* label;
+    const char* grammar;
+    const char* text;
+  };
+  static const Written kWritten[] = {
+      {"json: after {", kJson, "{"},
+      {"json: after a key's colon", kJson, R"({"name":)"},
+      {"json: in a number", kJson, R"({"n":12)"},
+      {"json: in a string", kJson, R"({"name":"Li)"},
+      {"list: at the start", kList, ""},
+      {"list: in an item", kList, "- eggs\n- Li"},
+  };
+  const Written& written = kWritten[state.range(0)];
+  GuidedDecoding mode(b->guided_vocabulary, Grammar::from_gbnf(written.grammar));
+  advance_by_characters(mode, b->guided_vocabulary, written.text);
+  std::vector<float> logits(size_t(kVocab), 0.0f);
+  size_t allowed = 0;
+  for (auto _ : state) allowed = mode.mask(logits);
+  state.SetLabel(std::string(written.label) + ": " + std::to_string(allowed) + " tokens fit");
+}
+BENCHMARK(BM_GrammarMode_mask)->DenseRange(0, 5)->Unit(benchmark::kMicrosecond);
 
 // detokenize: a step's sampled tokens for range(0) sequences → their text deltas (incremental
 // UTF-8 decoding, the stop string matched across tokens). The tokens are prose's, in order.

@@ -46,6 +46,10 @@ GuidedDecoding::GuidedDecoding(const GuidedVocabulary& vocabulary,
                                std::shared_ptr<const TextPattern> pattern)
     : vocabulary_(&vocabulary), held_(PatternHeld{pattern, PatternPrefix(*pattern), {}}) {}
 
+GuidedDecoding::GuidedDecoding(const GuidedVocabulary& vocabulary,
+                               std::shared_ptr<const Grammar> grammar)
+    : vocabulary_(&vocabulary), held_(GrammarHeld{grammar, GrammarPrefix(*grammar), {}}) {}
+
 bool GuidedDecoding::allows(int32_t token) const {
   return std::visit([&](const auto& held) { return allows(held.written, token); }, held_);
 }
@@ -67,9 +71,11 @@ void GuidedDecoding::advance(int32_t token) {
 }
 
 std::string GuidedDecoding::held_to() const {
-  return std::holds_alternative<JsonHeld>(held_)
-             ? "the JSON value response_format (or guided_json) asks for"
-             : "the text guided_regex (or guided_choice) allows";
+  if (std::holds_alternative<JsonHeld>(held_))
+    return "the JSON value response_format (or guided_json) asks for";
+  if (std::holds_alternative<PatternHeld>(held_))
+    return "the text guided_regex (or guided_choice) allows";
+  return "the text guided_grammar (or grammar) allows";
 }
 
 template <class Prefix>

@@ -1,7 +1,8 @@
 // Guided decoding: the sampler may draw only tokens that keep the answer the beginning of a text
 // the request allows, and an end-of-sequence token only once that text is whole. JSON mode
 // (response_format json_object or json_schema, guided_json) holds the answer to a JSON value a
-// schema admits; guided_regex and guided_choice hold it to a TextPattern.
+// schema admits; guided_regex and guided_choice hold it to a TextPattern; guided_grammar (and
+// llama.cpp's grammar) to a Grammar.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <variant>
 #include <vector>
 
+#include "io/grammar.h"
+#include "io/grammar_prefix.h"
 #include "io/json_schema.h"
 #include "io/model_config.h"
 #include "io/schema_prefix.h"
@@ -60,10 +63,13 @@ class GuidedDecoding {
   GuidedDecoding(const GuidedVocabulary& vocabulary, std::shared_ptr<const JsonSchema> schema);
   // guided_regex, guided_choice: a text `pattern` accepts.
   GuidedDecoding(const GuidedVocabulary& vocabulary, std::shared_ptr<const TextPattern> pattern);
+  // guided_grammar, structured_outputs grammar, grammar: a text `grammar` derives.
+  GuidedDecoding(const GuidedVocabulary& vocabulary, std::shared_ptr<const Grammar> grammar);
 
   bool allows(int32_t token) const;
   // Sets the logit of every token it does not allow to -inf; returns how many it allows.
-  // Throws std::invalid_argument unless there is one logit per token of the vocabulary.
+  // Throws std::invalid_argument unless there is one logit per token of the vocabulary, and
+  // GrammarError where a grammar passes GrammarPrefix's limits (allows() and advance() too).
   size_t mask(std::span<float> logits);
   // Takes a token it allows into the answer. Throws std::invalid_argument on one it does not.
   void advance(int32_t token);
@@ -73,14 +79,15 @@ class GuidedDecoding {
  private:
   // What the answer is held to, what it has written, and mask()'s walk: after[k] is the state
   // after the current token's first k bytes.
-  template <class Grammar, class Prefix>
+  template <class Guide, class Prefix>
   struct Held {
-    std::shared_ptr<const Grammar> grammar;  // what written follows
+    std::shared_ptr<const Guide> guide;  // what written follows
     Prefix written;
     std::vector<Prefix> after;
   };
   using JsonHeld = Held<JsonSchema, SchemaPrefix>;
   using PatternHeld = Held<TextPattern, PatternPrefix>;
+  using GrammarHeld = Held<Grammar, GrammarPrefix>;
 
   template <class Prefix>
   bool allows(const Prefix& written, int32_t token) const;
@@ -88,7 +95,7 @@ class GuidedDecoding {
   size_t mask(const Prefix& written, std::vector<Prefix>& after, std::span<float> logits) const;
 
   const GuidedVocabulary* vocabulary_;
-  std::variant<JsonHeld, PatternHeld> held_;
+  std::variant<JsonHeld, PatternHeld, GrammarHeld> held_;
 };
 
 }  // namespace pipeline
