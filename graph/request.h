@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/chat_template.h"
+#include "io/grammar.h"
 #include "io/json_schema.h"
 #include "io/text_pattern.h"
 #include "model/finish_reason.h"
@@ -129,6 +130,8 @@ struct Request {
   std::shared_ptr<const JsonSchema> json_schema;
   // guided_regex, guided_choice: a text this pattern accepts.
   std::shared_ptr<const TextPattern> text_pattern;
+  // guided_grammar, structured_outputs grammar, grammar: a text this grammar derives.
+  std::shared_ptr<const Grammar> grammar;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with
   // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
   // the prefix cache, since cached positions have no logits.

@@ -346,24 +346,38 @@ std::shared_ptr<const TextPattern> read_choice(const JsonBody& value, const std:
   return compile_pattern(param, [&] { return TextPattern::from_choices(texts); });
 }
 
+// A GBNF grammar the answer must be a text of (io/grammar_syntax.h), at `param`: vLLM's
+// guided_grammar and structured_outputs.grammar, llama.cpp's grammar.
+std::shared_ptr<const Grammar> read_grammar(const JsonBody& value, const std::string& param) {
+  if (!value.is_string()) throw wrong_type(param, "a string", value);
+  const std::string& text = value.get_ref<const std::string&>();
+  if (text.empty()) throw invalid(param, param + " is empty: it must define a rule root");
+  try {
+    return Grammar::from_gbnf(text);
+  } catch (const GrammarError& e) {
+    throw invalid(param, param + ": " + e.what());
+  }
+}
+
 // vLLM's structured_outputs (what replaced its guided_* fields): one of json (a schema or its
-// text), json_object (true: any object), regex and choice. What would change the answer in a
-// way not held here is refused rather than ignored: grammar, structural_tag, a
-// whitespace_pattern, and disable_any_whitespace or disable_additional_properties true; so is a
-// field vLLM does not know. disable_fallback concerns vLLM's choice among its backends, of
-// which there is one here. Null: not given.
+// text), json_object (true: any object), regex, choice and grammar. What would change the answer
+// in a way not held here is refused rather than ignored: structural_tag, a whitespace_pattern, and
+// disable_any_whitespace or disable_additional_properties true; so is a field vLLM does not know.
+// disable_fallback concerns vLLM's choice among its backends, of which there is one here. Null: not
+// given.
 const JsonBody* read_structured_outputs(const JsonBody& body) {
   const JsonBody* outputs = find_field(body, "structured_outputs");
   if (!outputs) return nullptr;
   if (!outputs->is_object()) throw wrong_type("structured_outputs", "an object", *outputs);
-  static const std::set<std::string> kGuides = {"json", "json_object", "regex", "choice"};
+  static const std::set<std::string> kGuides = {"json", "json_object", "regex", "choice",
+                                                "grammar"};
   for (const auto& [name, value] : outputs->items()) {
     const std::string param = "structured_outputs." + name;
     if (value.is_null() || kGuides.count(name)) continue;
-    if (name == "grammar" || name == "structural_tag" || name == "whitespace_pattern")
+    if (name == "structural_tag" || name == "whitespace_pattern")
       throw invalid(param, param +
-                               " is not supported: structured_outputs json, json_object, regex "
-                               "and choice are");
+                               " is not supported: structured_outputs json, json_object, regex, "
+                               "choice and grammar are");
     if (name != "disable_any_whitespace" && name != "disable_additional_properties" &&
         name != "disable_fallback")
       throw invalid(param, param + " is not a field of structured_outputs");
@@ -382,26 +396,27 @@ const JsonBody* read_structured_outputs(const JsonBody& body) {
 }
 
 // The params of the fields that ask for a guide (response_format json_object or json_schema,
-// guided_json, guided_regex, guided_choice, structured_outputs json, json_object, regex or
-// choice), found without compiling any, so that a second one, or a parameter that cannot go
-// with one, is refused before a guide's cost is paid. guided_grammar and
-// guided_whitespace_pattern are refused rather than ignored.
+// guided_json, guided_regex, guided_choice, guided_grammar, llama.cpp's grammar,
+// structured_outputs json, json_object, regex, choice or grammar), found without compiling any,
+// so that a second one, or a parameter that cannot go with one, is refused before a guide's cost
+// is paid. guided_whitespace_pattern is refused rather than ignored.
 std::vector<std::string> guides_asked(const JsonBody& body) {
-  for (const char* name : {"guided_grammar", "guided_whitespace_pattern"})
-    if (find_field(body, name))
-      throw invalid(name, std::string(name) +
-                              " is not supported: response_format json_schema, guided_json, "
-                              "guided_regex, guided_choice and structured_outputs are");
+  if (find_field(body, "guided_whitespace_pattern"))
+    throw invalid("guided_whitespace_pattern",
+                  "guided_whitespace_pattern is not supported: response_format json_schema, "
+                  "guided_json, guided_regex, guided_choice, guided_grammar, grammar and "
+                  "structured_outputs are");
   std::vector<std::string> asked;
   // Any response_format but {"type": "text"} is read as a guide (a malformed one fails there).
   if (const JsonBody* format = find_field(body, "response_format")) {
     const JsonBody* type = format->is_object() ? find_field(*format, "type") : nullptr;
     if (!(type && type->is_string() && *type == "text")) asked.push_back("response_format");
   }
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice"})
+  for (const char* name :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar"})
     if (find_field(body, name)) asked.push_back(name);
   if (const JsonBody* outputs = read_structured_outputs(body)) {
-    for (const char* name : {"json", "json_object", "regex", "choice"}) {
+    for (const char* name : {"json", "json_object", "regex", "choice", "grammar"}) {
       const JsonBody* value = find_field(*outputs, name);
       if (value && !(value->is_boolean() && !value->get<bool>()))
         asked.push_back(std::string("structured_outputs.") + name);
@@ -418,12 +433,13 @@ void read_guide(const JsonBody& body, const std::string& param, Request& request
     request.json_schema = read_response_format(body);
     return;
   }
-  // structured_outputs.X is field X of that object; guided_X the body's own.
+  // structured_outputs.X is field X of that object; guided_X (and grammar) the body's own.
   const std::string prefix = "structured_outputs.";
+  const std::string guided = "guided_";
   const bool structured = param.starts_with(prefix);
   const JsonBody& holder = structured ? *find_field(body, "structured_outputs") : body;
   const std::string field = structured ? param.substr(prefix.size()) : param;
-  const std::string name = structured ? field : field.substr(std::string("guided_").size());
+  const std::string name = field.starts_with(guided) ? field.substr(guided.size()) : field;
   const JsonBody& value = *find_field(holder, field.c_str());
   if (name == "json") {
     request.json_schema = read_schema_or_text(value, param);
@@ -431,6 +447,8 @@ void read_guide(const JsonBody& body, const std::string& param, Request& request
     request.json_schema = JsonSchema::any_object();
   } else if (name == "regex") {
     request.text_pattern = read_regex(value, param);
+  } else if (name == "grammar") {
+    request.grammar = read_grammar(value, param);
   } else {
     request.text_pattern = read_choice(value, param);
   }

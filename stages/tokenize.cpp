@@ -183,17 +183,22 @@ void TokenizeStage::prepare(Sequence& seq) const {
         "allowed_token_ids"};
   resolve_bad_words(req, sampling);
   std::optional<GuidedDecoding> guide;
-  if (req.json_schema || req.text_pattern) {
+  if (req.json_schema || req.text_pattern || req.grammar) {
     if (ctx_.guided_vocabulary.eos_tokens().empty())
-      throw Refusal{std::string(req.json_schema ? "response_format and guided_json need"
-                                                : "guided_regex and guided_choice need") +
+      throw Refusal{std::string(req.json_schema    ? "response_format and guided_json need"
+                                : req.text_pattern ? "guided_regex and guided_choice need"
+                                                   : "guided_grammar and grammar need") +
                         " a model with an end-of-sequence token to end the answer they guide; "
                         "this model's generation config names none",
-                    req.json_schema ? "response_format" : "guided_regex"};
+                    req.json_schema    ? "response_format"
+                    : req.text_pattern ? "guided_regex"
+                                       : "guided_grammar"};
     if (req.json_schema) {
       guide.emplace(ctx_.guided_vocabulary, req.json_schema);
-    } else {
+    } else if (req.text_pattern) {
       guide.emplace(ctx_.guided_vocabulary, req.text_pattern);
+    } else {
+      guide.emplace(ctx_.guided_vocabulary, req.grammar);
     }
   }
   seq.sampler = std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, std::move(guide));

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "io/grammar_prefix.h"
 #include "io/schema_prefix.h"
 #include "io/text_pattern.h"
 #include "tests/support/random_bodies.h"
@@ -621,8 +622,18 @@ std::vector<BadInput> bad_inputs() {
        "expected an array of token ids"},
       {chat, with(chat_body(), "allowed_token_ids", {-3}), "allowed_token_ids",
        "token id -3 is not a token id"},
-      {chat, with(chat_body(), "structured_outputs", {{"grammar", "root ::= \"a\""}}),
-       "structured_outputs.grammar", "not supported"},
+      {chat,
+       with(chat_body(), "structured_outputs", {{"grammar", "root ::= \"a\" |"}, {"regex", "a"}}),
+       "structured_outputs.grammar", "cannot be combined with structured_outputs.regex"},
+      {chat, with(chat_body(), "structured_outputs", {{"grammar", 3}}),
+       "structured_outputs.grammar",
+       "Invalid type for 'structured_outputs.grammar': expected a string, but got an integer "
+       "instead."},
+      {chat, with(chat_body(), "structured_outputs", {{"grammar", "root ::= (\"a\""}}),
+       "structured_outputs.grammar",
+       "structured_outputs.grammar: the group opened here is not closed at line 1, column 10"},
+      {chat, with(chat_body(), "structured_outputs", {{"structural_tag", "{}"}}),
+       "structured_outputs.structural_tag", "not supported"},
       {chat, with(chat_body(), "structured_outputs", {{"whitespace_pattern", " "}}),
        "structured_outputs.whitespace_pattern", "not supported"},
       {chat, with(chat_body(), "structured_outputs", {{"disable_any_whitespace", true}}),
@@ -640,8 +651,31 @@ std::vector<BadInput> bad_inputs() {
       {completion,
        with(with(completion_body(), "structured_outputs", {{"choice", {"a"}}}), "ignore_eos", true),
        "ignore_eos", "structured_outputs"},
-      {completion, with(completion_body(), "guided_grammar", "root ::= \"a\""), "guided_grammar",
-       "not supported"},
+      {completion, with(completion_body(), "guided_grammar", ""), "guided_grammar",
+       "guided_grammar is empty: it must define a rule root"},
+      {chat, with(chat_body(), "grammar", {{"root", "a"}}), "grammar",
+       "Invalid type for 'grammar': expected a string, but got an object instead."},
+      {completion, with(completion_body(), "grammar", "root ::= x\nx ::= x \"a\""), "grammar",
+       "grammar: rule x is left-recursive"},
+      {chat, with(chat_body(), "guided_grammar", "root ::= \"a\"\nroot ::= \"b\""),
+       "guided_grammar",
+       "guided_grammar: rule root is defined twice (first at line 1, column 1) "
+       "at line 2, column 1"},
+      // A grammar is a guide like any other: one per request, and not with ignore_eos.
+      {completion,
+       with(with(completion_body(), "guided_grammar", "root ::= \"a\""), "grammar",
+            "root ::= \"b\""),
+       "grammar", "grammar cannot be combined with guided_grammar: give one guide"},
+      {chat,
+       with(with(chat_body(), "guided_regex", "a"), "structured_outputs",
+            {{"grammar", "root ::= \"b\""}}),
+       "structured_outputs.grammar", "cannot be combined with guided_regex"},
+      {chat, with(with(chat_body(), "grammar", "root ::= \"a\""), "ignore_eos", true), "ignore_eos",
+       "ignore_eos cannot be combined with grammar"},
+      {completion,
+       with(with(completion_body(), "structured_outputs", {{"grammar", "root ::= \"a\""}}),
+            "min_tokens", 1),
+       "min_tokens", "structured_outputs.grammar"},
       {chat, with(chat_body(), "response_format", {{"type", "yaml"}}), "response_format.type",
        "unknown response_format type 'yaml'"},
       {completion, with(completion_body(), "top_logprobs", 2), "top_logprobs", "logprobs"},
@@ -862,6 +896,32 @@ TEST(ParseRequest, GuidedRegexAndGuidedChoiceAskForTheirTexts) {
   EXPECT_FALSE(PatternPrefix(*choice->text_pattern).feed("cow"));
   EXPECT_FALSE(parse_chat(with(chat_body(), "guided_regex", nullptr)).request->text_pattern);
   EXPECT_FALSE(parse_chat(chat_body()).request->text_pattern);
+}
+
+// vLLM's guided_grammar and structured_outputs.grammar and llama.cpp's grammar hold the answer
+// to a GBNF grammar's texts, on both endpoints; null is not given.
+TEST(ParseRequest, GrammarFieldsAskForTheirGrammar) {
+  const std::string grammar = "root ::= item (\", \" item)*\nitem ::= [a-z]+";
+  const std::vector<json> bodies = {
+      with(completion_body(), "guided_grammar", grammar),
+      with(chat_body(), "guided_grammar", grammar),
+      with(completion_body(), "grammar", grammar),
+      with(chat_body(), "grammar", grammar),
+      with(completion_body(), "structured_outputs", {{"grammar", grammar}}),
+      with(chat_body(), "structured_outputs", {{"grammar", grammar}, {"regex", nullptr}}),
+  };
+  for (const json& body : bodies) {
+    SCOPED_TRACE(body.dump());
+    const auto parsed = body.contains("messages") ? parse_chat(body) : parse_completion(body);
+    ASSERT_TRUE(parsed.request->grammar);
+    EXPECT_FALSE(parsed.request->text_pattern);
+    EXPECT_FALSE(parsed.request->json_schema);
+    GrammarPrefix list(*parsed.request->grammar);
+    EXPECT_TRUE(list.feed("eggs, ham") && list.complete());
+    EXPECT_FALSE(GrammarPrefix(*parsed.request->grammar).feed("eggs,ham"));
+  }
+  EXPECT_FALSE(parse_chat(with(chat_body(), "grammar", nullptr)).request->grammar);
+  EXPECT_FALSE(parse_chat(chat_body()).request->grammar);
 }
 
 // vLLM's structured_outputs asks for the same guides: json (a schema or its text), json_object,

@@ -23,6 +23,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/chat_template.h"
+#include "io/grammar.h"
+#include "io/grammar_prefix.h"
 #include "io/json_schema.h"
 #include "io/schema_prefix.h"
 #include "io/tokenizer.h"
@@ -1073,6 +1075,51 @@ TEST_F(ServerE2E, GuidedChoiceAndRegexAnswersAreTheirTextsWhole) {
   ASSERT_EQ(refused.status, 400) << refused.raw;
   EXPECT_EQ(refused.body["error"]["param"], "guided_regex");
   EXPECT_NE(refused.body["error"]["message"].get<std::string>().find("at position 8"),
+            std::string::npos)
+      << refused.raw;
+}
+
+// guided_grammar, llama.cpp's grammar and structured_outputs.grammar: greedy and seeded sampled
+// answers are texts the grammar derives, whole, streamed or not, on both endpoints; a grammar
+// that cannot be held is a 400 naming its parameter and the place.
+TEST_F(ServerE2E, GrammarAnswersAreTextsTheGrammarDerives) {
+  const std::string grammar =
+      "root ::= name \" \" verb \" \" [0-9]{1,2} \".\"\n"
+      "name ::= \"Lily\" | \"Tom\" | \"Ben\"\n"
+      "verb ::= \"ran\" | \"sat\" | \"ate\"  # one of three\n";
+  const auto held = Grammar::from_gbnf(grammar);
+  json greedy = with(chat_body("Who went out?", 32), "guided_grammar", grammar);
+  json sampled = with(completion_body("Once upon a time", 32), "temperature", 1.0);
+  sampled.update({{"n", 3}, {"seed", 5}, {"grammar", grammar}});
+  json structured = with(chat_body("Tell me a story.", 32), "temperature", 1.0);
+  structured.update({{"n", 2}, {"seed", 6}, {"structured_outputs", {{"grammar", grammar}}}});
+  for (const auto& [path, body] :
+       {std::pair{"/v1/chat/completions", greedy}, std::pair{"/v1/completions", sampled},
+        std::pair{"/v1/chat/completions", structured}}) {
+    SCOPED_TRACE(body.dump());
+    const Reply whole = post(port(), path, body);
+    ASSERT_EQ(whole.status, 200) << whole.raw;
+    const Stream stream = post_stream(port(), path, body);
+    ASSERT_EQ(stream.status, 200) << stream.raw;
+    ASSERT_EQ(whole.body["choices"].size(), size_t(body.value("n", 1)));
+    for (const json& choice : whole.body["choices"]) {
+      const std::string text =
+          choice.contains("message") ? choice["message"]["content"] : choice["text"];
+      SCOPED_TRACE(text);
+      GrammarPrefix written(*held);
+      EXPECT_TRUE(written.feed(text) && written.complete());
+      EXPECT_EQ(choice["finish_reason"], "stop");
+      const int index = choice["index"];
+      EXPECT_EQ(stream.choice_texts.at(index), text);
+      EXPECT_EQ(stream.choice_finish_reasons.at(index), "stop");
+    }
+  }
+
+  sampled["grammar"] = "root ::= \"a\"\nroot ::= [b-";
+  const Reply refused = post(port(), "/v1/completions", sampled);
+  ASSERT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_EQ(refused.body["error"]["param"], "grammar");
+  EXPECT_NE(refused.body["error"]["message"].get<std::string>().find("at line 2, column 10"),
             std::string::npos)
       << refused.raw;
 }
