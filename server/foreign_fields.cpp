@@ -57,8 +57,6 @@ const ForeignField kFields[] = {
      "llama.cpp's name: send repetition_penalty (with repeat_last_n, which is applied as "
      "llama.cpp applies it)"},
     {"n_probs", within(0.0, 0.0), "llama.cpp's name: send logprobs"},
-    {"json_schema", nullptr,
-     "llama.cpp's field: send response_format {\"type\": \"json_schema\", ...} or guided_json"},
     {"typical_p", at_least(1.0), ": locally typical sampling is not implemented"},
     {"tfs_z", at_least(1.0), ": tail-free sampling is not implemented"},
     {"mirostat", within(0.0, 0.0), ": mirostat sampling is not implemented"},

@@ -396,7 +396,7 @@ const JsonBody* read_structured_outputs(const JsonBody& body) {
 }
 
 // The params of the fields that ask for a guide (response_format json_object or json_schema,
-// guided_json, guided_regex, guided_choice, guided_grammar, llama.cpp's grammar,
+// guided_json, guided_regex, guided_choice, guided_grammar, llama.cpp's json_schema and grammar,
 // structured_outputs json, json_object, regex, choice or grammar), found without compiling any,
 // so that a second one, or a parameter that cannot go with one, is refused before a guide's cost
 // is paid. guided_whitespace_pattern is refused rather than ignored.
@@ -412,9 +412,12 @@ std::vector<std::string> guides_asked(const JsonBody& body) {
     const JsonBody* type = format->is_object() ? find_field(*format, "type") : nullptr;
     if (!(type && type->is_string() && *type == "text")) asked.push_back("response_format");
   }
-  for (const char* name :
-       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar"})
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"})
     if (find_field(body, name)) asked.push_back(name);
+  // llama.cpp's own: a schema, and a grammar, which it reads as none when empty.
+  if (find_field(body, "json_schema")) asked.push_back("json_schema");
+  if (const JsonBody* grammar = find_field(body, "grammar"); grammar && *grammar != "")
+    asked.push_back("grammar");
   if (const JsonBody* outputs = read_structured_outputs(body)) {
     for (const char* name : {"json", "json_object", "regex", "choice", "grammar"}) {
       const JsonBody* value = find_field(*outputs, name);
@@ -433,7 +436,8 @@ void read_guide(const JsonBody& body, const std::string& param, Request& request
     request.json_schema = read_response_format(body);
     return;
   }
-  // structured_outputs.X is field X of that object; guided_X (and grammar) the body's own.
+  // structured_outputs.X is field X of that object; guided_X, json_schema and grammar the
+  // body's own.
   const std::string prefix = "structured_outputs.";
   const std::string guided = "guided_";
   const bool structured = param.starts_with(prefix);
@@ -441,7 +445,7 @@ void read_guide(const JsonBody& body, const std::string& param, Request& request
   const std::string field = structured ? param.substr(prefix.size()) : param;
   const std::string name = field.starts_with(guided) ? field.substr(guided.size()) : field;
   const JsonBody& value = *find_field(holder, field.c_str());
-  if (name == "json") {
+  if (name == "json" || name == "json_schema") {
     request.json_schema = read_schema_or_text(value, param);
   } else if (name == "json_object") {
     request.json_schema = JsonSchema::any_object();

@@ -683,7 +683,6 @@ std::vector<BadInput> bad_inputs() {
       {completion, with(completion_body(), "n_predict", 8), "n_predict", "send max_tokens"},
       {chat, with(chat_body(), "repeat_penalty", 1.3), "repeat_penalty", "send repetition_penalty"},
       {completion, with(completion_body(), "n_probs", 3), "n_probs", "send logprobs"},
-      {chat, with(chat_body(), "json_schema", {{"type", "object"}}), "json_schema", "guided_json"},
       {chat, with(chat_body(), "typical_p", 0.5), "typical_p", "typical sampling"},
       {completion, with(completion_body(), "mirostat", 2), "mirostat", "mirostat"},
       {chat, with(chat_body(), "dry_multiplier", 0.8), "dry_multiplier", "DRY"},
@@ -870,6 +869,7 @@ TEST(ParseRequest, LlamaCppsSchemaAndVllmsGuidedJsonAskForTheirSchema) {
       with(chat_body(), "response_format", {{"type", "json_object"}, {"schema", schema}}),
       with(chat_body(), "guided_json", schema),
       with(completion_body(), "guided_json", schema.dump()),
+      with(completion_body(), "json_schema", schema),  // llama.cpp's own field
   };
   for (const json& body : bodies) {
     SCOPED_TRACE(body.dump());
@@ -921,6 +921,8 @@ TEST(ParseRequest, GrammarFieldsAskForTheirGrammar) {
     EXPECT_FALSE(GrammarPrefix(*parsed.request->grammar).feed("eggs,ham"));
   }
   EXPECT_FALSE(parse_chat(with(chat_body(), "grammar", nullptr)).request->grammar);
+  // llama.cpp reads an empty grammar as none.
+  EXPECT_FALSE(parse_chat(with(chat_body(), "grammar", "")).request->grammar);
   EXPECT_FALSE(parse_chat(chat_body()).request->grammar);
 }
 
