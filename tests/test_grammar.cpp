@@ -17,12 +17,17 @@
 #include "io/tokenizer.h"
 #include "model/guided_decoding.h"
 #include "model/sampling.h"
+#include "tests/support/guided_walk.h"
+#include "tests/support/llama2_vocabulary.h"
 #include "tests/support/stories_tokenizer.h"
 
 namespace pipeline {
 namespace {
 
+using testing::config_for;
+using testing::GuidedWalk;
 using testing::stories_tokenizer;
+using testing::walk_with_random_logits;
 
 bool derives(const Grammar& grammar, std::string_view text) {
   GrammarPrefix prefix(grammar);
@@ -355,13 +360,6 @@ ws ::= | " " | "\n" [ \t]{0,20}
   EXPECT_TRUE(continues(*json, "{\"a\": [1, {\"b\": \"\xE2\x82"));
 }
 
-LlamaConfig config_for(const Tokenizer& tokenizer) {
-  LlamaConfig config;
-  config.vocab_size = tokenizer.vocab_size();
-  config.eos_token_ids = {tokenizer.eos_id()};
-  return config;
-}
-
 // Along random walks over stories260K's vocabulary, the mask keeps exactly the tokens allows()
 // takes, each written text stays a prefix, and an ended answer is one the grammar derives.
 TEST(Grammar, GuidedDecodingMasksExactlyTheTokensThatContinueTheGrammar) {
@@ -416,29 +414,15 @@ TEST(Grammar, GuidedDecodingMasksExactlyTheTokensThatContinueTheGrammar) {
 // ends with a text it derives.
 TEST(Grammar, ASamplerHeldToAGrammarEndsOnlyWithAText) {
   const Tokenizer& tokenizer = stories_tokenizer();
-  const LlamaConfig config = config_for(tokenizer);
-  const GuidedVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config_for(tokenizer));
   const auto grammar = gbnf("root ::= [0-9]{3} \"-\" word\nword ::= [a-z]{2,5}");
   std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
   for (int run = 0; run < 8; ++run) {
-    SamplingParams params;
-    params.temperature = run % 2 ? 1.0f : 0.0f;
-    Sampler sampler(params, uint64_t(run), GuidedDecoding(vocabulary, grammar));
-    std::string written;
-    std::vector<int32_t> history;
-    bool ended = false;
-    for (int step = 0; step < 20 && !ended; ++step) {
-      std::vector<float> logits(size_t(config.vocab_size));
-      for (float& x : logits) x = normal(rng);
-      const int32_t token = sampler.sample(logits, history).token;
-      history.push_back(token);
-      ended = token == tokenizer.eos_id();
-      if (!ended) written += vocabulary.text(token);
-      ASSERT_TRUE(continues(*grammar, written)) << written;
-    }
-    EXPECT_TRUE(ended) << written;
-    EXPECT_TRUE(derives(*grammar, written)) << written;
+    const GuidedWalk walk =
+        walk_with_random_logits(vocabulary, GuidedDecoding(vocabulary, grammar), run, rng, 20,
+                                [&](const std::string& text) { return continues(*grammar, text); });
+    EXPECT_TRUE(walk.ended) << walk.written;
+    EXPECT_TRUE(derives(*grammar, walk.written)) << walk.written;
   }
 }
 

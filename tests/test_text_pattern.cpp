@@ -14,13 +14,16 @@
 #include "io/tokenizer.h"
 #include "model/guided_decoding.h"
 #include "model/sampling.h"
+#include "tests/support/guided_walk.h"
 #include "tests/support/llama2_vocabulary.h"
 
 namespace pipeline {
 namespace {
 
 using testing::config_for;
+using testing::GuidedWalk;
 using testing::llama2_tokenizer;
+using testing::walk_with_random_logits;
 
 bool matches(const TextPattern& pattern, std::string_view text) {
   PatternPrefix prefix(pattern);
@@ -327,29 +330,15 @@ TEST(TextPattern, GuidedDecodingMasksExactlyTheTokensThatContinueThePattern) {
 // text it accepts.
 TEST(TextPattern, ASamplerHeldToAPatternEndsOnlyWithAMatch) {
   const Tokenizer& tokenizer = llama2_tokenizer();
-  const LlamaConfig config = config_for(tokenizer);
-  const GuidedVocabulary vocabulary(tokenizer, config);
+  const GuidedVocabulary vocabulary(tokenizer, config_for(tokenizer));
   const auto pattern = TextPattern::from_regex("[0-9]{3}-[a-z]{2,5}");
   std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
   for (int run = 0; run < 8; ++run) {
-    SamplingParams params;
-    params.temperature = run % 2 ? 1.0f : 0.0f;
-    Sampler sampler(params, uint64_t(run), GuidedDecoding(vocabulary, pattern));
-    std::string written;
-    std::vector<int32_t> history;
-    bool ended = false;
-    for (int step = 0; step < 20 && !ended; ++step) {
-      std::vector<float> logits(size_t(config.vocab_size));
-      for (float& x : logits) x = normal(rng);
-      const int32_t token = sampler.sample(logits, history).token;
-      history.push_back(token);
-      ended = token == tokenizer.eos_id();
-      if (!ended) written += vocabulary.text(token);
-      ASSERT_TRUE(continues(*pattern, written)) << written;
-    }
-    EXPECT_TRUE(ended) << written;
-    EXPECT_TRUE(std::regex_match(written, std::regex("[0-9]{3}-[a-z]{2,5}"))) << written;
+    const GuidedWalk walk =
+        walk_with_random_logits(vocabulary, GuidedDecoding(vocabulary, pattern), run, rng, 20,
+                                [&](const std::string& text) { return continues(*pattern, text); });
+    EXPECT_TRUE(walk.ended) << walk.written;
+    EXPECT_TRUE(std::regex_match(walk.written, std::regex("[0-9]{3}-[a-z]{2,5}"))) << walk.written;
   }
 }
 
