@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "graph/engine.h"
@@ -179,25 +180,53 @@ std::string long_prompt() {
   return text;
 }
 
-// stories260K's CPU runner whose decode passes wait until `open` is ready (10 s at most, so that a
-// failing test ends), so that a test can hand the scheduler a request while a sequence is between
-// two tokens, whatever the timing.
+// Holds an engine's decode passes back, so that a test can hand the scheduler requests while a
+// sequence is between two tokens, whatever the timing: held() is ready once a decode pass
+// waits, and the passes go on from open() (or after 10 s, so that a failing test ends).
+class DecodeGate {
+ public:
+  // A maker of stories260K's CPU runner whose decode passes wait at this gate, which must
+  // outlive the engine.
+  RunnerMaker runner_maker();
+  void wait_held() { ASSERT_EQ(held_future_.wait_for(10s), std::future_status::ready); }
+  void open() { open_.set_value(); }
+
+ private:
+  friend class DecodeHeldRunner;
+  void hold() {
+    std::call_once(held_once_, [&] { held_.set_value(); });
+    open_future_.wait_for(10s);
+  }
+
+  std::promise<void> open_;
+  std::shared_future<void> open_future_ = open_.get_future().share();
+  std::promise<void> held_;
+  std::future<void> held_future_ = held_.get_future();
+  std::once_flag held_once_;
+};
+
 class DecodeHeldRunner final : public ModelRunner {
  public:
-  DecodeHeldRunner(std::unique_ptr<ModelRunner> runner, std::shared_future<void> open)
-      : runner_(std::move(runner)), open_(std::move(open)) {}
+  DecodeHeldRunner(std::unique_ptr<ModelRunner> runner, DecodeGate& gate)
+      : runner_(std::move(runner)), gate_(gate) {}
   const LlamaConfig& config() const override { return runner_->config(); }
   const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
   std::string device_name() const override { return runner_->device_name(); }
   void forward(const Batch& batch, Logits& logits) override {
-    if (batch.is_decode()) open_.wait_for(10s);
+    if (batch.is_decode()) gate_.hold();
     runner_->forward(batch, logits);
   }
 
  private:
   std::unique_ptr<ModelRunner> runner_;
-  std::shared_future<void> open_;
+  DecodeGate& gate_;
 };
+
+RunnerMaker DecodeGate::runner_maker() {
+  return [this](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+    return std::make_unique<DecodeHeldRunner>(make_cpu_runner(std::move(weights), options), *this);
+  };
+}
 
 // Waits until the batch node has handed the scheduler `calls` messages (new sequences and step
 // results): the node counts a call once its body has posted the message.
@@ -220,23 +249,19 @@ TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongsi
   // The running sequence has fewer tokens left than the long prompt has chunks: it ends during
   // that prefill if it decodes alongside each chunk, and only after it if it waits.
   const int running_tokens = passes * 2 / 3;
-  std::promise<void> decode_may_run;
+  DecodeGate gate;
   Engine engine(make_config("{window_ms: 0, max_prefill_tokens: " + std::to_string(kBudget) + "}"),
-                [open = decode_may_run.get_future().share()](
-                    std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
-                  return std::make_unique<DecodeHeldRunner>(
-                      make_cpu_runner(std::move(weights), options), open);
-                });
+                gate.runner_maker());
   auto running = make_request(kPrompts[1], running_tokens, /*ignore_eos=*/true);
   ASSERT_EQ(engine.submit(running), SubmitStatus::Accepted);
-  ASSERT_TRUE(sink_of(running).wait_for_delta());  // its first token; its first decode waits
+  gate.wait_held();  // its first token came from its prefill; its first decode step waits
   const auto prefills_before = engine.metrics().prefill_batches.value();
   auto late = make_request(prompt, kLateTokens);
   ASSERT_EQ(engine.submit(late), SubmitStatus::Accepted);
   // The running sequence, its prefill's result and the late prompt: the scheduler holds the
   // late prompt before the running sequence's first decode step comes back.
   wait_for_batch_calls(engine, 3);
-  decode_may_run.set_value();
+  gate.open();
   expect_finished_with(late, solo().text(prompt, kLateTokens));
   expect_finished_with(running, solo().text(kPrompts[1], running_tokens, true));
   const Metrics& m = engine.metrics();
@@ -254,23 +279,19 @@ TEST(Engine, ALongPromptIsPrefilledInChunksWhileTheRunningSequenceDecodesAlongsi
 // scheduler.policy priority: of two requests waiting for the one place, the one of the lower
 // priority value goes first, though it came second.
 TEST(Engine, WithThePriorityPolicyTheLowerPriorityValueIsServedFirst) {
-  std::promise<void> decode_may_run;
+  DecodeGate gate;
   Engine engine(make_config("{window_ms: 0, max_num_seqs: 1, policy: priority}"),
-                [open = decode_may_run.get_future().share()](
-                    std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
-                  return std::make_unique<DecodeHeldRunner>(
-                      make_cpu_runner(std::move(weights), options), open);
-                });
+                gate.runner_maker());
   auto running = make_request(kPrompts[0], 8, /*ignore_eos=*/true);
   ASSERT_EQ(engine.submit(running), SubmitStatus::Accepted);
-  ASSERT_TRUE(sink_of(running).wait_for_delta());
+  gate.wait_held();
   auto second = make_request(kPrompts[1], 4, true);
   auto third = make_request(kPrompts[2], 4, true);
   third->priority = -1;
   ASSERT_EQ(engine.submit(second), SubmitStatus::Accepted);
   ASSERT_EQ(engine.submit(third), SubmitStatus::Accepted);
   wait_for_batch_calls(engine, 4);  // both wait in the scheduler's queue
-  decode_may_run.set_value();
+  gate.open();
   expect_finished_with(second, solo().text(kPrompts[1], 4, true));
   expect_finished_with(third, solo().text(kPrompts[2], 4, true));
   EXPECT_LT(*sink_of(running).ended_at(), *sink_of(third).ended_at());
