@@ -132,6 +132,8 @@ struct Request {
   std::shared_ptr<const TextPattern> text_pattern;
   // guided_grammar, structured_outputs grammar, grammar: a text this grammar derives.
   std::shared_ptr<const Grammar> grammar;
+  // The parameter that asked for the guide, for its errors ("guided_grammar", ...).
+  std::string guide_param;
   // Score the prompt too (echo with logprobs): the first delta carries Delta::prompt, with
   // sampling.top_logprobs alternatives per token. Its prompt is computed whole, not taken from
   // the prefix cache, since cached positions have no logits.

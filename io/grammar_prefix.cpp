@@ -20,6 +20,7 @@ class Closure {
     out_ = &out;
     out.clear();
     links_.clear();
+    work_.clear();  // a step that threw (past a limit) leaves its work behind
     steps_ = 0;
     complete_ = false;
     if (seen_.size() < grammar.node_count()) seen_.resize(grammar.node_count(), 0);

@@ -221,7 +221,7 @@ int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> 
   const float adjusted_max = max_value(scratch_);
   // Every token banned: greedy would take token 0 and a draw its first candidate, banned too.
   if (!std::isfinite(adjusted_max))
-    throw std::runtime_error(
+    throw NothingToDraw(
         "no token can be drawn: allowed_token_ids, bad_words and min_tokens ban every one");
   return pick(adjusted_max);
 }
@@ -231,8 +231,8 @@ int32_t Sampler::choose_guided(std::span<const float> logits, std::span<const in
   guide_->mask(scratch_);
   const float max_logit = max_value(scratch_);
   if (!std::isfinite(max_logit))  // nothing allowed, or nothing allowed that can be drawn
-    throw std::runtime_error("no token the model can draw continues " + guide_->held_to() +
-                             bans_named());
+    throw NothingToDraw("no token the model can draw continues " + guide_->held_to() +
+                        bans_named());
   return pick(max_logit);
 }
 

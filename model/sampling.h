@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,13 @@ struct SampledToken {
 // Throws std::invalid_argument on a token outside the logits or logits with no finite maximum.
 SampledToken score_token(std::span<const float> logits, int32_t token, int top_logprobs);
 
+// What the sampler throws when the request's own constraints (its bans, its guide) leave no token
+// to draw: the client's request cannot be met, which is not the server's failure.
+class NothingToDraw : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Draws tokens for one sequence: the repetition penalty over the history's last repeat_last_n
 // tokens (as llama.cpp applies it), presence and frequency penalties over the answer (OpenAI's),
 // then greedy argmax (temperature 0) or top-k, softmax at the temperature, top-p, min-p and
@@ -94,7 +102,7 @@ class Sampler {
   // drew, in order.
   // Throws std::invalid_argument on empty logits, logits with no finite maximum, or a
   // history, logit_bias, allowed, bad word or ending token outside the vocabulary, and
-  // std::runtime_error when the bans (allowed_tokens, bad words, min_tokens) or the guide leave
+  // NothingToDraw when the bans (allowed_tokens, bad words, min_tokens) or the guide leave
   // no token to draw.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 

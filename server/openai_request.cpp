@@ -432,6 +432,7 @@ std::vector<std::string> guides_asked(const JsonBody& body) {
 
 // The guide `param` (one of guides_asked()'s) asks for, compiled into the request.
 void read_guide(const JsonBody& body, const std::string& param, Request& request) {
+  request.guide_param = param;
   if (param == "response_format") {
     request.json_schema = read_response_format(body);
     return;

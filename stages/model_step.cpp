@@ -11,6 +11,7 @@
 
 #include "graph/log.h"
 #include "graph/nvtx.h"
+#include "io/grammar_syntax.h"
 
 namespace pipeline {
 namespace {
@@ -23,6 +24,22 @@ double seconds_since(Clock::time_point start, Clock::time_point end) {
 
 RequestError server_error(const std::string& what) {
   return {500, what, "server_error", "", ""};
+}
+
+// Why a sequence's draw failed, as its client is told. A request whose own constraints leave
+// nothing to draw, or whose grammar grows past what can be followed, is the client's to mend:
+// a 400 (naming the guide, for a grammar); anything else is the server's.
+RequestError sampling_error(const Request& request) {
+  try {
+    throw;
+  } catch (const GrammarError& e) {
+    return {400, std::string("the answer cannot go on: ") + e.what(), "invalid_request_error",
+            request.guide_param, ""};
+  } catch (const NothingToDraw& e) {
+    return {400, e.what(), "invalid_request_error", "", ""};
+  } catch (const std::exception& e) {
+    return server_error(std::string("sampling failed: ") + e.what());
+  }
 }
 
 // Whether the pass computed the sequence up to its last token, so that its next is sampled.
@@ -133,26 +150,30 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   // since a large batch's sampling would otherwise stall the device between steps.
   const std::vector<int> first_row = first_rows(batch);
   std::vector<SampledToken> sampled(seqs.size());
-  std::vector<std::optional<std::string>> sampling_errors;
+  std::vector<std::optional<RequestError>> sampling_errors(seqs.size());
   {
     static const NvtxName kSampling("sampling");
     NvtxRange range(kSampling);
-    sampling_errors = score_prompts(seqs, batch, logits, first_row);
+    const std::vector<std::optional<std::string>> scoring_errors =
+        score_prompts(seqs, batch, logits, first_row);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (scoring_errors[i])
+        sampling_errors[i] = server_error("sampling failed: " + *scoring_errors[i]);
     tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
       if (!reaches_the_end(batch.seqs[i], *seqs[i]) || sampling_errors[i]) return;
       const SequenceChunk& chunk = batch.seqs[i];
       const int row = first_row[i] + (chunk.all_logits ? int(chunk.tokens.size()) - 1 : 0);
       try {
         sampled[i] = seqs[i]->sampler->sample(logits.row(row), seqs[i]->tokens);
-      } catch (const std::exception& e) {
-        sampling_errors[i] = e.what();
+      } catch (const std::exception&) {
+        sampling_errors[i] = sampling_error(*seqs[i]->request);
       }
     });
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence& seq = *seqs[i];
     if (sampling_errors[i]) {
-      seq.stream.fail(server_error("sampling failed: " + *sampling_errors[i]));
+      seq.stream.fail(*sampling_errors[i]);
       result.failed.push_back(seqs[i]);
       continue;
     }

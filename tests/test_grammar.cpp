@@ -338,6 +338,13 @@ TEST(Grammar, LimitsRefuseWhatWouldCostTooMuch) {
     EXPECT_EQ(std::string(e.what()),
               "the grammar is too complex to follow: one character takes more than 100000 steps");
   }
+  // A step that threw leaves nothing behind for the next one on the thread, of any grammar.
+  const auto list = gbnf("root ::= ([a-z ] | [a-z ] [a-z ])* \".\"");
+  for (int again = 0; again < 3; ++again) {
+    EXPECT_THROW(continues(*nothing_in_ways(7), "x"), GrammarError);
+    EXPECT_TRUE(derives(*list, "once upon a time."));
+    EXPECT_FALSE(continues(*list, "once. upon"));
+  }
 }
 
 // A JSON-like grammar (objects, arrays, strings, numbers) on texts JSON mode would write.

@@ -457,7 +457,7 @@ TEST(Sampling, BadWordsThatLeaveNothingToDrawAreAnError) {
     EXPECT_TRUE(first_draw_possible(only, 5));
     Sampler sampler(only, 0);
     EXPECT_EQ(sampler.sample(logits, {}).token, 3);
-    EXPECT_THROW(sampler.sample(logits, std::vector<int32_t>{3}), std::runtime_error);
+    EXPECT_THROW(sampler.sample(logits, std::vector<int32_t>{3}), NothingToDraw);
   }
 
   SamplingParams first;

@@ -890,7 +890,8 @@ TEST_F(ServerE2E, AllowedTokenIdsAreTheOnlyTokensDrawn) {
 // vLLM's bad_words: "girl" is ▁g ir l to stories260K, and the greedy story has it by its eighth
 // token; banned, the story is the same up to its "l", which the model replaces, and never holds
 // the three again. Bans that leave the first draw nothing are a 400 naming bad_words; a later
-// draw left nothing fails its answer with a 500 rather than drawing a banned token.
+// draw left nothing fails its answer with a 400 too (the request's own bans conflict) rather
+// than drawing a banned token.
 TEST_F(ServerE2E, BadWordsNeverAppearInTheAnswer) {
   const Tokenizer& tokenizer = testing::stories_tokenizer();
   const std::string prompt = "Once upon a time";
@@ -938,7 +939,8 @@ TEST_F(ServerE2E, BadWordsNeverAppearInTheAnswer) {
   const Reply failed = post(port(), "/v1/completions",
                             with(with(completion_body(prompt, 5), "allowed_token_ids", little),
                                  "bad_words", {"little little"}));
-  ASSERT_EQ(failed.status, 500) << failed.raw;
+  ASSERT_EQ(failed.status, 400) << failed.raw;
+  EXPECT_EQ(failed.body["error"]["type"], "invalid_request_error") << failed.raw;
   EXPECT_NE(failed.raw.find("no token can be drawn"), std::string::npos) << failed.raw;
   EXPECT_EQ(post(port(), "/v1/completions", completion_body(prompt, 2)).status, 200);
 }
@@ -1122,6 +1124,27 @@ TEST_F(ServerE2E, GrammarAnswersAreTextsTheGrammarDerives) {
   EXPECT_NE(refused.body["error"]["message"].get<std::string>().find("at line 2, column 10"),
             std::string::npos)
       << refused.raw;
+
+  // A grammar that grows past what can be followed once the answer has begun (its second
+  // character takes more than the step limit) fails that answer with a 400 naming it, and the
+  // next grammar answered on the same threads is followed as if it had never been.
+  json too_complex = completion_body("Once upon a time", 20);
+  too_complex["guided_grammar"] = "root ::= [a-z ] x{200} \"b\"\nx ::= e{200}\ne ::= \"\" | \"\"";
+  for (int again = 0; again < 2; ++again) {
+    const Reply failed = post(port(), "/v1/completions", too_complex);
+    ASSERT_EQ(failed.status, 400) << failed.raw;
+    EXPECT_EQ(failed.body["error"]["param"], "guided_grammar") << failed.raw;
+    EXPECT_NE(failed.raw.find("too complex to follow"), std::string::npos) << failed.raw;
+  }
+  json list = completion_body("Once upon a time", 60);
+  list["guided_grammar"] = "root ::= ([a-z ] | [a-z ] [a-z ])* \".\"";
+  const Reply after = post(port(), "/v1/completions", list);
+  ASSERT_EQ(after.status, 200) << after.raw;
+  const std::string text = after.body["choices"][0]["text"];
+  if (after.body["choices"][0]["finish_reason"] == "stop")
+    EXPECT_TRUE(text.find('.') == text.size() - 1) << text;
+  else
+    EXPECT_EQ(text.find('.'), std::string::npos) << text;
 }
 
 // The streams go to a server of their own whose window closes only when all sixteen wait
