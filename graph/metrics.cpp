@@ -3,9 +3,8 @@
 #include <cstdio>
 
 namespace pipeline {
-namespace {
 
-std::string number(double v) {
+std::string prometheus_number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
@@ -15,10 +14,12 @@ void write_help(std::string& out, const char* name, const char* type, const char
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+namespace {
+
 void write_value(std::string& out, const char* name, const char* type, const char* help,
                  double value) {
   write_help(out, name, type, help);
-  out += std::string(name) + " " + number(value) + "\n";
+  out += std::string(name) + " " + prometheus_number(value) + "\n";
 }
 
 // From 100 µs (a tiny model's decode step on a CPU) to 30 s (a long prompt queued behind others).
@@ -52,11 +53,11 @@ void Histogram::write(std::string& out, const std::string& name, const std::stri
   uint64_t cumulative = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += buckets_[i].load(std::memory_order_relaxed);
-    const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
+    const std::string le = i < bounds_.size() ? prometheus_number(bounds_[i]) : "+Inf";
     out += name + "_bucket{" + sep + "le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
   }
   const std::string braces = labels.empty() ? "" : "{" + labels + "}";
-  out += name + "_sum" + braces + " " + number(sum()) + "\n";
+  out += name + "_sum" + braces + " " + prometheus_number(sum()) + "\n";
   out += name + "_count" + braces + " " + std::to_string(count()) + "\n";
 }
 

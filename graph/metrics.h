@@ -10,6 +10,11 @@
 
 namespace pipeline {
 
+// A sample's value as the Prometheus text format writes it.
+std::string prometheus_number(double v);
+// A metric family's "# HELP" and "# TYPE" lines.
+void write_help(std::string& out, const char* name, const char* type, const char* help);
+
 class Counter {
  public:
   void add(uint64_t n = 1) { value_.fetch_add(n, std::memory_order_relaxed); }

@@ -1,7 +1,5 @@
 #include "graph/vllm_metrics.h"
 
-#include <cstdio>
-
 namespace pipeline {
 namespace {
 
@@ -41,24 +39,14 @@ class VllmWriter {
 
  private:
   void header(const char* name, const char* type, const char* help) {
-    out_ += "# HELP ";
-    out_ += name;
-    out_ += ' ';
-    out_ += help;
-    out_ += "\n# TYPE ";
-    out_ += name;
-    out_ += ' ';
-    out_ += type;
-    out_ += '\n';
+    write_help(out_, name, type, help);
   }
   void sample(const char* name, const std::string& labels, double v) {
-    char number[64];
-    std::snprintf(number, sizeof number, "%.9g", v);
     out_ += name;
     out_ += '{';
     out_ += labels;
     out_ += "} ";
-    out_ += number;
+    out_ += prometheus_number(v);
     out_ += '\n';
   }
 
