@@ -40,7 +40,8 @@ constexpr std::chrono::seconds kDrainLimit{1};
 // What the last chunks get once a second signal ended the grace: enough for a client that reads
 // (an error answer takes a millisecond), not for one that stopped.
 constexpr std::chrono::milliseconds kDrainAfterGrace{250};
-// At shutdown, how long a connection must have received nothing to count as idle: a request's
+// How long a connection must have received nothing to count as idle (at shutdown, and when
+// connections wait for a thread): a request's
 // bytes arrive within milliseconds of each other, and httplib may hold them unrouted meanwhile.
 constexpr std::chrono::milliseconds kRequestQuiet{500};
 
@@ -379,10 +380,16 @@ class ConnectionsAnswering {
   std::set<std::pair<std::string, int>> clients_;
 };
 
-// httplib's connection threads, started as connections need them.
+// httplib's connection threads, started as connections need them. A thread stays with its
+// connection between requests (for httplib's keep-alive timeout, 5 s) and while a client sends a
+// request, however slowly: clients that keep their connections open, as HTTP client pools do,
+// or that send a header line now and then, could take every thread, and a new connection, a
+// /health probe's too, would wait unanswered. While one waits, `relieve` ends the connections
+// that hold a thread without a request to answer.
 class ConnectionThreads final : public httplib::TaskQueue {
  public:
-  explicit ConnectionThreads(size_t max_threads) : pool_(max_threads) {}
+  ConnectionThreads(size_t max_threads, std::function<void()> relieve)
+      : pool_(max_threads, std::move(relieve)) {}
   void enqueue(std::function<void()> task) override { pool_.enqueue(std::move(task)); }
   void shutdown() override { pool_.shutdown(); }
 
@@ -406,7 +413,13 @@ struct HttpServer::Impl {
     const auto& limits = engine.config();
     const size_t threads =
         size_t(limits.scheduler.max_num_seqs) + size_t(limits.server.max_queue) + 16;
-    server.new_task_queue = [threads] { return new ConnectionThreads(threads); };
+    server.new_task_queue = [this, threads] {
+      return new ConnectionThreads(threads, [this] { stop_reading_idle(kRequestQuiet); });
+    };
+    // Persistent connections no longer hold threads they do not use (above), so a client may
+    // keep its connection for a million requests, without a bound in practice as with uvicorn
+    // (httplib's default closes it after 5).
+    server.set_keep_alive_max_count(1'000'000);
     server.set_payload_max_length(kMaxRequestBytes);
     // Stream chunks are small writes: send each at once rather than wait for an ACK (Nagle).
     server.set_tcp_nodelay(true);
@@ -660,6 +673,14 @@ struct HttpServer::Impl {
                       "cancelled");
   }
 
+  // Ends the reading side of each connection that holds a thread without a request to answer
+  // and received nothing for `quiet`: its thread sees the end and closes it.
+  void stop_reading_idle(std::chrono::milliseconds quiet) {
+    stop_reading_idle_connections(port, quiet, [this](const std::string& host, int client_port) {
+      return answering.contains(host, client_port);
+    });
+  }
+
   static RequestError shutting_down_error() {
     return make_error(503, "The server is shutting down.", "server_error", "shutting_down");
   }
@@ -739,9 +760,6 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
   // httplib's stop() does nothing before its accept loop runs: repeat it until serve() returned.
   // serve() returns when every connection thread has: a thread on an idle keep-alive connection
   // would wait out its 5 s timeout for a next request, so idle connections stop reading.
-  const auto answering = [this](const std::string& host, int port) {
-    return impl_->answering.contains(host, port);
-  };
   // At first only quiet ones: a request whose bytes just came may not be routed yet. After
   // kRequestQuiet every connection not answering: a request still arriving (a body sent byte by
   // byte) would only be refused, and its connection thread would hold the exit for as long as
@@ -750,8 +768,7 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
   while (serving && !impl_->serve_returned.load()) {
     impl_->server.stop();
     const bool any = std::chrono::steady_clock::now() >= reading_any_after;
-    stop_reading_idle_connections(impl_->port, any ? std::chrono::milliseconds(0) : kRequestQuiet,
-                                  answering);
+    impl_->stop_reading_idle(any ? std::chrono::milliseconds(0) : kRequestQuiet);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

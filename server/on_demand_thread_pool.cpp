@@ -6,7 +6,9 @@
 
 namespace pipeline {
 
-OnDemandThreadPool::OnDemandThreadPool(size_t max_threads) : max_threads_(max_threads) {
+OnDemandThreadPool::OnDemandThreadPool(size_t max_threads, std::function<void()> relieve,
+                                       std::chrono::milliseconds relieve_every)
+    : max_threads_(max_threads), relieve_(std::move(relieve)), relieve_every_(relieve_every) {
   if (max_threads == 0) throw std::invalid_argument("OnDemandThreadPool needs at least 1 thread");
 }
 
@@ -35,6 +37,16 @@ void OnDemandThreadPool::enqueue(std::function<void()> task) {
     }
     return;
   }
+  if (relieve_ && backlogged()) {
+    // Best effort: without a thread of its own the backlog waits for a task to end, as before.
+    if (!relieving_.joinable()) {
+      try {
+        relieving_ = std::thread([this] { relieve_backlog(); });
+      } catch (const std::system_error&) {
+      }
+    }
+    backlog_.notify_one();
+  }
   lock.unlock();
   wake_.notify_one();
 }
@@ -48,7 +60,9 @@ void OnDemandThreadPool::shutdown() {
     threads.swap(threads_);
   }
   wake_.notify_all();
+  backlog_.notify_all();
   for (std::thread& thread : threads) thread.join();
+  if (relieving_.joinable()) relieving_.join();
 }
 
 size_t OnDemandThreadPool::threads_started() const {
@@ -73,6 +87,18 @@ void OnDemandThreadPool::work() {
     lock.unlock();
     task();
     lock.lock();
+  }
+}
+
+void OnDemandThreadPool::relieve_backlog() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    backlog_.wait(lock, [this] { return stopping_ || backlogged(); });
+    if (stopping_) return;
+    lock.unlock();
+    relieve_();
+    lock.lock();
+    backlog_.wait_for(lock, relieve_every_, [this] { return stopping_; });
   }
 }
 

@@ -114,5 +114,30 @@ TEST(OnDemandThreadPool, ShutdownRunsWhatIsQueuedFirst) {
   EXPECT_EQ(ran.load(), 20);
 }
 
+// A task that finds every thread taken gets `relieve` called, again and again, until a thread
+// is free: the pool's owner ends what holds them (here, the third call opens the gate). Tasks
+// that find a thread call nothing.
+TEST(OnDemandThreadPool, WhileATaskWaitsForAThreadReliefIsCalled) {
+  Gate gate;
+  std::atomic<int> reliefs{0};
+  std::atomic<bool> waited_task_ran{false};
+  OnDemandThreadPool pool(
+      2,
+      [&] {
+        if (++reliefs == 3) gate.open();
+      },
+      5ms);
+  pool.enqueue([&] { gate.pass(); });
+  pool.enqueue([&] { gate.pass(); });
+  ASSERT_TRUE(gate.wait_running(2));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(reliefs.load(), 0) << "relief was called with no task waiting";
+  pool.enqueue([&] { waited_task_ran = true; });
+  ASSERT_TRUE(gate.wait_done(2)) << "relief was not called until the gate opened";
+  pool.shutdown();
+  EXPECT_TRUE(waited_task_ran.load());
+  EXPECT_GE(reliefs.load(), 3);
+}
+
 }  // namespace
 }  // namespace pipeline

@@ -1680,6 +1680,37 @@ TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
   EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
+// The server has a connection thread for each request the engine may hold and 16 more (here
+// 2 + 4 + 16). Clients that hold them all without a request to answer (sending a request a
+// header line a second, or keeping a connection open between requests, as client pools do) must
+// not shut a new client out: its /health is answered while they hold on.
+TEST(ServerE2EConnections, ClientsHoldingEveryThreadWithoutARequestDoNotShutOthersOut) {
+  ServerProcess server(stories_config("  max_queue: 4\nscheduler:\n  max_num_seqs: 2\n"));
+  constexpr int kThreads = 2 + 4 + 16;
+  std::vector<int> slow;
+  for (int i = 0; i < kThreads; ++i)
+    slow.push_back(send_raw(server.port(), "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
+  std::atomic<bool> answered{false};
+  std::thread trickle([&] {
+    const std::string line = "X-Slow: 1\r\n";
+    for (int second = 0; second < 12 && !answered; ++second) {
+      for (int tenth = 0; tenth < 10 && !answered; ++tenth)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      // MSG_NOSIGNAL: the server may have closed the connection.
+      for (int fd : slow) ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // each holds a thread by now
+  const auto start = Clock::now();
+  const Reply health = send(server.port(), "GET", "/health", "");
+  const auto waited = Clock::now() - start;
+  answered = true;
+  trickle.join();
+  for (int fd : slow) close(fd);
+  EXPECT_EQ(health.status, 200) << health.raw;
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "the slow clients kept every thread";
+}
+
 // A stream of 400 tokens, and SIGTERM once the server's `metric_name` reaches `at_least`; the
 // server must exit 0.
 Stream stream_through_sigterm(ServerProcess& server, const std::string& metric_name,
