@@ -194,10 +194,31 @@ void read_model(const FieldReader& r, const YAML::Node& node, const std::filesys
   }
 }
 
+// server.allowed_origins: "*", or origins as a browser's Origin header writes them
+// (scheme://host[:port], no path).
+std::vector<std::string> read_origins(const FieldReader& r, const YAML::Node& node) {
+  const std::string field = "server.allowed_origins";
+  if (!node.IsSequence()) r.fail(node, field, "expected a list, such as [\"*\"] or []");
+  std::vector<std::string> origins;
+  for (const YAML::Node& item : node) {
+    const std::string origin = r.string(item, field);
+    const size_t host = origin.find("://");
+    const bool whole =
+        origin == "*" || (host != std::string::npos && host > 0 && origin.size() > host + 3 &&
+                          origin.find('/', host + 3) == std::string::npos);
+    if (!whole)
+      r.fail(item, field,
+             "'" + origin + "' is not \"*\" nor an origin such as https://chat.example.com");
+    origins.push_back(origin);
+  }
+  return origins;
+}
+
 void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {
   r.require_map(node, "server");
   r.check_keys(node, "server",
-               {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "log_requests"});
+               {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "log_requests",
+                "allowed_origins"});
   if (node["host"]) server.host = r.string(node["host"], "server.host");
   // An empty host binds wherever cpp-httplib's lookup of "" lands (IPv6 loopback, here).
   if (server.host.empty())
@@ -213,6 +234,7 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
     server.shutdown_grace_s = r.integer(node["shutdown_grace_s"], "server.shutdown_grace_s", 0);
   if (node["log_requests"])
     server.log_requests = r.boolean(node["log_requests"], "server.log_requests");
+  if (node["allowed_origins"]) server.allowed_origins = read_origins(r, node["allowed_origins"]);
 }
 
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {

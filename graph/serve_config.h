@@ -38,6 +38,9 @@ struct ServerSection {
   // `pipeline run` writes them, `pipeline batch` does not (its progress line counts them).
   std::optional<bool> log_requests;
   bool logs_requests() const { return log_requests.value_or(true); }
+  // Origins whose pages may call the API from a browser (CORS), "*" for any, as vLLM's
+  // --allowed-origins; empty: no CORS headers.
+  std::vector<std::string> allowed_origins{"*"};
 };
 
 struct SchedulerSection {

@@ -245,6 +245,25 @@ bool bearer_matches(const std::string& header, const std::string& key) {
   return differs == 0;
 }
 
+// CORS, as vLLM's middleware answers it: the Access-Control-Allow-Origin a request from
+// `origin` (its Origin header) gets under server.allowed_origins: "*" when any origin may call,
+// the origin itself when listed, none ("") otherwise.
+std::string allow_origin(const std::vector<std::string>& allowed, const std::string& origin) {
+  if (origin.empty()) return "";
+  for (const std::string& entry : allowed)
+    if (entry == "*" || entry == origin) return entry;
+  return "";
+}
+
+// A browser's CORS preflight: an OPTIONS without a body that names the page's origin and the
+// method it means to send.
+bool is_preflight(const httplib::Request& req) {
+  return req.method == "OPTIONS" && req.has_header("Origin") &&
+         req.has_header("Access-Control-Request-Method") &&
+         req.get_header_value<uint64_t>("Content-Length") == 0 &&
+         !req.has_header("Transfer-Encoding");
+}
+
 // Whether a call's client has left while its connection thread waits for events (before a
 // stream's first chunk, and for a whole answer): the socket, asked at most once per kEventPoll
 // whether events come or not. Asked only when none came, a whole answer whose tokens came a few
@@ -493,7 +512,9 @@ struct HttpServer::Impl {
   void install_guards() {
     // Decides what to refuse before httplib reads the body; the route (or the error handler,
     // for a request no route took) answers it after (pending_refusal).
-    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response&) {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (is_preflight(req) && !engine.config().server.allowed_origins.empty())
+        return answer_preflight(req, res);
       pending(req).headers.erase(kRefusedEncoding);
       pending(req).headers.erase(kRefusedKey);
       take_off_body_encoding(req);
@@ -532,9 +553,34 @@ struct HttpServer::Impl {
     // reads /metrics right after an answer finds that answer counted.
     server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       counters.count(route_label(req.path), res.status);
+      const std::string origin =
+          allow_origin(engine.config().server.allowed_origins, req.get_header_value("Origin"));
+      if (origin.empty()) return;
+      res.set_header("Access-Control-Allow-Origin", origin);
+      if (origin != "*") res.set_header("Vary", "Origin");
     });
     server.set_logger(
         [this](const httplib::Request& req, const httplib::Response&) { answering.end(req); });
+  }
+
+  // Answered before the API key is asked for, which a preflight never carries; its
+  // Access-Control-Allow-Origin comes with every answer's (post-routing handler).
+  httplib::Server::HandlerResponse answer_preflight(const httplib::Request& req,
+                                                    httplib::Response& res) const {
+    const std::string origin = req.get_header_value("Origin");
+    if (allow_origin(engine.config().server.allowed_origins, origin).empty()) {
+      reply_error(res, make_error(400,
+                                  "Disallowed CORS origin: " + origin +
+                                      " is not in the server's server.allowed_origins.",
+                                  "invalid_request_error", "cors_origin_not_allowed"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    res.status = 204;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string headers = req.get_header_value("Access-Control-Request-Headers");
+    if (!headers.empty()) res.set_header("Access-Control-Allow-Headers", headers);
+    res.set_header("Access-Control-Max-Age", "600");
+    return httplib::Server::HandlerResponse::Handled;
   }
 
   // httplib answered without a handler (res.status says how): no route, a known route with

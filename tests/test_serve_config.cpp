@@ -316,6 +316,28 @@ TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
             file + ": override '.window_ms=1': expected section.key=value");
 }
 
+// Browser pages of any origin may call the API unless server.allowed_origins says which, as
+// vLLM's --allowed-origins; [] sends no CORS headers.
+TEST_F(ServeConfigTest, AllowedOriginsAreAnyByDefaultOrThoseListed) {
+  EXPECT_EQ(load_serve_config(write("model: {path: m}\n")).server.allowed_origins,
+            std::vector<std::string>{"*"});
+  const auto listed = load_serve_config(
+      write("model: {path: m}\nserver: {allowed_origins: [https://chat.example.com, "
+            "'http://localhost:3000']}\n"));
+  EXPECT_EQ(listed.server.allowed_origins,
+            (std::vector<std::string>{"https://chat.example.com", "http://localhost:3000"}));
+  EXPECT_TRUE(load_serve_config(write("model: {path: m}\nserver: {allowed_origins: []}\n"))
+                  .server.allowed_origins.empty());
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  allowed_origins: '*'\n"),
+            file + ":3: field 'server.allowed_origins': expected a list, such as [\"*\"] or []");
+  EXPECT_EQ(
+      error_of("model: {path: m}\nserver:\n  allowed_origins:\n    - https://a.example/app\n"),
+      file +
+          ":4: field 'server.allowed_origins': 'https://a.example/app' is not \"*\" nor an "
+          "origin such as https://chat.example.com");
+}
+
 TEST_F(ServeConfigTest, ShippedConfigsLoad) {
   for (const char* name : {"configs/llama2_serve.yaml", "configs/demo.yaml"}) {
     const auto config = load_serve_config(testing::source_dir() / name);

@@ -1636,6 +1636,80 @@ TEST(ServerE2EApiKey, ARefusedBodyIsReadNotTakenForTheNextRequest) {
   EXPECT_EQ(received.find("\"status\":\"ok\""), std::string::npos) << received.substr(0, 300);
 }
 
+// A header of an answer, "" when it has none.
+std::string header_of(const Reply& reply, const std::string& name) {
+  const auto it = reply.headers.find(name);
+  return it == reply.headers.end() ? "" : it->second;
+}
+
+// CORS, as vLLM answers it: a browser's preflight (OPTIONS naming the origin and method) from
+// a listed origin is answered without the API key, which it never carries, and every answer to
+// that origin names it, errors too, so that the page can read them. Other origins get no CORS
+// header, and their preflight a 400.
+TEST(ServerE2ECors, ListedOriginsMayCallFromABrowserAndOthersMayNot) {
+  ServerProcess server(stories_config(
+      "  api_key: sesame\n  allowed_origins: [https://chat.example.com, https://b.example]\n"));
+  httplib::Client client("127.0.0.1", server.port());
+  const std::string page = "https://chat.example.com";
+  const auto preflight = [&](const std::string& origin) {
+    return client.Options("/v1/chat/completions",
+                          {{"Origin", origin},
+                           {"Access-Control-Request-Method", "POST"},
+                           {"Access-Control-Request-Headers", "authorization, content-type"}});
+  };
+  const httplib::Result allowed = preflight(page);
+  ASSERT_TRUE(allowed) << httplib::to_string(allowed.error());
+  EXPECT_EQ(allowed->status, 204) << allowed->body;
+  EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Origin"), page);
+  EXPECT_EQ(allowed->get_header_value("Vary"), "Origin");
+  EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Methods"), "GET, POST, OPTIONS");
+  EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Headers"),
+            "authorization, content-type");
+
+  const httplib::Result refused = preflight("https://evil.example");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(json::parse(refused->body)["error"]["code"], "cors_origin_not_allowed");
+  EXPECT_FALSE(refused->has_header("Access-Control-Allow-Origin"));
+
+  const std::string body = completion_body("Hi", 2).dump();
+  const Reply answered = send(server.port(), "POST", "/v1/completions", body,
+                              {{"Origin", page}, {"Authorization", "Bearer sesame"}});
+  EXPECT_EQ(answered.status, 200) << answered.raw;
+  EXPECT_EQ(header_of(answered, "Access-Control-Allow-Origin"), page);
+  const Reply no_key = send(server.port(), "POST", "/v1/completions", body, {{"Origin", page}});
+  EXPECT_EQ(no_key.status, 401);
+  EXPECT_EQ(header_of(no_key, "Access-Control-Allow-Origin"), page);
+  const Reply other =
+      send(server.port(), "GET", "/health", "", {{"Origin", "https://evil.example"}});
+  EXPECT_EQ(other.status, 200);
+  EXPECT_EQ(header_of(other, "Access-Control-Allow-Origin"), "");
+}
+
+// By default any origin may call ("*"); with server.allowed_origins [] no answer has a CORS
+// header and a preflight is an OPTIONS like any other (405).
+TEST(ServerE2ECors, AnyOriginByDefaultNoneWhenTheListIsEmpty) {
+  const httplib::Headers preflight{{"Origin", "https://a.example"},
+                                   {"Access-Control-Request-Method", "POST"}};
+  {
+    ServerProcess server(stories_config());
+    const Reply models =
+        send(server.port(), "GET", "/v1/models", "", {{"Origin", "https://a.example"}});
+    EXPECT_EQ(header_of(models, "Access-Control-Allow-Origin"), "*");
+    const httplib::Result answer =
+        httplib::Client("127.0.0.1", server.port()).Options("/v1/completions", preflight);
+    ASSERT_TRUE(answer);
+    EXPECT_EQ(answer->status, 204);
+    EXPECT_EQ(answer->get_header_value("Access-Control-Allow-Origin"), "*");
+  }
+  ServerProcess server(stories_config("  allowed_origins: []\n"));
+  const httplib::Result answer =
+      httplib::Client("127.0.0.1", server.port()).Options("/v1/completions", preflight);
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->status, 405);
+  EXPECT_FALSE(answer->has_header("Access-Control-Allow-Origin"));
+}
+
 // More requests at once than any fixed pool of connection threads would serve: every one the
 // queue can hold reaches the engine at once (a window holds them all), none waits unseen for
 // a thread, and all complete.
