@@ -524,6 +524,14 @@ struct HttpServer::Impl {
       if (!key.empty() && req.path.starts_with("/v1") &&
           !bearer_matches(req.get_header_value("Authorization"), key))
         pending(req).set_header(kRefusedKey, "1");
+      // A POST without Content-Length or Transfer-Encoding has no body (RFC 9112, 6.3), which
+      // httplib would wait for until its read timeout (5 s): refused now, as it would be then
+      // (the error handler words it).
+      if (req.method == "POST" && !req.has_header("Content-Length") &&
+          !req.has_header("Transfer-Encoding")) {
+        res.status = 400;
+        return httplib::Server::HandlerResponse::Handled;
+      }
       return httplib::Server::HandlerResponse::Unhandled;
     });
     const httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request& req,
@@ -601,16 +609,30 @@ struct HttpServer::Impl {
                      405, req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
                      "invalid_request_error", "method_not_allowed"));
       }
+      // A GET has no body to blame: its request line or headers were what httplib could not read.
+      if (req.method == "GET")
+        return reply_error(res, make_error(400,
+                                           "The request could not be read: a header is malformed "
+                                           "or longer than the 8 KiB a header line may hold.",
+                                           "invalid_request_error", ""));
       return reply_error(res, make_error(400,
                                          "The request body could not be read: a " + req.method +
                                              " needs a body with a Content-Length header (or "
-                                             "chunked), all of it, uncompressed.",
+                                             "chunked), all of it, uncompressed, and header lines "
+                                             "of at most 8 KiB.",
                                          "invalid_request_error", ""));
     }
-    reply_error(
-        res,
-        make_error(res.status, "The request was refused (HTTP " + std::to_string(res.status) + ").",
-                   "invalid_request_error", ""));
+    reply_error(res,
+                make_error(res.status, refusal_message(res.status), "invalid_request_error", ""));
+  }
+
+  // What httplib's other refusals mean, with its limits (Debian's build: a URL of 8 KiB).
+  static std::string refusal_message(int status) {
+    if (status == 413)
+      return "The request body is larger than the " + std::to_string(kMaxRequestBytes >> 20) +
+             " MiB a request may hold.";
+    if (status == 414) return "The request URL is longer than the 8 KiB this server reads.";
+    return "The request was refused (HTTP " + std::to_string(status) + ").";
   }
 
   // OpenAI's model object, and vLLM's max_model_len, which clients size prompts by.

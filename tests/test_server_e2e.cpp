@@ -1219,10 +1219,11 @@ void stream_then_hang_up(int port, const json& body) {
   close(fd);
 }
 
-// A POST without a body (no Content-Length: curl -X POST without -d) is refused by httplib
-// before any route, once its 5 s read timeout ends; the answer still says what is wrong, as an
-// OpenAI error body: what the body lacks on a POST route, the method on a GET route.
+// A POST without a body (no Content-Length nor Transfer-Encoding: curl -X POST without -d) is
+// refused at once, not once httplib's 5 s read timeout ends, with an OpenAI error body that
+// says what is wrong: what the body lacks on a POST route, the method on a GET route.
 TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
+  const auto start = Clock::now();
   const auto answer_to_bodyless_post = [&](const std::string& path) {
     const int fd = send_raw(port(), "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     std::string received;
@@ -1233,9 +1234,10 @@ TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
     close(fd);
     return received;
   };
-  // Side by side: each waits out the read timeout.
   auto health_answer = std::async(std::launch::async, answer_to_bodyless_post, "/health");
   const std::string completions = answer_to_bodyless_post("/v1/completions");
+  health_answer.wait();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4)) << "the read timeout was waited out";
   EXPECT_NE(completions.find("HTTP/1.1 400"), std::string::npos) << completions;
   EXPECT_NE(completions.find("needs a body with a Content-Length header"), std::string::npos)
       << completions;
@@ -1243,6 +1245,37 @@ TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
   EXPECT_NE(health.find("HTTP/1.1 405"), std::string::npos) << health;
   EXPECT_NE(health.find("POST is not allowed on /health; use GET."), std::string::npos) << health;
   EXPECT_EQ(post(port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
+// httplib's own refusals say which limit was passed: a header line of 8 KiB, a URL of 8 KiB, a
+// body of 16 MiB (refused from its Content-Length, before it is sent).
+TEST_F(ServerE2E, RequestsPastTheProtocolLimitsAreToldWhichLimit) {
+  const auto answer_to = [&](const std::string& request) {
+    const int fd = send_raw(port(), request);
+    std::string received;
+    char buffer[4096];
+    for (ssize_t n;
+         received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
+      received.append(buffer, size_t(n));
+    close(fd);
+    return received;
+  };
+  const std::string long_header = answer_to(
+      "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+  EXPECT_TRUE(long_header.starts_with("HTTP/1.1 400")) << long_header.substr(0, 100);
+  EXPECT_NE(long_header.find("longer than the 8 KiB a header line may hold"), std::string::npos)
+      << long_header;
+  const std::string long_url =
+      answer_to("GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(long_url.starts_with("HTTP/1.1 414")) << long_url.substr(0, 100);
+  EXPECT_NE(long_url.find("URL is longer than the 8 KiB"), std::string::npos) << long_url;
+  const size_t too_big = (size_t(16) << 20) + 1;
+  const std::string big_body = answer_to(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(too_big) +
+      "\r\n\r\n" + std::string(too_big, 'a'));
+  EXPECT_TRUE(big_body.starts_with("HTTP/1.1 413")) << big_body.substr(0, 100);
+  EXPECT_NE(big_body.find("larger than the 16 MiB a request may hold"), std::string::npos)
+      << big_body;
 }
 
 // A compressed body is refused with 415, not inflated: httplib would inflate it with no bound
