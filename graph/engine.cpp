@@ -114,6 +114,7 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
   } else {
     const auto& error = std::get<RequestError>(ending);
     metrics.requests_failed.add();
+    if (error.http_status == kClientGoneStatus) metrics.requests_cancelled.add();
     if (config.server.logs_requests())
       log_line("request %s failed (%d): %s", id.c_str(), error.http_status, error.message.c_str());
   }
@@ -195,7 +196,7 @@ void Engine::cancel(Request& request) {
   }
   // Outside the lock: the ending runs on_end, which takes it. The scheduler drops an ended
   // sequence, freeing its blocks, at its next step.
-  if (seq) seq->stream.fail({499, "request cancelled", "cancelled", "", ""});
+  if (seq) seq->stream.fail({kClientGoneStatus, "request cancelled", "cancelled", "", ""});
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {

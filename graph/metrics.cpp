@@ -99,6 +99,9 @@ std::string Metrics::prometheus_text() const {
   write_value(out, "pipeline_requests_failed_total", "counter",
               "Requests (choices) that ended in an error or were cancelled.",
               double(requests_failed.value()));
+  write_value(out, "pipeline_requests_cancelled_total", "counter",
+              "Requests (choices) cancelled because their client left (also counted as failed).",
+              double(requests_cancelled.value()));
   write_value(out, "pipeline_prompt_tokens_total", "counter", "Prompt tokens tokenized.",
               double(prompt_tokens.value()));
   write_value(out, "pipeline_prefix_cache_queried_tokens_total", "counter",

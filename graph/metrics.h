@@ -71,9 +71,10 @@ class Metrics {
   uint64_t requests_finished() const { return requests_stopped.value() + requests_cut.value(); }
 
   Counter requests_added;
-  Counter requests_stopped;  // ended with a completion: an end-of-sequence token or stop string
-  Counter requests_cut;      // ended with a completion: max_tokens or the end of the context
-  Counter requests_failed;   // ended with an error (refused, cancelled, shutdown)
+  Counter requests_stopped;    // ended with a completion: an end-of-sequence token or stop string
+  Counter requests_cut;        // ended with a completion: max_tokens or the end of the context
+  Counter requests_failed;     // ended with an error (refused, cancelled, shutdown)
+  Counter requests_cancelled;  // of those, the ones whose client left (HTTP 499)
   Counter prompt_tokens;
   Counter prefix_cache_queried_tokens;  // tokens looked up in the prefix cache at admission
   Counter prefix_cache_hit_tokens;      // prompt tokens whose keys and values came from the cache

@@ -66,6 +66,10 @@ struct Completion {
 };
 
 // An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.
+// The status of a request whose client left (nginx's "client closed request"): nobody reads it,
+// the metrics count it as cancelled.
+inline constexpr int kClientGoneStatus = 499;
+
 struct RequestError {
   int http_status = 400;
   std::string message;

@@ -27,10 +27,12 @@ class VllmWriter {
     sample(name, label_, v);
   }
   // A counter split by the reason a request finished, as vllm:request_success_total is.
-  void by_reason(const char* name, const char* help, uint64_t stopped, uint64_t cut) {
+  void by_reason(const char* name, const char* help, uint64_t stopped, uint64_t cut,
+                 uint64_t aborted) {
     header(name, "counter", help);
     sample(name, "finished_reason=\"stop\"," + label_, double(stopped));
     sample(name, "finished_reason=\"length\"," + label_, double(cut));
+    sample(name, "finished_reason=\"abort\"," + label_, double(aborted));
   }
   void histogram(const char* name, const char* help, const Histogram& h) {
     header(name, "histogram", help);
@@ -56,10 +58,9 @@ class VllmWriter {
 
 }  // namespace
 
-// vLLM's names for what Metrics counts. Not written, as nothing here measures them the same
-// way: vllm:iteration_tokens_total, the per-phase request times (queue, prefill, decode,
-// inference) and vllm:request_success_total's "abort" reason (a failed or cancelled request
-// is in pipeline_requests_failed_total).
+// vLLM's names for what Metrics counts; a request whose client left is vLLM's "abort". Not
+// written, as nothing here measures them the same way: vllm:iteration_tokens_total and the
+// per-phase request times (queue, prefill, decode, inference).
 std::string vllm_metrics_text(const Metrics& m, const std::string& model_name) {
   std::string out;
   VllmWriter w(out, model_name);
@@ -83,7 +84,7 @@ std::string vllm_metrics_text(const Metrics& m, const std::string& model_name) {
           "Prefix cache hits, in terms of number of cached tokens.",
           double(m.prefix_cache_hit_tokens.value()));
   w.by_reason("vllm:request_success_total", "Count of successfully processed requests.",
-              m.requests_stopped.value(), m.requests_cut.value());
+              m.requests_stopped.value(), m.requests_cut.value(), m.requests_cancelled.value());
   w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
               m.time_to_first_token);
   w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",

@@ -735,10 +735,9 @@ struct HttpServer::Impl {
     }
   }
 
-  // The status nginx gave "client closed request": nobody reads it, /metrics counts it.
   static RequestError client_gone_error() {
-    return make_error(499, "The client closed the connection.", "invalid_request_error",
-                      "cancelled");
+    return make_error(kClientGoneStatus, "The client closed the connection.",
+                      "invalid_request_error", "cancelled");
   }
 
   // Ends the reading side of each connection that holds a thread without a request to answer

@@ -492,6 +492,9 @@ TEST(Engine, ACancelledWaitingRequestGivesUpItsQueuePlaceAtOnce) {
       << "the place stayed taken until the window closed";
   engine.cancel(*waiting);  // already ended: nothing more happens
   EXPECT_EQ(engine.metrics().requests_failed.value(), 1u);
+  EXPECT_EQ(engine.metrics().requests_cancelled.value(), 1u);
+  EXPECT_NE(engine.metrics_text().find("vllm:request_success_total{finished_reason=\"abort\","),
+            std::string::npos);
   engine.shutdown(50ms);
 }
 
@@ -776,6 +779,7 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
            "vllm:generation_tokens_total{model_name=\"stories260K\"} 20\n",
            "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} 1\n",
            "vllm:request_success_total{finished_reason=\"stop\",model_name=\"stories260K\"} 0\n",
+           "vllm:request_success_total{finished_reason=\"abort\",model_name=\"stories260K\"} 0\n",
            "vllm:kv_cache_usage_perc{model_name=\"stories260K\"} 0\n",
            "vllm:inter_token_latency_seconds_count{model_name=\"stories260K\"} 19\n",
            "vllm:request_generation_tokens_bucket{model_name=\"stories260K\",le=\"20\"} 1\n",

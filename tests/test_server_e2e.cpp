@@ -1331,6 +1331,7 @@ TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
   for (int choices : {1, 3}) {
     SCOPED_TRACE("n = " + std::to_string(choices));
     const double failed_before = metric(port(), "pipeline_requests_failed_total");
+    const double cancelled_before = metric(port(), "pipeline_requests_cancelled_total");
     const double generated_before = metric(port(), "pipeline_generation_tokens_total");
     json body = completion_body("Once upon a time", 480);
     body["ignore_eos"] = true;
@@ -1341,6 +1342,7 @@ TEST_F(ServerE2E, AClientThatHangsUpMidStreamFreesItsBlocks) {
     EXPECT_EQ(kv_blocks_used_when_settled(port()), 0);
     // Every choice was cut short (cancelled), not run to its end.
     EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed_before, choices);
+    EXPECT_EQ(metric(port(), "pipeline_requests_cancelled_total") - cancelled_before, choices);
     EXPECT_LT(metric(port(), "pipeline_generation_tokens_total") - generated_before, 480 * choices);
   }
   // And the server goes on serving.
