@@ -55,6 +55,9 @@ constexpr const char* kJson = "application/json";
 // of those names are cleared from.
 constexpr const char* kRefusedEncoding = "X-Pipeline-Refused-Content-Encoding";
 constexpr const char* kRefusedKey = "X-Pipeline-Refused-Api-Key";
+// And a connection to end once its answer is written (httplib closes one only when the request
+// asked it to).
+constexpr const char* kEndConnection = "X-Pipeline-End-Connection";
 
 httplib::Request& pending(const httplib::Request& req) {
   return const_cast<httplib::Request&>(req);
@@ -253,6 +256,20 @@ std::string allow_origin(const std::vector<std::string>& allowed, const std::str
   for (const std::string& entry : allowed)
     if (entry == "*" || entry == origin) return entry;
   return "";
+}
+
+// Where the body ends is clear: one Content-Length of digits (or several that agree), and not
+// beside Transfer-Encoding (RFC 9112, 6.3). Otherwise a proxy in front could take bytes of the
+// body for the next request, where this server reads a body, or the other way round.
+bool body_length_clear(const httplib::Request& req) {
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  if (lengths == 0) return true;
+  if (req.has_header("Transfer-Encoding")) return false;
+  const std::string first = req.get_header_value("Content-Length");
+  if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return false;
+  for (size_t i = 1; i < lengths; ++i)
+    if (req.get_header_value("Content-Length", i) != first) return false;
+  return true;
 }
 
 // A browser's CORS preflight: an OPTIONS without a body that names the page's origin and the
@@ -515,6 +532,16 @@ struct HttpServer::Impl {
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (is_preflight(req) && !engine.config().server.allowed_origins.empty())
         return answer_preflight(req, res);
+      pending(req).headers.erase(kEndConnection);
+      if (!body_length_clear(req)) {
+        // Unread, the body's bytes would be taken for a next request: the connection ends.
+        pending(req).set_header(kEndConnection, "1");
+        reply_error(res, make_error(400,
+                                    "The request's body length is unclear: Content-Length must be "
+                                    "one number, and not beside Transfer-Encoding.",
+                                    "invalid_request_error", ""));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       pending(req).headers.erase(kRefusedEncoding);
       pending(req).headers.erase(kRefusedKey);
       take_off_body_encoding(req);
@@ -567,8 +594,11 @@ struct HttpServer::Impl {
       res.set_header("Access-Control-Allow-Origin", origin);
       if (origin != "*") res.set_header("Vary", "Origin");
     });
-    server.set_logger(
-        [this](const httplib::Request& req, const httplib::Response&) { answering.end(req); });
+    server.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+      answering.end(req);
+      if (req.has_header(kEndConnection))
+        PeerConnection(req.remote_addr, req.remote_port, port).end();
+    });
   }
 
   // Answered before the API key is asked for, which a preflight never carries; its

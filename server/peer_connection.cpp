@@ -115,4 +115,8 @@ bool PeerConnection::closed() const {
          (poll_fd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+void PeerConnection::end() const {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
 }  // namespace pipeline

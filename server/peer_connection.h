@@ -39,6 +39,9 @@ class PeerConnection {
   // True once the client has closed or reset the connection. Only while the handler runs: the
   // socket is closed, and its number free for reuse, after the response is written.
   bool closed() const;
+  // Shuts both directions of the connection: httplib's thread sees its end instead of a next
+  // request, and closes it. Only once the answer was written (httplib's logger).
+  void end() const;
 
  private:
   int fd_ = -1;

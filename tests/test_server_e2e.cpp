@@ -1278,6 +1278,34 @@ TEST_F(ServerE2E, RequestsPastTheProtocolLimitsAreToldWhichLimit) {
       << big_body;
 }
 
+// A body whose length is unclear (two Content-Lengths that differ, one that is not a number, or
+// one beside Transfer-Encoding) is refused, and its connection ends after the answer: bytes sent
+// after it are never read as a next request, as a proxy in front might have read them
+// (request smuggling). httplib took the first length, or waited 5 s on a length of -1 for a 413.
+TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  for (const std::string& lengths :
+       {std::string("Content-Length: 30\r\nContent-Length: 5\r\n"),
+        std::string("Content-Length: -1\r\n"),
+        std::string("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n")}) {
+    SCOPED_TRACE(lengths);
+    const auto start = Clock::now();
+    const int fd = send_raw(port(), head + lengths + "\r\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    (void)::send(fd, smuggled.data(), smuggled.size(), MSG_NOSIGNAL);
+    std::string received;
+    char buffer[4096];
+    for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+    close(fd);
+    EXPECT_TRUE(received.starts_with("HTTP/1.1 400")) << received;
+    EXPECT_NE(received.find("body length is unclear"), std::string::npos) << received;
+    EXPECT_EQ(received.find("\"status\""), std::string::npos)
+        << "the smuggled /health was answered";
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  }
+}
+
 // A compressed body is refused with 415, not inflated: httplib would inflate it with no bound
 // on its size. The body is read as sent, so the connection serves its next request.
 TEST_F(ServerE2E, ACompressedBodyIsRefusedWithoutBeingInflated) {
