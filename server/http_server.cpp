@@ -258,6 +258,16 @@ std::string allow_origin(const std::vector<std::string>& allowed, const std::str
   return "";
 }
 
+// A request target in absolute form ("POST http://host:port/v1/completions"), which a server
+// must take (RFC 9112, 3.2.2) and some proxies send, routes by its path.
+void take_path_of_absolute_form(const httplib::Request& req) {
+  for (const std::string_view scheme : {"http://", "https://"}) {
+    if (!req.path.starts_with(scheme)) continue;
+    const size_t path = req.path.find('/', scheme.size());
+    pending(req).path = path == std::string::npos ? "/" : req.path.substr(path);
+  }
+}
+
 // Where the body ends is clear: one Content-Length of digits (or several that agree), and not
 // beside Transfer-Encoding (RFC 9112, 6.3). Otherwise a proxy in front could take bytes of the
 // body for the next request, where this server reads a body, or the other way round.
@@ -545,6 +555,7 @@ struct HttpServer::Impl {
       pending(req).headers.erase(kRefusedEncoding);
       pending(req).headers.erase(kRefusedKey);
       take_off_body_encoding(req);
+      take_path_of_absolute_form(req);
       // As vLLM's --api-key: the API's /v1 routes need the key; /health, /metrics (a Prometheus
       // scrape carries no key) and the token routes do not.
       const std::string& key = engine.config().server.api_key;

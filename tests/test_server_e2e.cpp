@@ -1306,6 +1306,21 @@ TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
   }
 }
 
+// A request target in absolute form, as some proxies send it on, routes by its path.
+TEST_F(ServerE2E, ARequestTargetInAbsoluteFormIsServed) {
+  const std::string body = completion_body("Hi", 2).dump();
+  const int fd = send_raw(port(), "POST http://127.0.0.1:" + std::to_string(port()) +
+                                      "/v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                      "Connection: close\r\nContent-Length: " +
+                                      std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::string received;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  close(fd);
+  EXPECT_TRUE(received.starts_with("HTTP/1.1 200")) << received;
+  EXPECT_NE(received.find("\"object\":\"text_completion\""), std::string::npos) << received;
+}
+
 // A compressed body is refused with 415, not inflated: httplib would inflate it with no bound
 // on its size. The body is read as sent, so the connection serves its next request.
 TEST_F(ServerE2E, ACompressedBodyIsRefusedWithoutBeingInflated) {
