@@ -98,16 +98,23 @@ class FieldReader {
                       "a key must be a name, not " + kind);
   }
 
-  // Every key of `node` must be one of `known`, and appear once: yaml-cpp keeps a repeated
-  // key and reads the first, which would silently drop the second.
+  // Every key of `node` must be one of `known`, and appear once.
   void check_keys(const YAML::Node& node, const std::string& section,
                   const std::set<std::string>& known) const {
+    for (const auto& entry : node)
+      if (const auto key = key_name(entry.first, section); !known.contains(key))
+        fail_key(entry.first, field_in(section, key),
+                 "unknown field (known: " + comma_list(known) + ")");
+    check_unique_keys(node, section);
+  }
+
+  // Every key of `node` must be a name and appear once: yaml-cpp keeps a repeated key and reads
+  // the first, which would silently drop the second.
+  void check_unique_keys(const YAML::Node& node, const std::string& section) const {
     std::map<std::string, int> first_line;
     for (const auto& entry : node) {
       const auto key = key_name(entry.first, section);
-      const std::string field = section.empty() ? key : section + "." + key;
-      if (!known.contains(key))
-        fail_key(entry.first, field, "unknown field (known: " + comma_list(known) + ")");
+      const std::string field = field_in(section, key);
       if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
         fail_key(entry.first, field,
                  "given twice (first on line " + std::to_string(it->second) + ")");
@@ -160,6 +167,10 @@ class FieldReader {
   const std::string& file() const { return file_; }
 
  private:
+  static std::string field_in(const std::string& section, const std::string& key) {
+    return section.empty() ? key : section + "." + key;
+  }
+
   static std::string comma_list(const std::set<std::string>& words) {
     std::string list;
     for (const auto& w : words) list += (list.empty() ? "" : ", ") + w;
@@ -362,7 +373,7 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
     const auto& n = node["nodes"][i];
     const auto field = "graph.nodes[" + std::to_string(i) + "]";
     r.require_map(n, field);
-    for (const auto& entry : n) r.key_name(entry.first, field);  // stages' parameters are named
+    r.check_unique_keys(n, field);  // which keys a stage takes, graph_builder checks
     GraphNodeSpec out;
     out.line = r.line(n);
     if (!n["name"]) r.fail(n, field + ".name", "is required");

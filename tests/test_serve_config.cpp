@@ -236,6 +236,25 @@ TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
             file + ":3: field 'device': given twice (first on line 2)");
 }
 
+// A graph node's keys are its stage's to check (graph_builder), but none may come twice: yaml-cpp
+// read the first of two and dropped the other without a word.
+TEST_F(ServeConfigTest, AKeyRepeatedInAGraphNodeIsAnError) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  const std::string graph =
+      "model: {path: m}\ngraph:\n  nodes:\n    - {name: t, stage: tokenize}\n";
+  const std::string edges = "  edges: []\n";
+  EXPECT_EQ(
+      error_of(graph + "    - {name: emit, stage: emit, concurrency: 3, concurrency: 1}\n" + edges),
+      file + ":5: field 'graph.nodes[1].concurrency': given twice (first on line 5)");
+  EXPECT_EQ(
+      error_of(graph + "    - name: emit\n      stage: emit\n      stage: detokenize\n" + edges),
+      file + ":7: field 'graph.nodes[1].stage': given twice (first on line 6)");
+  EXPECT_EQ(error_of(graph + "    - {name: a, name: b}\n" + edges),
+            file + ":5: field 'graph.nodes[1].name': given twice (first on line 5)");
+  EXPECT_EQ(error_of(graph + "    - {name: b, stage: batch_window, x: 1, x: 2}\n" + edges),
+            file + ":5: field 'graph.nodes[1].x': given twice (first on line 5)");
+}
+
 TEST_F(ServeConfigTest, SamplingAndGraphErrors) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_EQ(error_of("model: {path: m}\nsampling:\n  top_p: 0.9\n  temperature: 5\n"),
