@@ -59,8 +59,8 @@ class FieldReader {
   }
 
   std::string where(const YAML::Node& node, const std::string& field) const {
-    if (auto it = overrides_.find(field); it != overrides_.end())
-      return file_ + ": override '" + field + "=" + it->second + "'";
+    if (auto it = overrides_.find(field); it != overrides_.end()) return override_named(*it);
+    if (const auto* enclosing = enclosing_override(field)) return override_named(*enclosing);
     // An empty value's mark is that of the next token, lines below: name its key's line.
     if (node && node.IsNull())
       if (auto it = key_lines_.find(field); it != key_lines_.end())
@@ -70,7 +70,7 @@ class FieldReader {
     // writes the section 'bogus').
     const auto within = overrides_.lower_bound(field + ".");
     if (within != overrides_.end() && within->first.starts_with(field + "."))
-      return file_ + ": override '" + within->first + "=" + within->second + "'";
+      return override_named(*within);
     return file_;
   }
 
@@ -78,7 +78,7 @@ class FieldReader {
   // value; a key only an override wrote has no line, and is the override's.
   [[noreturn]] void fail_key(const YAML::Node& key, const std::string& field,
                              const std::string& what) const {
-    if (key.Mark().line < 0) fail(key, field, what);
+    if (!in_file(key, field)) fail(key, field, what);
     throw ConfigError(file_ + ":" + std::to_string(line(key)) + ": field '" + field + "': " + what);
   }
 
@@ -117,7 +117,9 @@ class FieldReader {
       const std::string field = field_in(section, key);
       if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
         fail_key(entry.first, field,
-                 "given twice (first on line " + std::to_string(it->second) + ")");
+                 in_file(entry.first, field)
+                     ? "given twice (first on line " + std::to_string(it->second) + ")"
+                     : "given twice");
       key_lines_[field] = line(entry.first);
     }
   }
@@ -167,6 +169,29 @@ class FieldReader {
   const std::string& file() const { return file_; }
 
  private:
+  using Override = std::pair<const std::string, std::string>;  // field -> value as written
+
+  std::string override_named(const Override& applied) const {
+    return file_ + ": override '" + applied.first + "=" + applied.second + "'";
+  }
+
+  // The override that wrote a whole section or list holding `field` (--set
+  // 'scheduler={window_ms: fast}'), whose text the marks of everything in it point into.
+  const Override* enclosing_override(const std::string& field) const {
+    for (const auto& applied : overrides_) {
+      const std::string& name = applied.first;
+      if (field.size() > name.size() && field.starts_with(name) &&
+          (field[name.size()] == '.' || field[name.size()] == '['))
+        return &applied;
+    }
+    return nullptr;
+  }
+
+  // Whether the file wrote `key` (an override's keys have no line of it).
+  bool in_file(const YAML::Node& key, const std::string& field) const {
+    return key.Mark().line >= 0 && !enclosing_override(field);
+  }
+
   static std::string field_in(const std::string& section, const std::string& key) {
     return section.empty() ? key : section + "." + key;
   }
@@ -178,7 +203,7 @@ class FieldReader {
   }
 
   std::string file_;
-  std::map<std::string, std::string> overrides_;  // field -> value as written
+  std::map<std::string, std::string> overrides_;
   mutable std::map<std::string, int> key_lines_;  // field -> its key's line, as check_keys met it
 };
 

@@ -326,6 +326,23 @@ TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
       error_of("model: {path: m}\n", {"scheduler.nope=1"})
           .find(file + ": override 'scheduler.nope=1': field 'scheduler.nope': unknown field"),
       std::string::npos);
+  // Everything in a section or list an override wrote whole is the override's: their marks
+  // point into its text, which they called line 1 of the file.
+  EXPECT_EQ(error_of("model: {path: m}\n", {"scheduler={window_ms: fast}"}),
+            file +
+                ": override 'scheduler={window_ms: fast}': field 'scheduler.window_ms': expected "
+                "an integer, got 'fast'");
+  EXPECT_EQ(error_of("model: {path: m}\n", {"server={port: 1, port: 2}"}),
+            file + ": override 'server={port: 1, port: 2}': field 'server.port': given twice");
+  EXPECT_NE(error_of("model: {path: m}\n", {"server={prot: 1}"})
+                .find(file + ": override 'server={prot: 1}': field 'server.prot': unknown field"),
+            std::string::npos);
+  EXPECT_EQ(
+      error_of("model: {path: m}\n", {"graph.nodes=[{name: a, concurrency: x}]", "graph.edges=[]"}),
+      file +
+          ": override 'graph.nodes=[{name: a, concurrency: x}]': field "
+          "'graph.nodes[0].concurrency': expected a positive integer, 'serial' or "
+          "'unlimited', got 'x'");
   // A key the file repeats is the file's mistake, even when an override sets its value.
   EXPECT_EQ(error_of("model: {path: m}\nserver:\n  port: 1\n  port: 2\n", {"server.port=0"}),
             file + ":4: field 'server.port': given twice (first on line 3)");
