@@ -23,6 +23,11 @@ std::string folder_name(const std::filesystem::path& path) {
   return p.filename().string();
 }
 
+LlamaWeights load_weights(const ModelSection& model) {
+  check_model_folder(model);
+  return LlamaWeights::load(model.path);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -64,7 +69,7 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
     : config(cfg),
       plan(plan_graph(config)),  // a bad graph fails before the model loads
       model_name(config.model.name.empty() ? folder_name(config.model.path) : config.model.name),
-      weights(std::make_shared<const LlamaWeights>(LlamaWeights::load(config.model.path))),
+      weights(std::make_shared<const LlamaWeights>(load_weights(config.model))),
       tokenizer(config.model.path / "tokenizer.model") {
   tokenizer.check_fits(weights->config.vocab_size);
   RunnerOptions options;

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -219,6 +220,7 @@ void read_model(const FieldReader& r, const YAML::Node& node, const std::filesys
   if (model.path.is_relative())
     model.path = path_overridden ? std::filesystem::absolute(model.path) : base / model.path;
   model.path = model.path.lexically_normal();
+  model.path_given_at = r.where(node["path"], "model.path");
   if (node["chat_template"]) {
     model.chat_template = r.one_of(node["chat_template"], "model.chat_template", {"llama2", "raw"});
   }
@@ -448,6 +450,15 @@ void apply_override(YAML::Node& root, const std::string& text, const std::string
 }
 
 }  // namespace
+
+void check_model_folder(const ModelSection& model) {
+  std::error_code error;  // a folder that cannot be looked at is not there to load
+  const auto status = std::filesystem::status(model.path, error);
+  if (std::filesystem::is_directory(status)) return;
+  throw ConfigError(model.path_given_at + ": field 'model.path': " +
+                    (std::filesystem::exists(status) ? "not a folder: " : "no such folder: ") +
+                    model.path.string());
+}
 
 ServeConfig load_serve_config(const std::filesystem::path& file,
                               const std::vector<std::string>& overrides) {

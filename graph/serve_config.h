@@ -18,6 +18,7 @@ namespace pipeline {
 
 struct ModelSection {
   std::filesystem::path path;            // Hugging Face model folder
+  std::string path_given_at;             // "serve.yaml:2", or the override: for messages
   std::string chat_template = "llama2";  // llama2 | raw
   std::string name;                      // served model id; defaults to the folder name
   // bf16 | f32: what a bf16 checkpoint's matmuls round their activations to (f32: CPU only)
@@ -122,5 +123,9 @@ class ConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Throws ConfigError naming where model.path was given unless it is a folder: the checkpoint's
+// own messages would name a file inside it ("m/config.json: no such file"), not the config.
+void check_model_folder(const ModelSection& model);
 
 }  // namespace pipeline

@@ -307,6 +307,29 @@ TEST_F(ServeConfigTest, MissingModelPathIsAnError) {
             file + ":1: field 'model.path': is required (a Hugging Face model folder)");
 }
 
+// Loading named a file inside the folder ("../m/config.json: no such file"), not the config line
+// that gave it.
+TEST_F(ServeConfigTest, AModelFolderThatIsNotThereIsNamedWhereItWasGiven) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  const auto problem = [&](const std::string& text, const std::vector<std::string>& overrides) {
+    try {
+      check_model_folder(load_serve_config(write(text), overrides).model);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("a folder");
+  };
+  EXPECT_EQ(problem("device: cpu\nmodel:\n  path: ../no-such-model\n", {}),
+            file + ":3: field 'model.path': no such folder: " +
+                (dir_.parent_path() / "no-such-model").string());
+  EXPECT_EQ(problem("model: {path: serve.yaml}\n", {}),
+            file + ":1: field 'model.path': not a folder: " + file);
+  EXPECT_EQ(
+      problem("model: {path: m}\n", {"model.path=/no/such"}),
+      file + ": override 'model.path=/no/such': field 'model.path': no such folder: /no/such");
+  EXPECT_EQ(problem("model: {path: .}\n", {}), "a folder");
+}
+
 TEST_F(ServeConfigTest, OverrideErrorsNameTheOverride) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_EQ(error_of("model: {path: m}\n", {"scheduler.window_ms=abc"}),
