@@ -159,6 +159,18 @@ void write_readme(const std::filesystem::path& dir, const ModelShape& s, DType d
       << ";\nembedding rows beyond it are padding.\n";
 }
 
+// A checkpoint written over another would mix with its files (its shards and their index stay)
+// into one that does not load, so make-model writes only into a new or an empty folder.
+void require_new_or_empty_folder(const std::filesystem::path& out) {
+  if (!std::filesystem::exists(out)) return;
+  if (!std::filesystem::is_directory(out))
+    throw UsageError("--out " + out.string() + ": not a folder");
+  if (!std::filesystem::is_empty(out))
+    throw UsageError("--out " + out.string() +
+                     ": the folder is not empty; give a new or an empty one (a checkpoint written "
+                     "among another's files would not load)");
+}
+
 }  // namespace
 
 int make_model_command(int argc, char** argv) {
@@ -168,6 +180,7 @@ int make_model_command(int argc, char** argv) {
       "[--dtype bf16|f16|f32] [--corpus FILE]\n"
       "Writes a random-weight checkpoint of a real shape in Hugging Face layout.\n"
       "  --shape NAME    tiny (the demo model), llama2-110m, tinyllama-1.1b, llama2-7b\n"
+      "  --out DIR       a new or an empty folder\n"
       "  --seed S        the weights' seed (0); the same seed writes the same files\n"
       "  --corpus FILE   text the tokenizer is trained on (the project's\n"
       "                  data/tokenizer_corpus.txt)");
@@ -182,6 +195,7 @@ int make_model_command(int argc, char** argv) {
       options.get("--corpus", PIPELINE_SOURCE_DIR "/data/tokenizer_corpus.txt");
   options.finish();
 
+  require_new_or_empty_folder(out);
   // A failure leaves no folder behind that it created (one that existed stays).
   const bool created = std::filesystem::create_directories(out);
   int tokenizer_vocab = 0;

@@ -73,6 +73,29 @@ TEST_F(MakeModelTest, SameSeedSameBytesOtherSeedOtherWeights) {
   EXPECT_EQ(LlamaWeights::load(dir_ / "a").embed.dtype, DType::F32);
 }
 
+// A checkpoint written over another mixed with its files (its shards and their index stayed)
+// into one that did not load: only a new or an empty folder is written into.
+TEST_F(MakeModelTest, AFolderWithFilesInItIsRefusedAndAnEmptyOneFilled) {
+  const auto out = dir_ / "m";
+  fs::create_directories(out);
+  std::ofstream(out / "model.safetensors.index.json") << "{}";
+  auto result = run_pipeline({"make-model", "--shape", "tiny", "--out", out.string()});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--out " + out.string() + ": the folder is not empty"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+
+  fs::remove(out / "model.safetensors.index.json");
+  result = run_pipeline({"make-model", "--shape", "tiny", "--out", out.string()});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(LlamaWeights::load(out).config.hidden_size, 128);
+
+  result = run_pipeline({"make-model", "--shape", "tiny", "--out", (out / "config.json").string()});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("config.json: not a folder"), std::string::npos) << result.err;
+}
+
 TEST_F(MakeModelTest, UnknownShapeAndDtypeAreUsageErrors) {
   auto result = run_pipeline({"make-model", "--shape", "llama9", "--out", dir_.string()});
   EXPECT_EQ(result.exit_code, 2);
