@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "apps/commands.h"
 #include "apps/options.h"
@@ -105,10 +107,16 @@ void fill_tensor(const TensorSpec& spec, size_t index, uint64_t seed, std::span<
   });
 }
 
-void write_json(const std::filesystem::path& path, const nlohmann::json& j) {
+// Closed before it is checked: a write the full disk refuses may fail only as the file closes.
+void write_text(const std::filesystem::path& path, const std::string& text) {
   std::ofstream out(path);
-  out << j.dump(2) << "\n";
+  out << text;
+  out.close();
   if (!out) throw std::runtime_error(path.string() + ": write failed");
+}
+
+void write_json(const std::filesystem::path& path, const nlohmann::json& j) {
+  write_text(path, j.dump(2) + "\n");
 }
 
 void write_config(const std::filesystem::path& dir, const ModelShape& s, DType dtype,
@@ -145,7 +153,7 @@ void write_config(const std::filesystem::path& dir, const ModelShape& s, DType d
 
 void write_readme(const std::filesystem::path& dir, const ModelShape& s, DType dtype, uint64_t seed,
                   const std::filesystem::path& corpus, int tokenizer_vocab) {
-  std::ofstream out(dir / "README.md");
+  std::ostringstream out;
   out << "# " << s.name << " — RANDOM WEIGHTS\n\n"
       << "Written by `pipeline make-model --shape " << s.name << " --dtype " << dtype_name(dtype)
       << " --seed " << seed << "`. The weights are random: the model has the shape, size and\n"
@@ -157,6 +165,7 @@ void write_readme(const std::filesystem::path& dir, const ModelShape& s, DType d
       << ".\n\n`tokenizer.model` is a " << tokenizer_vocab
       << "-piece sentencepiece BPE model trained on " << corpus.filename().string()
       << ";\nembedding rows beyond it are padding.\n";
+  write_text(dir / "README.md", out.str());
 }
 
 // A checkpoint written over another would mix with its files (its shards and their index stay)
@@ -170,6 +179,33 @@ void require_new_or_empty_folder(const std::filesystem::path& out) {
                      ": the folder is not empty; give a new or an empty one (a checkpoint written "
                      "among another's files would not load)");
 }
+
+// What make-model writes, removed again unless it is all written: the folder if it made it, else
+// everything in the (empty) folder it was given.
+class OutputFolder {
+ public:
+  explicit OutputFolder(std::filesystem::path path)
+      : path_(std::move(path)), created_(std::filesystem::create_directories(path_)) {}
+  ~OutputFolder() {
+    if (complete_) return;
+    std::error_code ignored;  // the command already fails with the error that matters
+    if (created_) {
+      std::filesystem::remove_all(path_, ignored);
+      return;
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(path_, ignored))
+      std::filesystem::remove_all(entry.path(), ignored);
+  }
+  OutputFolder(const OutputFolder&) = delete;
+  OutputFolder& operator=(const OutputFolder&) = delete;
+
+  void keep() { complete_ = true; }
+
+ private:
+  std::filesystem::path path_;
+  bool created_;
+  bool complete_ = false;
+};
 
 }  // namespace
 
@@ -196,16 +232,9 @@ int make_model_command(int argc, char** argv) {
   options.finish();
 
   require_new_or_empty_folder(out);
-  // A failure leaves no folder behind that it created (one that existed stays).
-  const bool created = std::filesystem::create_directories(out);
-  int tokenizer_vocab = 0;
-  try {
-    tokenizer_vocab =
-        train_tokenizer(corpus, std::min(shape.vocab, kMaxTokenizerVocab), out / "tokenizer.model");
-  } catch (...) {
-    if (created) std::filesystem::remove_all(out);
-    throw;
-  }
+  OutputFolder folder(out);
+  const int tokenizer_vocab =
+      train_tokenizer(corpus, std::min(shape.vocab, kMaxTokenizerVocab), out / "tokenizer.model");
   write_config(out, shape, *dtype, seed);
   write_readme(out, shape, *dtype, seed, corpus, tokenizer_vocab);
   const auto specs = tensor_specs(shape, *dtype);
@@ -213,6 +242,7 @@ int make_model_command(int argc, char** argv) {
       out / "model.safetensors", specs,
       [&](size_t i, std::span<std::byte> bytes) { fill_tensor(specs[i], i, seed, bytes); },
       {{"format", "pt"}});
+  folder.keep();
   std::fprintf(stderr, "wrote %s: shape %s, %s, random weights (seed %llu)\n", out.c_str(),
                shape.name, dtype_name(*dtype), static_cast<unsigned long long>(seed));
   return 0;

@@ -224,6 +224,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
     fill(i, bytes);
     out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   }
+  out.close();  // what is still buffered may fail to go out only here
   if (!out) fail(path, "write failed");
 }
 

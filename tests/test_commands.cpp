@@ -18,6 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::run_pipeline;
+using testing::run_shell;
 using testing::shared_path;
 
 class MakeModelTest : public ::testing::Test {
@@ -268,6 +269,23 @@ TEST(MakeModelCommand, ABadCorpusIsNamedAndLeavesNoFolder) {
   readme << std::ifstream(out / "README.md").rdbuf();
   EXPECT_NE(readme.str().find("trained on my_corpus.txt"), std::string::npos) << readme.str();
   std::filesystem::remove_all(dir);
+}
+
+// A write that fails once the folder is there (here the file-size limit, as a full disk would)
+// takes what was written with it: a half-written checkpoint stayed, which did not load.
+TEST_F(MakeModelTest, AFailedWriteLeavesNothingBehind) {
+  const auto made = dir_ / "made", given = dir_ / "given";
+  fs::create_directories(given);
+  for (const auto& out : {made, given}) {
+    const auto result = run_shell("ulimit -f 390; trap '' XFSZ; " +
+                                  testing::shell_quoted(testing::pipeline_binary().string()) +
+                                  " make-model --shape tiny --out " +
+                                  testing::shell_quoted(out.string()) + " 2>&1; echo \"exit $?\"");
+    EXPECT_NE(result.out.find("model.safetensors: write failed"), std::string::npos) << result.out;
+    EXPECT_NE(result.out.find("exit 1\n"), std::string::npos) << result.out;
+  }
+  EXPECT_FALSE(fs::exists(made));
+  EXPECT_TRUE(fs::is_empty(given));
 }
 
 TEST(GraphCommand, TakesTheSameOverridesAsRun) {
