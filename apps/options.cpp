@@ -1,6 +1,7 @@
 #include "apps/options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace pipeline {
@@ -108,7 +109,7 @@ double Options::number(const std::string& name, double fallback) {
   size_t used = 0;
   try {
     const double x = std::stod(*value, &used);
-    if (used == value->size()) return x;
+    if (used == value->size() && std::isfinite(x)) return x;
   } catch (const std::exception&) {
   }
   throw UsageError(name + ": expected a number, got '" + *value + "'");

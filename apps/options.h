@@ -42,6 +42,8 @@ class Options {
   // An int from `min` to `max`: a value past an int is refused, never cut to 32 bits.
   int int_value(const std::string& name, int fallback, int min = std::numeric_limits<int>::min(),
                 int max = std::numeric_limits<int>::max());
+  // A finite number: std::stod also reads "nan" and "inf", which no option means (sent on in
+  // JSON, they became null).
   double number(const std::string& name, double fallback);
   // The value when given, which must be one of `choices`.
   std::optional<std::string> one_of(const std::string& name,

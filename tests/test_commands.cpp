@@ -210,6 +210,13 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
        "--requests: expected an integer of at most 2147483647, got 4294967297"},
       {{"bench-serve", "--url", "http://h:1", "--n", "0"},
        "--n: expected an integer of at least 1, got 0"},
+      // std::stod reads nan and inf: bench-serve sent them as a JSON null temperature.
+      {{"bench-serve", "--url", "http://h:1", "--temperature", "nan"},
+       "--temperature: expected a number, got 'nan'"},
+      {{"bench-serve", "--url", "http://h:1", "--temperature", "inf"},
+       "--temperature: expected a number, got 'inf'"},
+      {{"generate", "--model", "m", "--prompt", "x", "--presence-penalty", "-infinity"},
+       "--presence-penalty: expected a number, got '-infinity'"},
       {{"generate", "--model", "m", "--prompt", "x", "--kv-cache-dtype", "f16"},
        "--kv-cache-dtype must be one of auto, bf16, f32, got 'f16'"},
       {{"generate", "--model", "m", "--prompt", "x", "--matmul-activations", "auto"},
