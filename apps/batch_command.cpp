@@ -39,8 +39,9 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_num_seqs=32 (repeatable)\n"
     "SIGINT or SIGTERM: submit nothing more, finish the requests in flight\n"
-    "(server.shutdown_grace_s), write their lines and exit 130; a second one fails those\n"
-    "still in flight at once (they have no line, so the next run does them).";
+    "(server.shutdown_grace_s), write their lines and exit 130 (saying whether any request\n"
+    "is left for the next run); a second one fails those still in flight at once (they have\n"
+    "no line, so the next run does them).";
 
 constexpr auto kReportPeriod = std::chrono::seconds(2);
 
@@ -167,7 +168,9 @@ int batch_command(int argc, char** argv) {
   std::fprintf(stderr,
                "pipeline batch: done: all %zu requests have results in %s (%zu this run%s)\n",
                inputs.size(), output_file.c_str(), progress.written, failures.c_str());
-  return 0;
+  // A stop whose grace finished every request left cut nothing short, but it came: the run
+  // exits as a stopped one does.
+  return stop.load() ? 130 : 0;
 }
 
 }  // namespace pipeline

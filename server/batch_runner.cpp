@@ -164,10 +164,11 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
   if (progress.written < todo.size()) {
     // Stopped: the engine finishes what it can within its grace and fails the rest; after a
     // failed write there is no grace, and nothing more is written.
-    progress.interrupted = true;
     const std::chrono::seconds grace(failure ? 0 : engine_.config().server.shutdown_grace_s);
     engine_.shutdown(grace);
     drain(results, progress, failure);
+    // The grace may have finished every request left, and with them the batch.
+    progress.interrupted = progress.written < todo.size();
   }
   if (failure) std::rethrow_exception(failure);
   report(progress);

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -17,7 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "graph/engine.h"
+#include "graph/serve_config.h"
 #include "server/batch_file.h"
+#include "server/batch_runner.h"
 #include "tests/support/command.h"
 #include "tests/support/server_process.h"
 #include "tests/support/shared_data.h"
@@ -561,6 +566,27 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
   EXPECT_EQ(by_custom_id(all).size(), 300u);
   for (const auto& line : all)
     EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 64) << line["custom_id"];
+}
+
+// A stop that comes once every request is in flight cuts nothing short when the grace finishes
+// them all: the batch is complete, not interrupted (the run said to rerun it for the rest).
+TEST_F(BatchCommandTest, AStopTheGraceOutlastsLeavesTheBatchComplete) {
+  const auto in = write("in.jsonl", long_requests(4, 200));
+  Engine engine(load_serve_config(config_));
+  const BatchOutput output = open_batch_output(dir_ / "out.jsonl");
+  BatchRunner runner(engine, in.string(), output.get());
+  std::atomic<bool> stop{false};
+  size_t written_at_stop = 0;
+  const BatchProgress progress = runner.run(
+      read_batch_input(in), stop, std::chrono::milliseconds(1), [&](const BatchProgress& p) {
+        if (stop || p.written + p.in_flight < p.total) return;  // not all submitted yet
+        written_at_stop = p.written;
+        stop = true;
+      });
+  ASSERT_TRUE(stop);
+  EXPECT_LT(written_at_stop, 4u);
+  EXPECT_EQ(progress.written, 4u);
+  EXPECT_FALSE(progress.interrupted);
 }
 
 // A write that fails (here the file-size limit, as a full disk would) ends the run with its
