@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -104,6 +105,19 @@ class OutputCreatedByRun {
 int batch_command(int argc, char** argv) {
   Options options(argc, argv, kUsage);
   if (options.help()) return 0;
+  // From the start, so that a stop while the files are read (seconds, for a large batch) ends the
+  // run as any other does, not the process without a word; and before the engine starts its
+  // threads, so that they inherit it.
+  block_stop_signals();
+  std::atomic<bool> stop{false};
+  std::optional<StopSignalWatcher> while_reading(
+      std::in_place,
+      [&](int signal_number) {
+        std::fprintf(stderr, "pipeline batch: %s received, stopping once the files are read\n",
+                     stop_signal_name(signal_number));
+        stop.store(true);
+      },
+      [](int) {});
   const std::string input_file = options.required("--input");
   const std::string output_file = options.required("--output");
   const std::vector<std::string> overrides = config_overrides(options);
@@ -123,6 +137,15 @@ int batch_command(int argc, char** argv) {
   const OutputCreatedByRun created(output_file);
   const BatchOutput output = open_batch_output(output_file);  // before it is read: locked
   const std::vector<BatchInput> todo = not_in_output(inputs, output_file);
+  while_reading.reset();  // a signal from here on waits for the watcher below
+  if (stop.load()) {
+    std::fprintf(stderr,
+                 "pipeline batch: interrupted before any request ran: %zu of %zu requests have "
+                 "results in %s%s\n",
+                 inputs.size() - todo.size(), inputs.size(), output_file.c_str(),
+                 todo.empty() ? "" : "; run the same command again for the rest");
+    return 130;
+  }
   if (todo.empty()) {
     std::fprintf(stderr, "pipeline batch: all %zu requests of %s already have results in %s\n",
                  inputs.size(), input_file.c_str(), output_file.c_str());
@@ -133,11 +156,9 @@ int batch_command(int argc, char** argv) {
     std::fprintf(stderr, "pipeline batch: resuming: %zu of %zu requests already have results\n",
                  finished, inputs.size());
 
-  block_stop_signals();  // before the engine starts its threads, so that they inherit it
   Engine engine(config);
   const auto start = std::chrono::steady_clock::now();
   BatchRunner runner(engine, input_file, output.get());
-  std::atomic<bool> stop{false};
   const StopSignalWatcher watcher(
       [&](int signal_number) {
         std::fprintf(stderr,

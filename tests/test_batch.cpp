@@ -589,6 +589,27 @@ TEST_F(BatchCommandTest, AStopTheGraceOutlastsLeavesTheBatchComplete) {
   EXPECT_FALSE(progress.interrupted);
 }
 
+// A stop while the files are read (seconds, for a large batch; here the input is a pipe with
+// nothing in it yet) ended the process without a word: it now ends the run once they are read,
+// as any stop does, before the model loads, and leaves no output file behind.
+TEST_F(BatchCommandTest, AStopWhileTheFilesAreReadEndsTheRunWithAMessage) {
+  const auto in = write("in.jsonl", long_requests(3, 8));
+  const auto fifo = dir_ / "fifo", out = dir_ / "out.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // The pipe opened read-write never blocks the writer, whether the batch reads it or is gone.
+  const auto result = run_shell(
+      shell_command(fifo, out) + " 2>&1 & pid=$!; sleep 0.5; kill -INT $pid; sleep 0.3; " +
+      "exec 3<>" + shell_quoted(fifo.string()) + "; cat " + shell_quoted(in.string()) +
+      " >&3; exec 3>&-; wait $pid; echo \"exit $?\"");
+  EXPECT_NE(result.out.find("SIGINT received, stopping once the files are read"), std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("interrupted before any request ran: 0 of 3 requests have results"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("exit 130"), std::string::npos) << result.out;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 // A write that fails (here the file-size limit, as a full disk would) ends the run with its
 // error, once the requests in flight have ended (their results arrived after the run was gone,
 // and the process aborted); what was written is kept for the rerun.
