@@ -80,13 +80,19 @@ std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
   return todo;
 }
 
+// A path that cannot be looked at (a loop of links) is not nothing: opening it says what it is.
+bool nothing_at(const std::filesystem::path& file) {
+  std::error_code error;
+  return std::filesystem::status(file, error).type() == std::filesystem::file_type::not_found;
+}
+
 // Removes the output file when this run created it and wrote no line into it, whatever way the
 // run ends: a model that fails to load, or a stop before the first result, leaves no empty file
 // behind. Declared before the file is opened, so that it runs after the file is closed.
 class OutputCreatedByRun {
  public:
   explicit OutputCreatedByRun(std::filesystem::path file)
-      : file_(std::move(file)), created_(!std::filesystem::exists(file_)) {}
+      : file_(std::move(file)), created_(nothing_at(file_)) {}
   ~OutputCreatedByRun() {
     std::error_code error;  // nothing to report if it is gone or cannot be read
     if (created_ && std::filesystem::file_size(file_, error) == 0 && !error)

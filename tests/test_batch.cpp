@@ -528,6 +528,18 @@ TEST_F(BatchCommandTest, ARunThatFailsBeforeItsFirstResultLeavesNoOutputFile) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// A loop of symbolic links as the output failed with the standard library's words alone.
+TEST_F(BatchCommandTest, AnOutputThatIsALoopOfLinksIsNamed) {
+  const auto in = write("in.jsonl", request_line("a", "/v1/completions", completion("Hi", 2)));
+  const auto loop = dir_ / "loop";
+  std::filesystem::create_symlink(loop, loop);
+  const auto result = batch(in, loop);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find(loop.string() + ": cannot open the batch output file: Too many levels"),
+            std::string::npos)
+      << result.err;
+}
+
 // `count` requests that each generate exactly `tokens` tokens, r0, r1, ...
 std::string long_requests(int count, int tokens) {
   std::string text;
