@@ -1,46 +1,8 @@
 #include "io/incremental_decoder.h"
 
+#include "io/utf8.h"
+
 namespace pipeline {
-namespace {
-
-constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD
-
-enum class Utf8Status { Complete, Incomplete, Invalid };
-
-// Whether `bytes` start with a well-formed UTF-8 character (Unicode table 3-7: no overlong
-// forms, no surrogates, nothing above U+10FFFF), with its length when Complete. These are the
-// characters sentencepiece's decoder accepts; any other byte becomes one U+FFFD.
-Utf8Status leading_character(std::string_view bytes, size_t& length) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
-  const unsigned char lead = byte(0);
-  // The range of the second byte depends on the lead; later bytes are 0x80..0xBF.
-  unsigned char second_low = 0x80, second_high = 0xBF;
-  if (lead < 0x80) {
-    length = 1;
-    return Utf8Status::Complete;
-  } else if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) second_low = 0xA0;
-    if (lead == 0xED) second_high = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) second_low = 0x90;
-    if (lead == 0xF4) second_high = 0x8F;
-  } else {
-    return Utf8Status::Invalid;
-  }
-  for (size_t i = 1; i < length && i < bytes.size(); ++i) {
-    const unsigned char low = i == 1 ? second_low : 0x80;
-    const unsigned char high = i == 1 ? second_high : 0xBF;
-    if (byte(i) < low || byte(i) > high) return Utf8Status::Invalid;
-  }
-  return bytes.size() < length ? Utf8Status::Incomplete : Utf8Status::Complete;
-}
-
-}  // namespace
-
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> prompt)
     : tokenizer_(tokenizer), text_started_(!prompt.empty() && !tokenizer.decode(prompt).empty()) {}
 

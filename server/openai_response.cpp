@@ -51,8 +51,8 @@ double json_logprob(float logprob) {
   return std::isfinite(logprob) ? logprob : -9999.0;
 }
 
-// The characters of UTF-8 text, as OpenAI's text_offset counts them (Python's len): every byte
-// but a continuation byte. A character split across tokens counts in the token of its first.
+// The characters of well-formed UTF-8 text (a prompt), as OpenAI's text_offset counts them
+// (Python's len): every byte but a continuation byte.
 size_t characters(std::string_view text) {
   return size_t(std::count_if(text.begin(), text.end(), [](char c) {
     return (static_cast<unsigned char>(c) & 0xc0) != 0x80;
@@ -100,7 +100,7 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& parsed, std::string model,
   for (int i = 0; i < parsed.choices(); ++i) {
     ChoiceText choice;
     if (!chat_) {
-      choice.text_offset = characters(prompt_of(parsed, i));
+      choice.answer_offsets = CharacterOffsets(characters(prompt_of(parsed, i)));
       // Only an echo needs the text (n choices of a long prompt would otherwise copy it n times).
       if (parsed.options.echo) choice.prompt = prompt_of(parsed, i);
       choice.echo_due = parsed.options.echo;
@@ -317,6 +317,10 @@ void add_completion_logprob(json& result, const TokenOutput& token, size_t text_
 size_t after_token(const std::string& prompt, size_t offset, const std::string& text) {
   if (offset > prompt.size()) return offset + text.size();
   if (prompt.compare(offset, text.size(), text) == 0) return offset + text.size();
+  // A prompt of token ids decodes each byte outside a well-formed character as a U+FFFD.
+  if (const std::string shown = replacing_invalid_utf8(text);
+      prompt.compare(offset, shown.size(), shown) == 0)
+    return offset + shown.size();
   if (text.empty() || text[0] != ' ') return offset + text.size();
   const std::string_view word =
       std::string_view(text).substr(std::min(text.find_first_not_of(' '), text.size()));
@@ -349,10 +353,8 @@ json ResponseBuilder::completion_logprobs(const Delta& delta, ChoiceText& choice
     offset = after_token(choice.prompt, offset, token.text);
   }
   if (prompt_only_) return result;
-  for (const TokenOutput& token : delta.tokens) {
-    add_completion_logprob(result, token, choice.text_offset, token_text_);
-    choice.text_offset += characters(token.text);
-  }
+  for (const TokenOutput& token : delta.tokens)
+    add_completion_logprob(result, token, choice.answer_offsets.add(token.text), token_text_);
   return result;
 }
 

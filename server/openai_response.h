@@ -5,7 +5,8 @@
 // Choices made here (OpenAI's, or vLLM's where OpenAI has none):
 // - an echoed prompt's logprobs come first, the first token's null (nothing predicts it), their
 //   text_offsets counted in the prompt;
-// - text_offset counts characters (Unicode code points, as Python does), not bytes; a
+// - text_offset counts characters (Unicode code points, as Python does), not bytes, of the text
+//   as returned (a byte outside a well-formed character is the U+FFFD it shows there); a
 //   completions token's top_logprobs hold the token itself besides its alternatives;
 // - completion chunks carry vLLM's stop_reason throughout, chat chunks at their end;
 // - an impossible logprob is -9999, not a non-JSON -infinity;
@@ -29,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/request.h"
+#include "io/utf8.h"
 #include "server/openai_request.h"
 
 namespace pipeline {
@@ -84,10 +86,10 @@ class ResponseBuilder {
   struct ChoiceText {
     std::string text;
     ResponseJson logprobs;
-    std::string prompt;         // echo: its prompt's text
-    bool echo_due = false;      // echo: the prompt is not sent yet
-    size_t text_offset = 0;     // where the next token starts in prompt+text, in characters
-    int completion_tokens = 0;  // continuous usage: those its chunks counted so far
+    std::string prompt;               // echo: its prompt's text
+    bool echo_due = false;            // echo: the prompt is not sent yet
+    CharacterOffsets answer_offsets;  // where each token starts in prompt+text
+    int completion_tokens = 0;        // continuous usage: those its chunks counted so far
   };
   // Continuous usage: what the chunks so far counted of a prompt.
   struct PromptCounts {

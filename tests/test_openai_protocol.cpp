@@ -1474,6 +1474,19 @@ TEST(Responses, TextOffsetsCountCharactersNotBytes) {
       json({0, 0, 2, 6, 7, 11, 14}));
 }
 
+// A byte outside a well-formed character is a U+FFFD of the text, one character (a lone
+// continuation byte counted as none, so offsets stood still); a character split across tokens
+// counts in the token of its first byte, and one never finished is a U+FFFD per byte.
+TEST(Responses, TextOffsetsCountEachInvalidByteAsTheReplacementTheTextShows) {
+  EXPECT_EQ(echoed_offsets("Hi", {"", " Hi"}, {"\x80", "\x80", "\xe2\x82", "\xac", "\xe2", "a"}),
+            json({0, 0, 2, 3, 4, 5, 5, 6}));
+  EXPECT_EQ(echoed_offsets("Hi", {"", " Hi"}, {"\xe2", "\x82", "a", "b"}),
+            json({0, 0, 2, 3, 4, 5}));
+  // A prompt of token ids [BOS, 0x80, 0x80, 0xE2] reads "\ufffd\ufffd\ufffd".
+  EXPECT_EQ(echoed_offsets("\ufffd\ufffd\ufffd", {"", "\x80", "\x80", "\xe2"}, {" a", " time"}),
+            json({0, 0, 1, 2, 3, 5}));
+}
+
 // SentencePiece collapses a run of spaces into its word-start mark: offsets still point at each
 // token's bytes in the prompt as given (the mark's at the run's start).
 TEST(Responses, EchoedOffsetsFollowThePromptThroughCollapsedWhitespace) {
