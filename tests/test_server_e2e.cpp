@@ -1204,6 +1204,25 @@ int send_raw_completion(int port, const json& body, int receive_buffer = 0) {
                   receive_buffer);
 }
 
+// What the server sent on a raw connection until the end of an answer's JSON error body ("}}")
+// or of the connection.
+std::string read_error_answer(int fd) {
+  std::string received;
+  char buffer[4096];
+  for (ssize_t n;
+       received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
+    received.append(buffer, size_t(n));
+  return received;
+}
+
+// Everything the server sent on a raw connection until it closed it.
+std::string read_to_end(int fd) {
+  std::string received;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  return received;
+}
+
 // Opens a streaming request on a raw socket, reads until the first bytes of the body arrived,
 // and hangs up.
 void stream_then_hang_up(int port, const json& body) {
@@ -1226,11 +1245,7 @@ TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
   const auto start = Clock::now();
   const auto answer_to_bodyless_post = [&](const std::string& path) {
     const int fd = send_raw(port(), "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-    std::string received;
-    char buffer[1024];
-    for (ssize_t n;
-         received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
-      received.append(buffer, size_t(n));
+    const std::string received = read_error_answer(fd);
     close(fd);
     return received;
   };
@@ -1248,15 +1263,11 @@ TEST_F(ServerE2E, APostWithoutABodyIsToldWhatIsMissing) {
 }
 
 // httplib's own refusals say which limit was passed: a header line of 8 KiB, a URL of 8 KiB, a
-// body of 16 MiB (refused from its Content-Length, before it is sent).
+// body of 16 MiB (read, so that the connection stays in step, then refused).
 TEST_F(ServerE2E, RequestsPastTheProtocolLimitsAreToldWhichLimit) {
   const auto answer_to = [&](const std::string& request) {
     const int fd = send_raw(port(), request);
-    std::string received;
-    char buffer[4096];
-    for (ssize_t n;
-         received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
-      received.append(buffer, size_t(n));
+    const std::string received = read_error_answer(fd);
     close(fd);
     return received;
   };
@@ -1294,9 +1305,7 @@ TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
     (void)::send(fd, smuggled.data(), smuggled.size(), MSG_NOSIGNAL);
-    std::string received;
-    char buffer[4096];
-    for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+    const std::string received = read_to_end(fd);
     close(fd);
     EXPECT_TRUE(received.starts_with("HTTP/1.1 400")) << received;
     EXPECT_NE(received.find("body length is unclear"), std::string::npos) << received;
@@ -1313,9 +1322,7 @@ TEST_F(ServerE2E, ARequestTargetInAbsoluteFormIsServed) {
                                       "/v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                       "Connection: close\r\nContent-Length: " +
                                       std::to_string(body.size()) + "\r\n\r\n" + body);
-  std::string received;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  const std::string received = read_to_end(fd);
   close(fd);
   EXPECT_TRUE(received.starts_with("HTTP/1.1 200")) << received;
   EXPECT_NE(received.find("\"object\":\"text_completion\""), std::string::npos) << received;
@@ -1357,9 +1364,7 @@ TEST_F(ServerE2E, AnHttp10StreamIsNotChunkedAndEndsWithTheConnection) {
                           "POST /v1/completions HTTP/1.0\r\nContent-Type: "
                           "application/json\r\nContent-Length: " +
                               std::to_string(payload.size()) + "\r\n\r\n" + payload);
-  std::string received;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  const std::string received = read_to_end(fd);
   close(fd);
   const size_t body = received.find("\r\n\r\n");
   ASSERT_NE(body, std::string::npos) << received;
@@ -1696,18 +1701,13 @@ TEST(ServerE2EApiKey, ARefusedBodyIsReadNotTakenForTheNextRequest) {
                           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                           "application/json\r\nContent-Length: " +
                               std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
-  std::string received;
-  char buffer[4096];
-  for (ssize_t n;
-       received.find("}}") == std::string::npos && (n = read(fd, buffer, sizeof buffer)) > 0;)
-    received.append(buffer, size_t(n));
-  EXPECT_NE(received.find("HTTP/1.1 401"), std::string::npos) << received;
+  const std::string refused = read_error_answer(fd);
+  EXPECT_NE(refused.find("HTTP/1.1 401"), std::string::npos) << refused;
   const std::string next =
       "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame\r\n"
       "Connection: close\r\n\r\n";
   ASSERT_EQ(write(fd, next.data(), next.size()), ssize_t(next.size()));
-  received.clear();
-  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) received.append(buffer, size_t(n));
+  const std::string received = read_to_end(fd);
   close(fd);
   EXPECT_TRUE(received.starts_with("HTTP/1.1 200")) << received.substr(0, 300);
   EXPECT_NE(received.find("\"object\":\"list\""), std::string::npos) << received.substr(0, 300);
