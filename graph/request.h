@@ -65,11 +65,11 @@ struct Completion {
   TokenCounts counts() const { return {prompt_tokens, completion_tokens, cached_tokens}; }
 };
 
-// An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.
 // The status of a request whose client left (nginx's "client closed request"): nobody reads it,
 // the metrics count it as cancelled.
 inline constexpr int kClientGoneStatus = 499;
 
+// An error to report as OpenAI does: {"error": {"message", "type", "param", "code"}}.
 struct RequestError {
   int http_status = 400;
   std::string message;

@@ -3,6 +3,7 @@
 #include "io/utf8.h"
 
 namespace pipeline {
+
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> prompt)
     : tokenizer_(tokenizer), text_started_(!prompt.empty() && !tokenizer.decode(prompt).empty()) {}
 

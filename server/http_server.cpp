@@ -41,8 +41,8 @@ constexpr std::chrono::seconds kDrainLimit{1};
 // (an error answer takes a millisecond), not for one that stopped.
 constexpr std::chrono::milliseconds kDrainAfterGrace{250};
 // How long a connection must have received nothing to count as idle (at shutdown, and when
-// connections wait for a thread): a request's
-// bytes arrive within milliseconds of each other, and httplib may hold them unrouted meanwhile.
+// connections wait for a thread): a request's bytes arrive within milliseconds of each other,
+// and httplib may hold them unrouted meanwhile.
 constexpr std::chrono::milliseconds kRequestQuiet{500};
 
 constexpr const char* kJson = "application/json";
@@ -540,9 +540,9 @@ struct HttpServer::Impl {
     // Decides what to refuse before httplib reads the body; the route (or the error handler,
     // for a request no route took) answers it after (pending_refusal).
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      pending(req).headers.erase(kEndConnection);
       if (is_preflight(req) && !engine.config().server.allowed_origins.empty())
         return answer_preflight(req, res);
-      pending(req).headers.erase(kEndConnection);
       if (!body_length_clear(req)) {
         // Unread, the body's bytes would be taken for a next request: the connection ends.
         pending(req).set_header(kEndConnection, "1");

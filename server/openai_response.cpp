@@ -54,9 +54,8 @@ double json_logprob(float logprob) {
 // The characters of well-formed UTF-8 text (a prompt), as OpenAI's text_offset counts them
 // (Python's len): every byte but a continuation byte.
 size_t characters(std::string_view text) {
-  return size_t(std::count_if(text.begin(), text.end(), [](char c) {
-    return (static_cast<unsigned char>(c) & 0xc0) != 0x80;
-  }));
+  return size_t(
+      std::count_if(text.begin(), text.end(), [](char c) { return !is_continuation_byte(c); }));
 }
 
 json utf8_bytes(const std::string& text) {
