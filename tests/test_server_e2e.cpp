@@ -1832,6 +1832,28 @@ TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
   EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
+// A client may keep its connection for as many requests as it likes, as with vLLM's uvicorn;
+// httplib's default closed it after 5.
+TEST_F(ServerE2E, AKeptAliveConnectionServesRequestAfterRequest) {
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const int fd = send_raw(port(), health);
+  for (int i = 1; i <= 12; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    std::string answer;
+    char buffer[1024];
+    for (ssize_t n; answer.find("{\"status\":\"ok\"}") == std::string::npos &&
+                    (n = read(fd, buffer, sizeof buffer)) > 0;)
+      answer.append(buffer, size_t(n));
+    ASSERT_TRUE(answer.starts_with("HTTP/1.1 200")) << answer;
+    ASSERT_NE(answer.find("{\"status\":\"ok\"}"), std::string::npos) << answer;
+    EXPECT_EQ(answer.find("Connection: close"), std::string::npos) << answer;
+    if (i < 12) {
+      ASSERT_EQ(write(fd, health.data(), health.size()), ssize_t(health.size()));
+    }
+  }
+  close(fd);
+}
+
 // The server has a connection thread for each request the engine may hold and 16 more (here
 // 2 + 4 + 16). Clients that hold them all without a request to answer (sending a request a
 // header line a second, or keeping a connection open between requests, as client pools do) must
