@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -11,6 +13,7 @@
 #include "graph/graph_builder.h"
 #include "graph/log.h"
 #include "graph/runner_factory.h"
+#include "graph/scheduler.h"
 #include "graph/vllm_metrics.h"
 #include "model/llama_weights.h"
 
@@ -26,6 +29,16 @@ std::string folder_name(const std::filesystem::path& path) {
 LlamaWeights load_weights(const ModelSection& model) {
   check_model_folder(model);
   return LlamaWeights::load(model.path);
+}
+
+// The most tokens the scheduler puts in one forward pass: its prefill budget (no more prompt
+// tokens than max_num_seqs whole contexts can hold, however large the budget) and a token for
+// each sequence decoding beside them.
+int max_pass_tokens(const SchedulerSection& scheduler, const LlamaConfig& model) {
+  const int64_t prompts =
+      std::min<int64_t>(scheduler.max_prefill_tokens,
+                        int64_t(scheduler.max_num_seqs) * model.max_position_embeddings);
+  return int(std::min<int64_t>(prompts + scheduler.max_num_seqs, std::numeric_limits<int>::max()));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -79,6 +92,8 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
   options.kv_cache_dtype = config.scheduler.kv_cache_dtype;
   options.matmul_activations = config.model.matmul_activations;
   options.max_num_seqs = config.scheduler.max_num_seqs;
+  options.max_pass_tokens = max_pass_tokens(config.scheduler, weights->config);
+  options.max_pass_logit_rows = config.scheduler.max_num_seqs + Scheduler::kMaxScoredRows;
   options.threads = config.threads;
   runner = make ? make(weights, options) : make_runner(config.device, weights, options);
   const auto& kv = runner->kv_shape();

@@ -27,6 +27,13 @@ struct RunnerOptions {
   // (on CPUs with AVX512_BF16 twice the rate of F32), or F32 (CPU only). Float32 and float16
   // checkpoints always multiply float32 activations.
   DType matmul_activations = DType::BF16;
+  // The most tokens, and rows of logits, that one forward pass will hold: the scheduler's prefill
+  // budget and rows of prompts to score beside its decoding sequences. The CUDA runner sizes its
+  // buffers for them before the KV cache takes its share of the free memory, as vLLM's profile
+  // run does, so a long prefill cannot find the device full mid-serving. 0: not known (buffers
+  // grow when a pass needs more).
+  int max_pass_tokens = 0;
+  int max_pass_logit_rows = 0;
 };
 
 // What forward() throws when the runner can run nothing more: a device error that outlives the

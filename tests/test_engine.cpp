@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <future>
 #include <mutex>
 #include <thread>
 
 #include "graph/engine.h"
+#include "graph/scheduler.h"
 #include "io/tokenizer.h"
 #include "model/cpu_runner.h"
 #include "model/generation.h"
@@ -442,6 +444,87 @@ TEST(Engine, ScoredPromptsUnderPreemptionScoreAsAlone) {
       EXPECT_NEAR(*prompt[t].logprob, *alone[i][t].logprob, 1e-4) << kPrompts[i] << " token " << t;
   }
   EXPECT_GT(engine.metrics().preemptions.value(), 0u);
+}
+
+// stories260K's CPU runner, recording the RunnerOptions it was made with and the largest pass
+// it was sent: the CUDA runner sizes its buffers for max_pass_tokens and max_pass_logit_rows
+// before the KV cache takes the device's memory, so no pass may exceed them.
+class PassRecordingRunner final : public ModelRunner {
+ public:
+  PassRecordingRunner(std::unique_ptr<ModelRunner> runner, const RunnerOptions& options)
+      : runner_(std::move(runner)), options_(options) {}
+  const LlamaConfig& config() const override { return runner_->config(); }
+  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
+  std::string device_name() const override { return runner_->device_name(); }
+  void forward(const Batch& batch, Logits& logits) override {
+    most_tokens_ = std::max(most_tokens_.load(), batch.total_tokens());
+    most_logit_rows_ = std::max(most_logit_rows_.load(), batch.logit_rows());
+    runner_->forward(batch, logits);
+  }
+  const RunnerOptions& options() const { return options_; }
+  int most_tokens() const { return most_tokens_; }
+  int most_logit_rows() const { return most_logit_rows_; }
+
+ private:
+  std::unique_ptr<ModelRunner> runner_;
+  RunnerOptions options_;
+  std::atomic<int> most_tokens_{0}, most_logit_rows_{0};  // passes are serial; read by the test
+};
+
+// An engine whose runner is a PassRecordingRunner, reachable through recorder().
+class RecordedEngine {
+ public:
+  explicit RecordedEngine(const std::string& scheduler)
+      : engine_(make_config(scheduler),
+                [this](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+                  auto runner = std::make_unique<PassRecordingRunner>(
+                      make_cpu_runner(std::move(weights), options), options);
+                  recorder_ = runner.get();
+                  return runner;
+                }) {}
+  Engine& engine() { return engine_; }
+  const PassRecordingRunner& recorder() const { return *recorder_; }
+
+ private:
+  PassRecordingRunner* recorder_ =
+      nullptr;  // owned by engine_, declared first: set while it is made
+  Engine engine_;
+};
+
+TEST(Engine, NoPassHoldsMoreTokensThanTheRunnerWasToldToExpect) {
+  RecordedEngine recorded("{window_ms: 50, max_num_seqs: 6, max_prefill_tokens: 16}");
+  const RunnerOptions& options = recorded.recorder().options();
+  EXPECT_EQ(options.max_pass_tokens, 16 + 6);  // the budget and a token per decoding sequence
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 12; ++i) {
+    // Short prompts decode while long ones are prefilled in chunks beside them.
+    requests.push_back(make_request(i % 3 == 0 ? long_prompt() : kPrompts[i], 24, true));
+    ASSERT_EQ(recorded.engine().submit(requests.back()), SubmitStatus::Accepted);
+  }
+  for (const auto& request : requests) ASSERT_TRUE(sink_of(request).wait());
+  EXPECT_LE(recorded.recorder().most_tokens(), options.max_pass_tokens);
+  EXPECT_GT(recorded.recorder().most_tokens(), 16) << "no pass had decoding sequences beside a "
+                                                      "full chunk: the test shows nothing";
+}
+
+TEST(Engine, NoPassHoldsMoreLogitsRowsThanTheRunnerWasToldToExpect) {
+  RecordedEngine recorded("{window_ms: 100, max_num_seqs: 4, max_prefill_tokens: 2048}");
+  const RunnerOptions& options = recorded.recorder().options();
+  // The budget is capped by what max_num_seqs contexts of 512 positions can hold.
+  EXPECT_EQ(options.max_pass_tokens, 4 * 512 + 4);
+  EXPECT_EQ(options.max_pass_logit_rows, 4 + Scheduler::kMaxScoredRows);
+  const Tokenizer tokenizer(model_dir() / "tokenizer.model");
+  std::vector<int32_t> ids = tokenizer.encode(long_prompt() + long_prompt(), true);
+  ASSERT_GE(ids.size(), 400u);
+  ids.resize(400);
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 3; ++i) {  // 1,200 rows to score, admitted together
+    requests.push_back(scoring_request(ids));
+    ASSERT_EQ(recorded.engine().submit(requests.back()), SubmitStatus::Accepted);
+  }
+  for (const auto& request : requests) ASSERT_TRUE(sink_of(request).wait());
+  EXPECT_LE(recorded.recorder().most_logit_rows(), options.max_pass_logit_rows);
+  EXPECT_GT(recorded.recorder().most_logit_rows(), 400) << "no pass scored two prompts";
 }
 
 TEST(Engine, ACancelledRequestFreesItsBlocks) {

@@ -233,8 +233,18 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
     NvtxRange range{"upload_weights"};
     device_weights_ = upload_weights(*weights_, stream_.get());
   }
+  // Buffers for the largest pass the scheduler will send, before the KV cache takes its share
+  // of what is left: grown later, they could find the device full in the middle of serving.
   const int initial_seqs = std::max(options.max_num_seqs, 1);
-  ensure_capacity(std::max(kWarmUpTokens, initial_seqs), initial_seqs, initial_seqs);
+  const int pass_tokens = std::max({kWarmUpTokens, initial_seqs, options.max_pass_tokens});
+  try {
+    ensure_capacity(pass_tokens, initial_seqs, std::max(initial_seqs, options.max_pass_logit_rows));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        "model does not fit on the GPU: after " + gib_string(weight_bytes) +
+        " of weights, the buffers of a forward pass of " + std::to_string(pass_tokens) +
+        " tokens (scheduler.max_prefill_tokens plus max_num_seqs) do not: " + e.what());
+  }
 
   kv_shape_.num_layers = c.num_layers;
   kv_shape_.num_kv_heads = c.num_kv_heads;
