@@ -218,6 +218,7 @@ int make_model_command(int argc, char** argv) {
       "  --shape NAME    tiny (the demo model), llama2-110m, tinyllama-1.1b, llama2-7b\n"
       "  --out DIR       a new or an empty folder\n"
       "  --seed S        the weights' seed (0); the same seed writes the same files\n"
+      "  --dtype T       the weights' element type: bf16 (the default), f16 or f32\n"
       "  --corpus FILE   text the tokenizer is trained on (the project's\n"
       "                  data/tokenizer_corpus.txt)");
   if (options.help()) return 0;
