@@ -216,9 +216,20 @@ PIPELINE_AVX512 inline void add_value_row(const T* row, const float* const* w, i
 // a row's own end score -inf and weigh exactly 0. The weighted values are summed a slice of the
 // head at a time, as many vectors as keep R·slice accumulators (at most 16) in registers.
 template <int NV, int R, class T>
-PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, int block_size, float scale,
-                                 const AttentionRow* rows, SoftmaxState& state, int r0) {
+PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>& next,
+                                 int block_size, float scale, const AttentionRow* rows,
+                                 SoftmaxState& state, int r0) {
   constexpr int kHeadDim = 16 * NV;
+  // The keys and values read after chunk c's: chunk c + 1's, or the next span's first (null at
+  // the end). Each (block, KV head) holds only 2–4 KiB of keys and as much of values, anywhere in
+  // the pool, and the hardware prefetcher barely starts on one before it ends; so while a chunk
+  // is read, the one after it is asked for line by line, a few KiB ahead, as the matmul kernels
+  // prefetch their panels.
+  const auto after = [&](const T* const(&of_span)[SpanChunks<T>::kMax],
+                         const T* const(&of_next)[SpanChunks<T>::kMax], int c) -> const char* {
+    if (c + 1 < span.chunks) return reinterpret_cast<const char*>(of_span[c + 1]);
+    return next.chunks > 0 ? reinterpret_cast<const char*>(of_next[0]) : nullptr;
+  };
   constexpr int kSlice = std::min(NV, int(std::bit_floor(unsigned(16 / R))));
   static_assert(NV % kSlice == 0);
   __mmask16 live[R][SpanChunks<T>::kMax];
@@ -233,7 +244,12 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, int block_size, floa
     __m512 acc[R][kScoreChains];
     for (int r = 0; r < R; ++r)
       for (int u = 0; u < kScoreChains; ++u) acc[r][u] = _mm512_setzero_ps();
+    const char* next_keys = after(span.keys, next.keys, c);
     for (int d = 0; d < kHeadDim; d += kScoreChains) {
+      if (next_keys) {
+        for (int u = 0; u < kScoreChains; ++u)
+          _mm_prefetch(next_keys + sizeof(T) * size_t(d + u) * block_size, _MM_HINT_T0);
+      }
       for (int u = 0; u < kScoreChains; ++u) {
         const __m512 key_row = load16(span.live[c], span.keys[c] + size_t(d + u) * block_size);
         for (int r = 0; r < R; ++r)
@@ -278,8 +294,14 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, int block_size, floa
       const float* w[R];
       for (int r = 0; r < R; ++r) w[r] = weights[r] + c * kKeyChunk;
       const T* values = span.values[c] + 16 * v0;
-      for (int j = 0; j < span.count[c]; ++j)
+      const char* next_values = v0 == 0 ? after(span.values, next.values, c) : nullptr;
+      for (int j = 0; j < span.count[c]; ++j) {
+        if (next_values) {
+          for (size_t line = 0; line < sizeof(T) * kHeadDim; line += 64)
+            _mm_prefetch(next_values + sizeof(T) * size_t(j) * kHeadDim + line, _MM_HINT_T0);
+        }
         add_value_row<kSlice, R>(values + j * kHeadDim, w, j, acc);
+      }
     }
     for (int r = 0; r < R; ++r) {
       float* acc_r = state.acc + (r0 + r) * kHeadDim + 16 * v0;
@@ -290,16 +312,36 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, int block_size, floa
 
 // attend_span<NV, n> for a run-time n in [1, R].
 template <int NV, int R, class T>
-PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks<T>& span, int block_size, float scale,
-                                    const AttentionRow* rows, SoftmaxState& state, int r0) {
+PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks<T>& span, const SpanChunks<T>& next,
+                                    int block_size, float scale, const AttentionRow* rows,
+                                    SoftmaxState& state, int r0) {
   if constexpr (R > 0) {
-    if (n == R) return attend_span<NV, R>(span, block_size, scale, rows, state, r0);
-    attend_span_of<NV, R - 1>(n, span, block_size, scale, rows, state, r0);
+    if (n == R) return attend_span<NV, R>(span, next, block_size, scale, rows, state, r0);
+    attend_span_of<NV, R - 1>(n, span, next, block_size, scale, rows, state, r0);
   }
 }
 
+// The keys [first, first + kKeySpan) of KV head kv_head, cut at num_keys (none past it).
+template <class T>
+SpanChunks<T> span_at(const PagedKvLayer& kv, std::span<const int32_t> block_table, int kv_head,
+                      int first, int num_keys) {
+  SpanChunks<T> span;
+  for (int pos = first; pos < std::min(num_keys, first + kKeySpan); pos += kKeyChunk) {
+    const int c = span.chunks++;
+    const size_t at = kv.head_block_offset(block_table[pos / kv.block_size], kv_head);
+    const int slot = pos % kv.block_size;
+    span.first[c] = pos;
+    span.keys[c] = static_cast<const T*>(kv.k) + at + slot;
+    span.values[c] = static_cast<const T*>(kv.v) + at + size_t(slot) * kv.head_dim;
+    span.count[c] = std::min(kKeyChunk, num_keys - pos);
+    span.live[c] = first_keys(span.count[c]);
+  }
+  return span;
+}
+
 // The same as attend_generic for head_dim = 16·NV and a block size that is a multiple of 16:
-// span by span, the rows kRowsTogether at a time.
+// span by span, the rows kRowsTogether at a time, each span's keys and values asked for while
+// the one before it is read.
 template <int NV, class T>
 PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32_t> block_table,
                                    int kv_head, float scale, const AttentionRow* rows,
@@ -308,22 +350,16 @@ PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32
   const int block_size = kv.block_size;
   const int num_keys = max_keys(rows, num_rows);
   SoftmaxState state(num_rows, kHeadDim);
+  SpanChunks<T> span = span_at<T>(kv, block_table, kv_head, 0, num_keys);
   for (int first = 0; first < num_keys; first += kKeySpan) {
-    SpanChunks<T> span;
-    for (int pos = first; pos < std::min(num_keys, first + kKeySpan); pos += kKeyChunk) {
-      const int c = span.chunks++;
-      const size_t at = kv.head_block_offset(block_table[pos / block_size], kv_head);
-      const int slot = pos % block_size;
-      span.first[c] = pos;
-      span.keys[c] = static_cast<const T*>(kv.k) + at + slot;
-      span.values[c] = static_cast<const T*>(kv.v) + at + size_t(slot) * kHeadDim;
-      span.count[c] = std::min(kKeyChunk, num_keys - pos);
-      span.live[c] = first_keys(span.count[c]);
-    }
+    const SpanChunks<T> next = span_at<T>(kv, block_table, kv_head, first + kKeySpan, num_keys);
     for (int r0 = 0; r0 < num_rows; r0 += kRowsTogether) {
-      attend_span_of<NV, kRowsTogether>(std::min(kRowsTogether, num_rows - r0), span, block_size,
-                                        scale, rows + r0, state, r0);
+      // The first rows' pass asks for the next span; the others find it on its way.
+      attend_span_of<NV, kRowsTogether>(std::min(kRowsTogether, num_rows - r0), span,
+                                        r0 == 0 ? next : SpanChunks<T>{}, block_size, scale,
+                                        rows + r0, state, r0);
     }
+    span = next;
   }
   state.write(rows, num_rows, kHeadDim);
 }
