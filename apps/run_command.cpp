@@ -6,7 +6,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "graph/engine.h"
 #include "graph/serve_config.h"
 #include "server/http_server.h"
+#include "server/port_claim.h"
 
 namespace pipeline {
 
@@ -35,8 +38,9 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_batch=8 (repeatable)\n"
     "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
-    "and exit 0; a second one fails those still in flight at once. Exits 1 if the model runner\n"
-    "fails for good (a device error), having failed each request in flight with a 503.";
+    "and exit 0; a second one fails those still in flight at once, a third exits at once (as\n"
+    "one does while the model loads). Exits 1 if the model runner fails for good (a device\n"
+    "error), having failed each request in flight with a 503.";
 
 // The address a client reaches: an IPv6 address goes in brackets (http://[::1]:2000), as a
 // URL's port would otherwise be read as part of it.
@@ -67,20 +71,33 @@ std::vector<std::string> overrides_from(Options& options) {
 }  // namespace
 
 int run_command(int argc, char** argv) {
+  // First, before any thread starts, so all of them inherit it: SIGINT and SIGTERM go to the one
+  // thread that waits for them. A client that hangs up must not kill the server with SIGPIPE.
+  block_stop_signals();
+  signal(SIGPIPE, SIG_IGN);
+  // Until the server listens nothing was accepted, so a stop signal ends the process at once:
+  // loading a large model takes tens of seconds that a stop should not wait out.
+  std::optional<StopSignalWatcher> while_loading(
+      std::in_place,
+      [](int signal_number) {
+        std::fprintf(stderr, "pipeline run: %s received before serving; stopped\n",
+                     stop_signal_name(signal_number));
+        std::fflush(stderr);
+        std::_Exit(0);
+      },
+      [](int) {});
   Options options(argc, argv, kUsage);
   if (options.help()) return 0;
   const std::vector<std::string> overrides = overrides_from(options);
   const std::string config_file = options.finish(1, 1)[0];
   const ServeConfig config = load_serve_config(config_file, overrides);
 
-  // Before any thread starts, so all of them inherit it: SIGINT and SIGTERM go to the one
-  // thread that waits for them. A client that hangs up must not kill the server with SIGPIPE.
-  block_stop_signals();
-  signal(SIGPIPE, SIG_IGN);
-
+  PortClaim claim(config.server.host, config.server.port);  // a port in use fails before the load
   Engine engine(config);
   HttpServer server(engine);
+  claim.release();
   const int port = server.bind(config.server.host, config.server.port);
+  while_loading.reset();  // a signal from here on waits for the watcher below
   std::fprintf(stderr, "pipeline run: serving model '%s'; listening on %s\n",
                engine.model_name().c_str(), listening_url(config.server.host, port).c_str());
 

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <utility>
 
@@ -45,7 +47,14 @@ StopSignalWatcher::StopSignalWatcher(std::function<void(int)> on_first,
     : thread_([this, on_first = std::move(on_first), on_second = std::move(on_second)] {
         if (const int first = wait_for_stop_signal(done_); first != 0) {
           on_first(first);
-          if (const int second = wait_for_stop_signal(done_); second != 0) on_second(second);
+          if (const int second = wait_for_stop_signal(done_); second != 0) {
+            on_second(second);
+            if (const int third = wait_for_stop_signal(done_); third != 0) {
+              std::fprintf(stderr, "pipeline: third %s: exiting now\n", stop_signal_name(third));
+              std::fflush(stderr);
+              std::_Exit(128 + third);
+            }
+          }
         }
       }) {}
 

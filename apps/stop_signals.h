@@ -18,7 +18,8 @@ void block_stop_signals();
 const char* stop_signal_name(int signal_number);
 
 // Waits for stop signals on a thread of its own while it lives (it checks five times a second
-// whether it should stop): on_first runs at the first, with its number, on_second at a second. The
+// whether it should stop): on_first runs at the first, with its number, on_second at a second,
+// and a third ends the process at once (status 128 + its number), for whatever still holds it. The
 // thread starts with the watcher, not at the signal: by then a loaded server may have no thread
 // left to start. block_stop_signals() must have run.
 class StopSignalWatcher {

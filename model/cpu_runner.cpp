@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <initializer_list>
@@ -175,6 +176,7 @@ class CpuRunner final : public ModelRunner {
   std::string device_name() const override { return "cpu"; }
   std::vector<std::string> setup_report() const override;
   void forward(const Batch& batch, Logits& logits) override;
+  void abandon_passes() override { abandoned_.store(true); }
 
  private:
   struct Layer {
@@ -219,6 +221,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<cpu::AttentionSequence> seqs_;
   std::vector<int> logit_rows_;  // which packed rows produce logits
   cpu::ScratchArray<float> x_, xn_, qkv_, att_, gate_up_, mlp_, final_;
+  std::atomic<bool> abandoned_{false};  // checked before each layer
 };
 
 CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
@@ -414,7 +417,11 @@ void CpuRunner::forward(const Batch& batch, Logits& logits) {
     } else {
       cpu::embedding_lookup(embed_, tokens_, x_.data());
     }
-    for (int layer = 0; layer < config_.num_layers; ++layer) run_layer(layer);
+    for (int layer = 0; layer < config_.num_layers; ++layer) {
+      if (abandoned_.load(std::memory_order_relaxed))
+        throw std::runtime_error("forward pass abandoned: the engine is shutting down");
+      run_layer(layer);
+    }
     compute_logits(logits);
   };
   if (arena_) {

@@ -62,6 +62,12 @@ class ModelRunner {
   // fills `logits` (resized here) with Batch::logit_rows() rows. Decode batches (one token
   // per sequence) are the hot path. Throws RunnerFailure when the runner is no longer usable.
   virtual void forward(const Batch& batch, Logits& logits) = 0;
+
+  // Asks the forward pass in progress, and every later one, to stop early and throw. The engine
+  // calls it at shutdown once every request has ended, so that a long pass (on a CPU a minute
+  // for a 7B model's 2048-token prefill) does not hold the exit past the grace. Callable from
+  // any thread; a runner whose passes are short may ignore it.
+  virtual void abandon_passes() {}
 };
 
 }  // namespace pipeline

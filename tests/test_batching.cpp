@@ -13,6 +13,7 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "model/batch.h"
@@ -209,6 +210,20 @@ TEST(Batching, AllLogitsRowsComeInBatchOrder) {
         << "row " << r;
   }
   EXPECT_TRUE(std::equal(both.row(4).begin(), both.row(4).end(), lb.row(0).begin()));
+}
+
+// At shutdown the engine abandons the runner's passes: the one in progress stops before its
+// next layer, and every later one at once, with an error.
+TEST(Batching, AnAbandonedRunnerRunsNoMorePasses) {
+  const auto runner = make_cpu_runner(stories260k(), RunnerOptions{});
+  BlockManager blocks(runner->kv_shape().num_blocks);
+  Batch batch;
+  batch.seqs.push_back({{1, 403, 407, 261}, 0, {}, false});
+  ASSERT_TRUE(blocks.ensure_capacity(batch.seqs[0].block_table, 4, runner->kv_shape().block_size));
+  Logits logits;
+  runner->forward(batch, logits);
+  runner->abandon_passes();
+  EXPECT_THROW(runner->forward(batch, logits), std::runtime_error);
 }
 
 TEST(Batching, DecodeStepsDoNotAllocateOnceWarm) {

@@ -461,7 +461,12 @@ class PassRecordingRunner final : public ModelRunner {
     most_logit_rows_ = std::max(most_logit_rows_.load(), batch.logit_rows());
     runner_->forward(batch, logits);
   }
+  void abandon_passes() override {
+    abandoned_ = true;
+    runner_->abandon_passes();
+  }
   const RunnerOptions& options() const { return options_; }
+  bool abandoned() const { return abandoned_; }
   int most_tokens() const { return most_tokens_; }
   int most_logit_rows() const { return most_logit_rows_; }
 
@@ -469,6 +474,7 @@ class PassRecordingRunner final : public ModelRunner {
   std::unique_ptr<ModelRunner> runner_;
   RunnerOptions options_;
   std::atomic<int> most_tokens_{0}, most_logit_rows_{0};  // passes are serial; read by the test
+  std::atomic<bool> abandoned_{false};
 };
 
 // An engine whose runner is a PassRecordingRunner, reachable through recorder().
@@ -653,6 +659,19 @@ TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
   engine.shutdown(10s);
   expect_finished_with(a, solo().text(kPrompts[5], 32));
   expect_finished_with(b, solo().text(kPrompts[6], 32));
+}
+
+// A shutdown whose grace ends with a request in flight fails it and abandons the runner's
+// passes, so that a long one (a CPU's prefill of a large model) does not hold the exit.
+TEST(Engine, ShutdownAbandonsTheRunnersPassesOnceEveryRequestHasEnded) {
+  RecordedEngine recorded("{window_ms: 0}");
+  auto request = make_request(kPrompts[5], 400, /*ignore_eos=*/true);
+  ASSERT_EQ(recorded.engine().submit(request), SubmitStatus::Accepted);
+  recorded.engine().shutdown(0s);
+  ASSERT_TRUE(sink_of(request).wait());
+  ASSERT_TRUE(sink_of(request).error().has_value());
+  EXPECT_EQ(sink_of(request).error()->http_status, 503);
+  EXPECT_TRUE(recorded.recorder().abandoned());
 }
 
 TEST(Engine, RefusesAPromptLongerThanTheContext) {

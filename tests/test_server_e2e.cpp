@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <future>
 #include <map>
 #include <regex>
@@ -1898,6 +1899,27 @@ Stream stream_through_sigterm(ServerProcess& server, const std::string& metric_n
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(server.terminate(std::chrono::seconds(30)), 0) << server.stderr_text();
   return in_flight.get();
+}
+
+// A second server on a port already served fails at once, before it loads the model: loading
+// first, a large model's second copy could take the memory the running server needs.
+TEST(ServerE2EStartup, ASecondServerOnAPortInUseStopsBeforeLoadingTheModel) {
+  ServerProcess first(stories_config());
+  const auto dir = testing::make_temp_dir("second-server");
+  std::ofstream(dir / "serve.yaml") << stories_config();
+  const testing::CommandResult second =
+      testing::run_pipeline({"run", (dir / "serve.yaml").string(), "--port",
+                             std::to_string(first.port()), "--device", "cpu"});
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:" + std::to_string(first.port())),
+            std::string::npos)
+      << second.err;
+  EXPECT_EQ(second.err.find("engine: model"), std::string::npos) << "it loaded the model first";
+  httplib::Client client("127.0.0.1", first.port());
+  const auto health = client.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
 }
 
 TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
