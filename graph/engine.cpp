@@ -107,10 +107,23 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
   graph = std::make_unique<FlowGraph>(plan, *context, metrics);
   for (const auto& line : runner->setup_report())
     log_line("engine: %s: %s", runner->device_name().c_str(), line.c_str());
-  log_line("engine: model %s on %s, KV cache %d blocks of %d tokens in %s, %zu graph nodes",
-           model_name.c_str(), runner->device_name().c_str(), kv.num_blocks, kv.block_size,
-           dtype_name(kv.dtype), plan.nodes.size());
   const int64_t kv_tokens = int64_t(kv.num_blocks) * kv.block_size;
+  const double kv_mib = 2.0 * kv.num_layers * double(kv.block_elems()) * dtype_size(kv.dtype) *
+                        kv.num_blocks / double(1 << 20);
+  log_line(
+      "engine: model %s on %s, KV cache %d blocks of %d tokens in %s (%.*f %s, %lld tokens), "
+      "%zu graph nodes",
+      model_name.c_str(), runner->device_name().c_str(), kv.num_blocks, kv.block_size,
+      dtype_name(kv.dtype), kv_mib < 1024 ? 0 : 1, kv_mib < 1024 ? kv_mib : kv_mib / 1024,
+      kv_mib < 1024 ? "MiB" : "GiB", (long long)kv_tokens, plan.nodes.size());
+  const int64_t contexts = kv_tokens / runner->config().max_position_embeddings;
+  if (contexts >= 1 && contexts < config.scheduler.max_num_seqs)
+    log_line(
+        "engine: the KV cache holds %lld full contexts of %d tokens for max_num_seqs %d: long "
+        "requests beyond that wait or preempt one another (scheduler.kv_cache_blocks sets the "
+        "pool)",
+        (long long)contexts, runner->config().max_position_embeddings,
+        config.scheduler.max_num_seqs);
   if (kv_tokens < runner->config().max_position_embeddings)
     log_line(
         "engine: warning: the KV cache holds %lld tokens, fewer than the model's context "

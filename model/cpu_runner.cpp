@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
@@ -88,21 +89,38 @@ std::string gib_text(double bytes) {
   return text;
 }
 
-// A pool the host could never hold fails here, naming the settings, rather than as a bad_alloc
-// or an out-of-memory kill while it is made resident.
+// The memory this process may use: the machine's, or its cgroup's limit (a container's) when
+// that is less.
 double memory_bytes() {
-  return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when there is none
+  double cgroup = 0;
+  if (limit >> cgroup && cgroup > 0) memory = std::min(memory, cgroup);
+  return memory;
 }
 
-void check_pool_fits_memory(const KvCacheShape& shape, double block_bytes) {
+// What the packed weights keep resident: every matrix and norm the runner copies out of the
+// checkpoint (the embedding, when not tied to lm_head, is read in place from the file).
+double resident_weight_bytes(const LlamaWeights& weights) {
+  double bytes = double(weights.lm_head.nbytes() + weights.final_norm.nbytes());
+  for (const LayerWeights& l : weights.layers)
+    for (const TensorView* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down})
+      bytes += double(t->nbytes());
+  return bytes;
+}
+
+// A pool the host could never hold beside the weights fails here, naming the settings, rather
+// than as a bad_alloc or an out-of-memory kill while it is made resident.
+void check_pool_fits_memory(const KvCacheShape& shape, double block_bytes, double weight_bytes) {
   const double memory = memory_bytes();
   const double pool = block_bytes * double(shape.num_blocks);
-  if (pool > memory)
+  if (weight_bytes + pool > memory)
     throw std::runtime_error(
         "the KV cache of " + std::to_string(shape.num_blocks) + " blocks of " +
-        std::to_string(shape.block_size) + " tokens needs " + gib_text(pool) +
-        ", more than this machine's " + gib_text(memory) +
-        " of memory: lower scheduler.kv_cache_blocks or scheduler.kv_block_size");
+        std::to_string(shape.block_size) + " tokens needs " + gib_text(pool) + ", which with " +
+        gib_text(weight_bytes) + " of weights is more than the " + gib_text(memory) +
+        " of memory this process has: lower scheduler.kv_cache_blocks or scheduler.kv_block_size");
 }
 
 // The KV cache's element type: the one asked for, else float32 for float32 weights and bf16 for
@@ -146,6 +164,7 @@ KvCacheShape derive_kv_shape(const LlamaWeights& weights, const RunnerOptions& o
   shape.head_dim = c.head_dim;
   shape.block_size = options.kv_block_size;
   shape.dtype = kv_dtype(weights, options);
+  const double weight_bytes = resident_weight_bytes(weights);
   // In floating point: a block size from the config times the head layout can pass 2^63.
   const double block_bytes = 2.0 * c.num_layers * double(shape.block_size) * c.num_kv_heads *
                              c.head_dim * double(dtype_size(shape.dtype));
@@ -158,12 +177,13 @@ KvCacheShape derive_kv_shape(const LlamaWeights& weights, const RunnerOptions& o
     }
     const int64_t wanted =
         int64_t(options.max_num_seqs) * shape.blocks_for(c.max_position_embeddings);
-    // Half the machine at most, so a small one still runs the model on a smaller pool.
-    const double cap =
-        std::floor(std::min(double(kCpuKvPoolMaxBytes), memory_bytes() / 2) / block_bytes);
+    // Half the memory the weights leave at most, so a small machine still runs the model on a
+    // smaller pool, with room for the rest of the process.
+    const double room = std::max(0.0, memory_bytes() - weight_bytes);
+    const double cap = std::floor(std::min(double(kCpuKvPoolMaxBytes), room / 2) / block_bytes);
     shape.num_blocks = int(std::max(1.0, std::min(double(wanted), cap)));
   }
-  check_pool_fits_memory(shape, block_bytes);
+  check_pool_fits_memory(shape, block_bytes, weight_bytes);
   return shape;
 }
 

@@ -14,7 +14,8 @@
 // for float32 weights, else bf16), laid out as kernels/cpu/paged_kv.h says. With
 // RunnerOptions::kv_cache_blocks = 0 the runner sizes it for max_num_seqs full contexts
 // (max_position_embeddings tokens each) but never above 4 GiB (K and V of all layers together)
-// nor half the machine's memory, and at least one block. The whole pool is made resident at
+// nor half the memory the weights leave (the machine's, or its cgroup's limit), and at least
+// one block; a pool given that does not fit beside the weights is refused. The whole pool is made resident at
 // construction (cpu::make_resident), so no decode step stops on page faults as its sequences
 // take new blocks, and a pool the machine cannot hold fails at start rather than under load.
 //
@@ -35,7 +36,7 @@
 
 namespace pipeline {
 
-// The most host memory a derived CPU KV pool may take (and at most half the machine's).
+// The most host memory a derived CPU KV pool may take (and at most half what the weights leave).
 inline constexpr int64_t kCpuKvPoolMaxBytes = int64_t(4) << 30;
 
 // Throws std::invalid_argument on options or weights the runner cannot use (block size, thread
