@@ -28,7 +28,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: pipeline batch CONFIG --input FILE --output FILE [--model DIR]\n"
-    "                      [--device cpu|cuda|auto] [--set section.key=value ...]\n"
+    "                      [--device cpu|cuda|auto] [--threads N] [--set section.key=value ...]\n"
     "Runs every request of an OpenAI batch input file through the model CONFIG describes and\n"
     "appends one result line per request to the output, as each finishes.\n"
     "  --input FILE    JSONL, one request a line: {\"custom_id\": ..., \"method\": \"POST\",\n"
@@ -38,6 +38,7 @@ constexpr const char* kUsage =
     "                  are skipped, so the same command resumes an interrupted batch.\n"
     "  --model DIR     model.path: a Hugging Face model folder\n"
     "  --device D      device: cpu, cuda or auto\n"
+    "  --threads N     threads: CPU kernel threads (0, the default: all cores; at most 1024)\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_num_seqs=32 (repeatable)\n"
     "SIGINT or SIGTERM: submit nothing more, finish the requests in flight\n"
     "(server.shutdown_grace_s), write their lines and exit 130 (saying whether any request\n"

@@ -38,6 +38,9 @@ std::vector<std::string> config_overrides(Options& options) {
     overrides.push_back("model.path=" + yaml_string(*model));
   if (auto device = options.one_of("--device", kDeviceNames))
     overrides.push_back("device=" + *device);
+  if (options.find("--threads"))
+    overrides.push_back("threads=" +
+                        std::to_string(options.int_value("--threads", 0, 0, kMaxThreads)));
   for (const auto& assignment : options.all("--set")) {
     if (assignment.find('=') == std::string::npos)
       throw UsageError("--set: expected section.key=value, got '" + assignment + "'");

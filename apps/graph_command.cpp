@@ -15,8 +15,8 @@ namespace pipeline {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: pipeline graph CONFIG [--dot] [--model DIR] [--device D] [--set section.key=value "
-    "...]\n"
+    "usage: pipeline graph CONFIG [--dot] [--model DIR] [--device D] [--threads N]\n"
+    "                      [--set section.key=value ...]\n"
     "Checks CONFIG's flow graph and prints its nodes and edges.\n"
     "  --dot           Graphviz DOT instead of text (| dot -Tsvg > graph.svg)\n"
     "  --set K=V       any config field, as for `pipeline run` (repeatable)";

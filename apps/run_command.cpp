@@ -30,12 +30,13 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: pipeline run CONFIG [--model DIR] [--port N] [--host H] [--device cpu|cuda|auto]\n"
-    "                    [--set section.key=value ...]\n"
+    "                    [--threads N] [--set section.key=value ...]\n"
     "Serves the model CONFIG describes over an OpenAI-compatible HTTP API.\n"
     "  --model DIR     model.path: a Hugging Face model folder\n"
     "  --port N        server.port; 0 picks a free port (the address is printed when ready)\n"
     "  --host H        server.host, e.g. 0.0.0.0 to listen on every interface\n"
     "  --device D      device: cpu, cuda or auto\n"
+    "  --threads N     threads: CPU kernel threads (0, the default: all cores; at most 1024)\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_batch=8 (repeatable)\n"
     "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
     "and exit 0; a second one fails those still in flight at once, a third exits at once (as\n"

@@ -32,11 +32,12 @@ LlamaWeights load_weights(const ModelSection& model) {
 }
 
 // The most tokens the scheduler puts in one forward pass: its prefill budget (no more prompt
-// tokens than max_num_seqs whole contexts can hold, however large the budget) and a token for
-// each sequence decoding beside them.
+// tokens than max_num_seqs whole contexts can hold, however large the budget; a GPU's default
+// when the config leaves it, as only the CUDA runner reads this) and a token for each sequence
+// decoding beside them.
 int max_pass_tokens(const SchedulerSection& scheduler, const LlamaConfig& model) {
   const int64_t prompts =
-      std::min<int64_t>(scheduler.max_prefill_tokens,
+      std::min<int64_t>(scheduler.max_prefill_tokens.value_or(kGpuPrefillTokens),
                         int64_t(scheduler.max_num_seqs) * model.max_position_embeddings);
   return int(std::min<int64_t>(prompts + scheduler.max_num_seqs, std::numeric_limits<int>::max()));
 }
@@ -96,6 +97,8 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
   options.max_pass_logit_rows = config.scheduler.max_num_seqs + Scheduler::kMaxScoredRows;
   options.threads = config.threads;
   runner = make ? make(weights, options) : make_runner(config.device, weights, options);
+  if (!config.scheduler.max_prefill_tokens)
+    config.scheduler.max_prefill_tokens = prefill_tokens_for(runner->device_name());
   const auto& kv = runner->kv_shape();
   scheduler = std::make_unique<Scheduler>(config.scheduler, kv.num_blocks, kv.block_size, metrics,
                                           [this](const std::string& why) { fail_for_good(why); });

@@ -18,7 +18,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_size,
                      Metrics& metrics, FailureListener on_failure)
     : limits_{std::chrono::milliseconds(config.window_ms), config.max_batch, config.max_num_seqs,
-              block_size, config.max_prefill_tokens},
+              block_size, config.max_prefill_tokens.value_or(kGpuPrefillTokens)},
       prefix_caching_(config.enable_prefix_caching),
       log_passes_(config.logs_passes()),
       num_blocks_(num_blocks),

@@ -44,11 +44,21 @@ struct ServerSection {
   std::vector<std::string> allowed_origins{"*"};
 };
 
+// scheduler.max_prefill_tokens when the config leaves it out: vLLM's 2048 on a GPU, and 512 on a
+// CPU, where a pass of 2048 prompt tokens of a 7B model takes about a minute that every running
+// stream would wait for its next token.
+inline constexpr int kGpuPrefillTokens = 2048, kCpuPrefillTokens = 512;
+inline int prefill_tokens_for(const std::string& device_name) {
+  return device_name == "cpu" ? kCpuPrefillTokens : kGpuPrefillTokens;
+}
+
 struct SchedulerSection {
   int window_ms = 200;  // batch window for new requests; 0 = no wait
   int max_batch = 16;   // most prompts prefilled together
   int max_num_seqs = 64;
-  int max_prefill_tokens = 2048;  // prompt tokens per forward pass; longer prompts go in chunks
+  // Prompt tokens per forward pass; longer prompts go in chunks. Unset: the device's default
+  // (prefill_tokens_for), which the engine sets once its runner is made.
+  std::optional<int> max_prefill_tokens;
   // vLLM's scheduling policy. fcfs: arrival order, and a request's priority must be 0. priority:
   // a request's priority (lower first), then arrival, orders admission and preemption.
   bool priority_policy = false;

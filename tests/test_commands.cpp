@@ -197,6 +197,11 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       // A thread count no machine has only exhausts memory (1073741824 crashed).
       {{"generate", "--model", "m", "--prompt", "x", "--threads", "1073741824"},
        "--threads: expected an integer of at most 1024, got 1073741824"},
+      // run and batch take --threads too, as a shorthand for --set threads=N.
+      {{"run", "c.yaml", "--threads", "2000"},
+       "--threads: expected an integer of at most 1024, got 2000"},
+      {{"batch", "c.yaml", "--input", "i", "--output", "o", "--threads", "-2"},
+       "--threads: expected an integer of at least 0, got -2"},
       // An int option past 32 bits is refused, not cut to its low bits (4294967297 was 1).
       {{"generate", "--model", "m", "--prompt", "x", "--max-tokens", "4294967297"},
        "--max-tokens: expected an integer of at most 2147483647, got 4294967297"},

@@ -513,6 +513,26 @@ TEST(Engine, NoPassHoldsMoreTokensThanTheRunnerWasToldToExpect) {
                                                       "full chunk: the test shows nothing";
 }
 
+// Left out of the config, the prefill budget is the CPU's 512 tokens a pass (a GPU's is 2048):
+// two prompts of 400 tokens admitted together take two passes.
+TEST(Engine, OnTheCpuAPassPrefillsAt512PromptTokensByDefault) {
+  RecordedEngine recorded("{window_ms: 100}");
+  EXPECT_EQ(recorded.engine().config().scheduler.max_prefill_tokens, 512);
+  const Tokenizer tokenizer(model_dir() / "tokenizer.model");
+  std::vector<int32_t> ids = tokenizer.encode(long_prompt() + long_prompt(), true);
+  ASSERT_GE(ids.size(), 400u);
+  ids.resize(400);
+  std::vector<std::shared_ptr<Request>> requests;
+  for (int i = 0; i < 2; ++i) {
+    requests.push_back(make_request("", 1));
+    requests.back()->prompt_ids = ids;
+    ASSERT_EQ(recorded.engine().submit(requests.back()), SubmitStatus::Accepted);
+    std::reverse(ids.begin() + 1, ids.end());  // no prefix shared: both are computed whole
+  }
+  for (const auto& request : requests) ASSERT_TRUE(sink_of(request).wait());
+  EXPECT_EQ(recorded.recorder().most_tokens(), 512);
+}
+
 TEST(Engine, NoPassHoldsMoreLogitsRowsThanTheRunnerWasToldToExpect) {
   RecordedEngine recorded("{window_ms: 100, max_num_seqs: 4, max_prefill_tokens: 2048}");
   const RunnerOptions& options = recorded.recorder().options();

@@ -50,7 +50,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
   EXPECT_EQ(config.scheduler.window_ms, 200);
   EXPECT_EQ(config.scheduler.max_batch, 16);
   EXPECT_EQ(config.scheduler.max_num_seqs, 64);
-  EXPECT_EQ(config.scheduler.max_prefill_tokens, 2048);
+  EXPECT_FALSE(config.scheduler.max_prefill_tokens.has_value());  // the device's default
   EXPECT_TRUE(config.scheduler.enable_prefix_caching);
   EXPECT_EQ(config.scheduler.kv_block_size, 16);
   EXPECT_DOUBLE_EQ(config.scheduler.kv_cache_fraction, 0.9);
