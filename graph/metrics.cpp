@@ -22,10 +22,11 @@ void write_value(std::string& out, const char* name, const char* type, const cha
   out += std::string(name) + " " + prometheus_number(value) + "\n";
 }
 
-// From 100 µs (a tiny model's decode step on a CPU) to 30 s (a long prompt queued behind others).
-const std::vector<double> kLatencyBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                            0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                            1.0,    2.5,     5.0,    10.0,  30.0};
+// From 100 µs (a tiny model's decode step on a CPU) to 10 minutes (a long prompt queued behind
+// others, or a 7B model's 2048-token prefill pass on a CPU, which takes about a minute).
+const std::vector<double> kLatencyBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                            0.025,  0.05,    0.1,    0.25,  0.5,    1.0,   2.5,
+                                            5.0,    10.0,    30.0,   60.0,  120.0,  300.0, 600.0};
 
 // A request's whole time, from a fraction of a second to two hours (a long answer on a CPU).
 const std::vector<double> kRequestBounds = {0.1,  0.25, 0.5,  1.0,   2.5,   5.0,    10.0,
