@@ -60,6 +60,7 @@ struct StepResult {
   std::vector<SequencePtr> retry;
   int batch_tokens = 0;  // tokens the forward pass ran
   double seconds = 0.0;
+  bool pass_failed = false;  // the forward pass itself threw (logged where it did)
 };
 
 // Results on their way to sinks, numbered per sequence so that emit delivers them in order.

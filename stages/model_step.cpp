@@ -132,6 +132,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     const std::string why = std::string("the model runner failed: ") + e.what();
     for (const SequencePtr& seq : seqs) seq->stream.fail(engine_failed_error(why));
     result.failed = seqs;
+    result.pass_failed = true;
     ctx.engine_failed(why);
     return result;
   } catch (const std::exception& e) {
@@ -141,6 +142,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
       (*seq)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
     result.failed.assign(seqs.begin(), first_rider);
     result.retry.assign(first_rider, seqs.end());
+    result.pass_failed = true;
     return result;
   }
   const auto now = Clock::now();

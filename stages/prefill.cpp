@@ -29,7 +29,7 @@ void PrefillStage::operator()(Message message, const Emit& emit) {
   ctx_.metrics.prefill_batch_size.observe(double(prompts));
   // A failed pass hands its decoding sequences back untouched.
   ctx_.metrics.prefill_decode_tokens.add(uint64_t(work.decoding) - result.retry.size());
-  if (ctx_.config.scheduler.logs_passes())
+  if (ctx_.config.scheduler.logs_passes() && !result.pass_failed)
     log_line("prefilled %d tokens of %d prompt(s), %d sequence(s) decoding alongside, in %.3f s",
              result.batch_tokens - work.decoding, prompts, work.decoding, result.seconds);
   emit(std::move(result));

@@ -121,6 +121,7 @@ TEST(ModelStep, AFailedPrefillPassFailsItsPromptsAndHandsBackTheSequencesDecodin
   EXPECT_EQ(result.failed, (std::vector<SequencePtr>{prompt, chunk}));
   EXPECT_EQ(result.retry, (std::vector<SequencePtr>{decoding}));
   EXPECT_TRUE(result.outputs.empty());
+  EXPECT_TRUE(result.pass_failed);  // the prefill stage logs no "prefilled" line for it
   for (const auto& seq : {prompt, chunk}) {
     ASSERT_TRUE(sink_of(seq).error().has_value()) << seq->request->id;
     EXPECT_EQ(sink_of(seq).error()->http_status, 500);
@@ -181,6 +182,7 @@ TEST(ModelStep, AScoredPromptScoresEachTokenOnceFromTheRowBeforeIt) {
   seq->prompt_scores = {SampledToken{1, -42.0f, {}}, SampledToken{2, -42.0f, {}}};
   Logits logits;
   const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/true, logits);
+  EXPECT_FALSE(result.pass_failed);
   ASSERT_EQ(result.outputs.size(), 1u);
   const SampledOutput& out = result.outputs[0];
   EXPECT_EQ(out.sampled.token, 6);  // the last row's
