@@ -609,10 +609,13 @@ TEST_F(BatchCommandTest, AStopWhileTheFilesAreReadEndsTheRunWithAMessage) {
   const auto fifo = dir_ / "fifo", out = dir_ / "out.jsonl";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   // The pipe opened read-write never blocks the writer, whether the batch reads it or is gone.
+  // The signal goes once the batch blocks SIGINT (its first step; /proc shows the main thread's
+  // mask): a background job of a shell ignores SIGINT, so one sent sooner is lost.
   const auto result = run_shell(
-      shell_command(fifo, out) + " 2>&1 & pid=$!; sleep 0.5; kill -INT $pid; sleep 0.3; " +
-      "exec 3<>" + shell_quoted(fifo.string()) + "; cat " + shell_quoted(in.string()) +
-      " >&3; exec 3>&-; wait $pid; echo \"exit $?\"");
+      shell_command(fifo, out) + " 2>&1 & pid=$!; for i in $(seq 400); do grep -q " +
+      "'^SigBlk:.*[2367abef]$' /proc/$pid/status && break; sleep 0.025; done; kill -INT $pid; " +
+      "sleep 0.3; " + "exec 3<>" + shell_quoted(fifo.string()) + "; cat " +
+      shell_quoted(in.string()) + " >&3; exec 3>&-; wait $pid; echo \"exit $?\"");
   EXPECT_NE(result.out.find("SIGINT received, stopping once the files are read"), std::string::npos)
       << result.out;
   EXPECT_NE(result.out.find("interrupted before any request ran: 0 of 3 requests have results"),
