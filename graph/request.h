@@ -101,6 +101,9 @@ struct Request {
   PromptEnd prompt_end = PromptEnd::NewAnswer;  // chat requests: vLLM's continue_final_message
   std::string prompt;                           // text completions
   std::vector<int32_t> prompt_ids;  // a completions prompt given as token ids: used as they are
+  // A choice of a list of prompts: its prompt's index in the list, which its refusals name
+  // ("prompt[2]: ..."), since the call's one error must say which prompt failed; -1: no list.
+  int prompt_index = -1;
   // vLLM's truncate_prompt_tokens: only the prompt's last k tokens (after the chat template or
   // BOS, which may be cut) reach the model; 0: the whole prompt.
   int truncate_prompt_tokens = 0;

@@ -854,8 +854,10 @@ std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parse
     auto choice = std::make_shared<Request>(*parsed.request);
     choice->id.append("-").append(std::to_string(i));
     if (!parsed.prompts.empty()) {
-      choice->prompt = parsed.prompts[size_t(i / parsed.per_prompt)];
-      choice->prompt_ids = parsed.prompt_ids[size_t(i / parsed.per_prompt)];
+      const int prompt = i / parsed.per_prompt;
+      choice->prompt = parsed.prompts[size_t(prompt)];
+      choice->prompt_ids = parsed.prompt_ids[size_t(prompt)];
+      if (parsed.prompts.size() > 1) choice->prompt_index = prompt;
     }
     if (choice->sampling.seed) *choice->sampling.seed += uint64_t(i % parsed.per_prompt);
     requests.push_back(std::move(choice));

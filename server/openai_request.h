@@ -92,8 +92,8 @@ struct ParsedRequest {
 };
 
 // The engine requests of a parsed call, one per choice (no sinks yet): the request itself for a
-// single choice; else copies named <id>-<i> in the logs, choice i with its prompt and, if the
-// request is seeded, its prompt's choice j with seed + j.
+// single choice; else copies named <id>-<i> in the logs, choice i with its prompt (and its index
+// in a list of several) and, if the request is seeded, its prompt's choice j with seed + j.
 std::vector<std::shared_ptr<Request>> choice_requests(const ParsedRequest& parsed);
 
 // The largest request body the server reads. A call's n choices together hold at most this much

@@ -210,8 +210,11 @@ void TokenizeStage::operator()(Message message, const Emit& emit) {
   try {
     prepare(*seq);
   } catch (const Refusal& refusal) {
+    const int index = seq->request->prompt_index;
+    const std::string message =
+        (index >= 0 ? "prompt[" + std::to_string(index) + "]: " : "") + refusal.message;
     emit(StreamEvents{{StreamEvent{
-        seq, 0, RequestError{400, refusal.message, "invalid_request_error", refusal.param, ""}}}});
+        seq, 0, RequestError{400, message, "invalid_request_error", refusal.param, ""}}}});
     return;
   }
   ctx_.metrics.prompt_tokens.add(uint64_t(seq->prompt_len));

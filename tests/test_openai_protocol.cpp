@@ -276,7 +276,10 @@ TEST(ParseRequest, NChoicesAreRequestsOfTheirOwnWithTheirOwnSeeds) {
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(four[i]->prompt, prompts[i]) << i;
     EXPECT_EQ(four[i]->sampling.seed, seeds[i]) << i;
+    EXPECT_EQ(four[i]->prompt_index, int(i / 2)) << i;  // so that a refusal names its prompt
   }
+  // One prompt, even with n choices, is not a list's prompt.
+  for (const auto& request : choice_requests(three)) EXPECT_EQ(request->prompt_index, -1);
 
   // Prompts of token ids, alone or in a list with text: used as they are, their text decoded.
   const std::vector<int32_t> ids = stories_tokenizer().encode("Once upon a time", true);

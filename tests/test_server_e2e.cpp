@@ -422,6 +422,17 @@ TEST_F(ServerE2E, AListOfPromptsIsAnsweredPromptByPrompt) {
   ASSERT_EQ(stream.status, 200) << stream.raw;
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(stream.choice_texts.at(i), all.body["choices"][i]["text"]) << "choice " << i;
+
+  // One prompt of the list too long for the context: the call's error names which.
+  std::string too_long;
+  for (int i = 0; i < 300; ++i) too_long += "Once upon a time ";
+  body["prompt"] = {prompts[0], too_long};
+  const Reply refused = post(port(), "/v1/completions", body);
+  ASSERT_EQ(refused.status, 400) << refused.raw;
+  EXPECT_EQ(refused.body["error"]["param"], "prompt");
+  EXPECT_EQ(
+      refused.body["error"]["message"].get<std::string>().rfind("prompt[1]: the prompt is ", 0), 0u)
+      << refused.raw;
 }
 
 TEST_F(ServerE2E, APromptOfTokenIdsIsAnsweredAsItsText) {
