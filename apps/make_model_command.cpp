@@ -168,24 +168,47 @@ void write_readme(const std::filesystem::path& dir, const ModelShape& s, DType d
   write_text(dir / "README.md", out.str());
 }
 
+// Lies in the output folder while make-model writes it: a run killed part-way (Ctrl-C, the OOM
+// killer) leaves it behind, so the next run knows the files there are a broken checkpoint of its
+// own making, and writes over them instead of refusing the folder as not empty.
+constexpr const char* kIncompleteMarker = ".make-model-incomplete";
+
+// Every file a run writes, so that an interrupted run's are all that is cleared.
+constexpr const char* kWrittenFiles[] = {
+    "tokenizer.model",       "config.json", "generation_config.json",
+    "tokenizer_config.json", "README.md",   "model.safetensors"};
+
+// What an interrupted run left in `out`, removed, so that the folder is as that run found it.
+void clear_interrupted_run(const std::filesystem::path& out) {
+  if (!std::filesystem::exists(out / kIncompleteMarker)) return;
+  std::fprintf(stderr, "make-model: %s holds an interrupted run's files; writing over them\n",
+               out.c_str());
+  for (const char* name : kWrittenFiles) std::filesystem::remove(out / name);
+  std::filesystem::remove(out / kIncompleteMarker);
+}
+
 // A checkpoint written over another would mix with its files (its shards and their index stay)
-// into one that does not load, so make-model writes only into a new or an empty folder.
+// into one that does not load, so make-model writes only into a new or an empty folder (or over
+// the files an interrupted run of its own left there).
 void require_new_or_empty_folder(const std::filesystem::path& out) {
   if (!std::filesystem::exists(out)) return;
   if (!std::filesystem::is_directory(out))
     throw UsageError("--out " + out.string() + ": not a folder");
+  clear_interrupted_run(out);
   if (!std::filesystem::is_empty(out))
     throw UsageError("--out " + out.string() +
                      ": the folder is not empty; give a new or an empty one (a checkpoint written "
                      "among another's files would not load)");
 }
 
-// What make-model writes, removed again unless it is all written: the folder if it made it, else
-// everything in the (empty) folder it was given.
+// What make-model writes, removed again if it fails: the folder if it made it, else everything
+// in the (empty) folder it was given. A run killed before keep() leaves the marker.
 class OutputFolder {
  public:
   explicit OutputFolder(std::filesystem::path path)
-      : path_(std::move(path)), created_(std::filesystem::create_directories(path_)) {}
+      : path_(std::move(path)), created_(std::filesystem::create_directories(path_)) {
+    write_text(path_ / kIncompleteMarker, "make-model is writing this folder\n");
+  }
   ~OutputFolder() {
     if (complete_) return;
     std::error_code ignored;  // the command already fails with the error that matters
@@ -199,7 +222,11 @@ class OutputFolder {
   OutputFolder(const OutputFolder&) = delete;
   OutputFolder& operator=(const OutputFolder&) = delete;
 
-  void keep() { complete_ = true; }
+  // Everything is written: the marker goes, and the folder stays.
+  void keep() {
+    std::filesystem::remove(path_ / kIncompleteMarker);
+    complete_ = true;
+  }
 
  private:
   std::filesystem::path path_;
@@ -216,7 +243,7 @@ int make_model_command(int argc, char** argv) {
       "[--dtype bf16|f16|f32] [--corpus FILE]\n"
       "Writes a random-weight checkpoint of a real shape in Hugging Face layout.\n"
       "  --shape NAME    tiny (the demo model), llama2-110m, tinyllama-1.1b, llama2-7b\n"
-      "  --out DIR       a new or an empty folder\n"
+      "  --out DIR       a new or an empty folder, or one a killed run left\n"
       "  --seed S        the weights' seed (0); the same seed writes the same files\n"
       "  --dtype T       the weights' element type: bf16 (the default), f16 or f32\n"
       "  --corpus FILE   text the tokenizer is trained on (the project's\n"

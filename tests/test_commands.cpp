@@ -300,6 +300,37 @@ TEST_F(MakeModelTest, AFailedWriteLeavesNothingBehind) {
   EXPECT_TRUE(fs::is_empty(given));
 }
 
+// A run killed part-way (here by SIGXFSZ at the file-size limit, as Ctrl-C or the OOM killer
+// would) cannot clean up: it leaves a marker, and the next run writes over what it left rather
+// than refusing the folder as not empty. Files that are not make-model's still refuse it.
+TEST_F(MakeModelTest, ARunKilledPartWayIsWrittenOverByTheNext) {
+  const auto made = dir_ / "made", given = dir_ / "given";
+  fs::create_directories(given);
+  for (const auto& out : {made, given}) {
+    const std::string command = testing::shell_quoted(testing::pipeline_binary().string()) +
+                                " make-model --shape tiny --out " +
+                                testing::shell_quoted(out.string());
+    const auto killed = run_shell("ulimit -f 390; " + command + "; echo \"exit $?\"");
+    EXPECT_NE(killed.out.find("exit 153\n"), std::string::npos) << killed.out;  // 128 + SIGXFSZ
+    EXPECT_TRUE(fs::exists(out / ".make-model-incomplete"));
+    EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+
+    const auto rerun = run_pipeline({"make-model", "--shape", "tiny", "--out", out.string()});
+    ASSERT_EQ(rerun.exit_code, 0) << rerun.err;
+    EXPECT_NE(rerun.err.find(out.string() + " holds an interrupted run's files"), std::string::npos)
+        << rerun.err;
+    EXPECT_FALSE(fs::exists(out / ".make-model-incomplete"));
+    EXPECT_EQ(LlamaWeights::load(out).config.hidden_size, 128);
+  }
+
+  std::ofstream(given / ".make-model-incomplete") << "left by a killed run\n";
+  std::ofstream(given / "notes.txt") << "the user's own\n";
+  const auto refused = run_pipeline({"make-model", "--shape", "tiny", "--out", given.string()});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find("the folder is not empty"), std::string::npos) << refused.err;
+  EXPECT_TRUE(fs::exists(given / "notes.txt"));
+}
+
 TEST(GraphCommand, TakesTheSameOverridesAsRun) {
   const auto result = run_pipeline(
       {"graph", (testing::source_dir() / "configs/demo.yaml").string(), "--set", "graph.nodes=[]"});
