@@ -282,6 +282,21 @@ bool body_length_clear(const httplib::Request& req) {
   return true;
 }
 
+// A body that stopped arriving before its Content-Length's worth came (httplib gives up on it
+// after its 5 s read timeout): 408, as the client was too slow rather than wrong. Nullopt for a
+// body that came whole or has no length to fall short of (chunked).
+std::optional<RequestError> body_cut_short(const httplib::Request& req) {
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const uint64_t length = req.get_header_value<uint64_t>("Content-Length");
+  if (req.body.size() >= length) return std::nullopt;
+  return make_error(408,
+                    "The request body stopped arriving: " + std::to_string(req.body.size()) +
+                        " of its " + std::to_string(length) + " bytes came before the server's " +
+                        std::to_string(CPPHTTPLIB_READ_TIMEOUT_SECOND) +
+                        " s read timeout. Send the whole body without pausing.",
+                    "invalid_request_error", "request_timeout");
+}
+
 // A browser's CORS preflight: an OPTIONS without a body that names the page's origin and the
 // method it means to send.
 bool is_preflight(const httplib::Request& req) {
@@ -649,6 +664,11 @@ struct HttpServer::Impl {
             res, make_error(
                      405, req.method + " is not allowed on " + req.path + "; use " + allowed + ".",
                      "invalid_request_error", "method_not_allowed"));
+      }
+      if (auto cut = body_cut_short(req)) {
+        // The rest of the body may still come, and would be read as a next request.
+        pending(req).set_header(kEndConnection, "1");
+        return reply_error(res, *cut);
       }
       // A GET has no body to blame: its request line or headers were what httplib could not read.
       if (req.method == "GET")

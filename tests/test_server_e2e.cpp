@@ -1327,6 +1327,24 @@ TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
   }
 }
 
+// A body that stops arriving part-way is given up after httplib's 5 s read timeout with a 408
+// that says how much came (it was a generic 400), and its connection ends: the rest of the body,
+// sent late, is never read as a next request.
+TEST_F(ServerE2E, ABodyThatStopsArrivingIsA408AndItsConnectionEnds) {
+  const int fd = send_raw(port(),
+                          "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                          "{\"prompt\":");
+  const std::string answer = read_error_answer(fd);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 408")) << answer;
+  EXPECT_NE(answer.find("stopped arriving: 10 of its 100 bytes came before"), std::string::npos)
+      << answer;
+  const std::string late = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void)::send(fd, late.data(), late.size(), MSG_NOSIGNAL);
+  EXPECT_EQ(read_to_end(fd).find("\"status\""), std::string::npos) << "the late bytes were read";
+  close(fd);
+}
+
 // A request target in absolute form, as some proxies send it on, routes by its path.
 TEST_F(ServerE2E, ARequestTargetInAbsoluteFormIsServed) {
   const std::string body = completion_body("Hi", 2).dump();
