@@ -255,8 +255,8 @@ std::vector<std::string> read_origins(const FieldReader& r, const YAML::Node& no
 void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {
   r.require_map(node, "server");
   r.check_keys(node, "server",
-               {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "log_requests",
-                "allowed_origins"});
+               {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "sse_keepalive_s",
+                "log_requests", "allowed_origins"});
   if (node["host"]) server.host = r.string(node["host"], "server.host");
   // An empty host binds wherever cpp-httplib's lookup of "" lands (IPv6 loopback, here).
   if (server.host.empty())
@@ -270,6 +270,8 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
                                  "each waiting request holds a connection thread");
   if (node["shutdown_grace_s"])
     server.shutdown_grace_s = r.integer(node["shutdown_grace_s"], "server.shutdown_grace_s", 0);
+  if (node["sse_keepalive_s"])
+    server.sse_keepalive_s = r.integer(node["sse_keepalive_s"], "server.sse_keepalive_s", 0);
   if (node["log_requests"])
     server.log_requests = r.boolean(node["log_requests"], "server.log_requests");
   if (node["allowed_origins"]) server.allowed_origins = read_origins(r, node["allowed_origins"]);

@@ -35,6 +35,11 @@ struct ServerSection {
   std::string api_key;  // empty: no authentication
   int max_queue = 256;  // waiting requests (a call's n choices count n) beyond this get 503
   int shutdown_grace_s = 30;
+  // A stream with nothing to send for this long sends an SSE comment (": keep-alive"), so that
+  // proxies that end silent connections (nginx's proxy_read_timeout, 60 s) keep it; one still
+  // waiting for its first token (queued, or behind long CPU prefill passes) sends its 200 headers
+  // then. Until then a refusal still gets its own status. 0: never; headers wait for a token.
+  int sse_keepalive_s = 15;
   // A log line when each request is added, finishes or fails (vLLM's request log). Unset:
   // `pipeline run` writes them, `pipeline batch` does not (its progress line counts them).
   std::optional<bool> log_requests;

@@ -333,34 +333,41 @@ TokenCounts counts_of(const SinkEvent& event) {
 }
 
 // A streaming response: the connection thread pulls the call's events and writes each as a
-// server-sent event until every choice has ended, or until the client goes away.
+// server-sent event until every choice has ended, or until the client goes away. It may start
+// before the first event (`first` empty: the 200 went out while the request still waited), and
+// writes an SSE comment whenever it has been silent for `keepalive` (zero: never).
 class EventStream {
  public:
   EventStream(std::shared_ptr<CallChoices> choices, std::shared_ptr<ResponseQueue> queue,
-              ResponseBuilder builder, bool include_usage, ChoiceEvent first,
-              std::unique_ptr<ActiveResponse> active)
+              ResponseBuilder builder, bool include_usage, std::optional<ChoiceEvent> first,
+              std::chrono::seconds keepalive, std::unique_ptr<ActiveResponse> active)
       : choices_(std::move(choices)),
         queue_(std::move(queue)),
         builder_(std::move(builder)),
         include_usage_(include_usage),
         pending_(std::move(first)),
+        keepalive_(keepalive),
         active_(std::move(active)) {}
 
   // httplib's chunked content provider: writes what is ready, false when the client is gone.
   bool write_next(httplib::DataSink& out) {
-    std::string text;
-    if (!opened_) {
-      opened_ = true;
-      text = opening();
-    }
     std::optional<ChoiceEvent> event = std::move(pending_);
     pending_.reset();
     if (!event) event = queue_->next(kEventPoll);
+    std::string text;
+    if (event && !opened_) {
+      opened_ = true;
+      text = opening(*event);
+    }
+    if (event) text += render(*event);
+    const auto now = std::chrono::steady_clock::now();
+    if (text.empty() && keepalive_.count() > 0 && now - last_write_ >= keepalive_)
+      text = kKeepAliveComment;
     // Nothing to send while the sequences wait (preempted, say): a write would not tell whether
     // the client is still there, so ask the socket.
-    if (!event && text.empty() && !out.is_writable()) return client_gone();
-    if (event) text += render(*event);
-    if (!text.empty() && !out.write(text.data(), text.size())) return client_gone();
+    if (text.empty()) return out.is_writable() || client_gone();
+    if (!out.write(text.data(), text.size())) return client_gone();
+    last_write_ = now;
     if (ended_) out.done();
     return true;
   }
@@ -371,11 +378,14 @@ class EventStream {
   }
 
  private:
+  // An SSE comment line, which clients skip: it only shows the connection is alive.
+  static constexpr const char* kKeepAliveComment = ": keep-alive\n\n";
+
   // A chat stream opens with every choice's role, before their tokens: with continuous usage,
-  // counting the prompt they share as the first event (pending_ still) found it.
-  std::string opening() {
+  // counting the prompt they share as the first event found it.
+  std::string opening(const ChoiceEvent& first) {
     if (!choices_->requests().front()->chat) return {};
-    builder_.count_prompt(counts_of(pending_->event), pending_->choice);
+    builder_.count_prompt(counts_of(first.event), first.choice);
     std::string text;
     for (int i = 0; i < int(choices_->requests().size()); ++i)
       text += sse_event(builder_.role_chunk(i));
@@ -413,6 +423,8 @@ class EventStream {
   ResponseBuilder builder_;
   bool include_usage_;
   std::optional<ChoiceEvent> pending_;
+  std::chrono::seconds keepalive_;
+  std::chrono::steady_clock::time_point last_write_ = std::chrono::steady_clock::now();
   std::unique_ptr<ActiveResponse> active_;
   bool opened_ = false;
   bool ended_ = false;
@@ -738,19 +750,25 @@ struct HttpServer::Impl {
     const PeerConnection peer(req.remote_addr, req.remote_port, port);
     ClientWatch client(peer);
     // Nothing is committed before the first event, so an error the pipeline raises before the
-    // first token (a prompt longer than the context, say) still gets its own status.
-    std::optional<ChoiceEvent> first = wait_event(*queue, client, *choices);
-    if (!first) return reply_error(res, client_gone_error());
-    if (auto* error = std::get_if<RequestError>(&first->event)) {
-      choices->cancel_all();
-      return reply_error(res, *error);
-    }
+    // first token (a prompt longer than the context, say) still gets its own status; but a
+    // stream that waits longer than its keep-alive interval starts without it.
+    const std::chrono::seconds keepalive(engine.config().server.sse_keepalive_s);
+    const bool stream_may_start = parsed.options.stream && keepalive.count() > 0;
+    Waited waited = wait_event(*queue, client, *choices,
+                               stream_may_start ? std::optional(keepalive) : std::nullopt);
+    if (waited.client_left) return reply_error(res, client_gone_error());
+    std::optional<ChoiceEvent>& first = waited.event;
+    if (first)
+      if (auto* error = std::get_if<RequestError>(&first->event)) {
+        choices->cancel_all();
+        return reply_error(res, *error);
+      }
     if (!parsed.options.stream)
       return reply_whole(res, *queue, client, *choices, builder, std::move(*first));
     // From here the stream's writes tell whether the client is still there.
-    auto stream = std::make_shared<EventStream>(std::move(choices), std::move(queue),
-                                                std::move(builder), parsed.options.include_usage,
-                                                std::move(*first), std::move(active_response));
+    auto stream = std::make_shared<EventStream>(
+        std::move(choices), std::move(queue), std::move(builder), parsed.options.include_usage,
+        std::move(first), keepalive, std::move(active_response));
     res.set_header("Cache-Control", "no-cache");
     auto next = [stream](size_t, httplib::DataSink& out) { return stream->write_next(out); };
     auto released = [stream](bool success) { stream->released(success); };
@@ -763,17 +781,23 @@ struct HttpServer::Impl {
       res.set_chunked_content_provider("text/event-stream", std::move(next), std::move(released));
   }
 
-  // The call's next event; nothing when its client left first, and then every choice is
-  // cancelled.
-  std::optional<ChoiceEvent> wait_event(ResponseQueue& queue, ClientWatch& client,
-                                        CallChoices& choices) {
+  // What waiting for a call's next event came to: the event, none within the limit, or the
+  // client gone (and then every choice is cancelled).
+  struct Waited {
+    std::optional<ChoiceEvent> event;
+    bool client_left = false;
+  };
+
+  Waited wait_event(ResponseQueue& queue, ClientWatch& client, CallChoices& choices,
+                    std::optional<std::chrono::seconds> limit = std::nullopt) {
+    const auto until = std::chrono::steady_clock::now() + limit.value_or(std::chrono::seconds(0));
     while (true) {
       std::optional<ChoiceEvent> event = queue.next(kEventPoll);
       if (client.left()) {
         choices.cancel_all();
-        return std::nullopt;
+        return {std::nullopt, true};
       }
-      if (event) return event;
+      if (event || (limit && std::chrono::steady_clock::now() >= until)) return {std::move(event)};
     }
   }
 
@@ -790,9 +814,9 @@ struct HttpServer::Impl {
         choices.cancel_all();
         return reply_error(res, std::get<RequestError>(event.event));
       }
-      std::optional<ChoiceEvent> next = wait_event(queue, client, choices);
-      if (!next) return reply_error(res, client_gone_error());
-      event = std::move(*next);
+      Waited next = wait_event(queue, client, choices);
+      if (next.client_left) return reply_error(res, client_gone_error());
+      event = std::move(*next.event);
     }
   }
 

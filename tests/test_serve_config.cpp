@@ -45,6 +45,7 @@ TEST_F(ServeConfigTest, EveryFieldDefaults) {
   EXPECT_EQ(config.server.api_key, "");
   EXPECT_EQ(config.server.max_queue, 256);
   EXPECT_EQ(config.server.shutdown_grace_s, 30);
+  EXPECT_EQ(config.server.sse_keepalive_s, 15);
   EXPECT_EQ(config.server.log_requests, std::nullopt);  // run: true, batch: false
   EXPECT_TRUE(config.server.logs_requests());
   EXPECT_EQ(config.scheduler.window_ms, 200);
@@ -73,7 +74,7 @@ TEST_F(ServeConfigTest, ReadsEverySection) {
 model: {path: /abs/model, chat_template: raw, name: tiny, matmul_activations: f32}
 device: cpu
 threads: 2
-server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1, log_requests: false}
+server: {host: 0.0.0.0, port: 8080, api_key: secret, max_queue: 4, shutdown_grace_s: 1, sse_keepalive_s: 0, log_requests: false}
 scheduler: {window_ms: 0, max_batch: 2, max_num_seqs: 3, max_prefill_tokens: 64, policy: priority, enable_prefix_caching: false, kv_block_size: 8, kv_cache_fraction: 0.5, kv_cache_blocks: 40, kv_cache_dtype: f32, log_passes: false}
 sampling: {temperature: 0.7, top_p: 0.9, top_k: 40, repeat_last_n: 64, repetition_penalty: 1.1, seed: 7, max_tokens: 99}
 graph:
@@ -90,6 +91,7 @@ graph:
   EXPECT_EQ(config.server.api_key, "secret");
   EXPECT_EQ(config.server.port, 8080);
   EXPECT_EQ(config.server.log_requests, false);
+  EXPECT_EQ(config.server.sse_keepalive_s, 0);
   EXPECT_EQ(config.scheduler.window_ms, 0);
   EXPECT_EQ(config.scheduler.max_prefill_tokens, 64);
   EXPECT_FALSE(config.scheduler.enable_prefix_caching);

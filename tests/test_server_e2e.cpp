@@ -118,6 +118,7 @@ void parse_events(Stream& stream, std::string& pending, Clock::time_point now) {
   for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
     const std::string event = pending.substr(0, end);
     pending.erase(0, end + 2);
+    if (event == ": keep-alive") continue;  // a comment, which says only that the stream lives
     ASSERT_EQ(event.rfind("data: ", 0), 0u) << "not an SSE data event: " << event;
     const std::string data = event.substr(6);
     if (data == "[DONE]") {
@@ -1468,6 +1469,55 @@ TEST(ServerE2EClientLeaves, ARequestWhoseClientLeftBeforeItsAnswerIsNeverRun) {
     EXPECT_EQ(metric(server.port(), "pipeline_prefill_batches_total"), prefills_before);
   }
   EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
+}
+
+// A stream still waiting for its first token after server.sse_keepalive_s sends its 200
+// headers then, and an SSE comment after each interval of silence, so that a proxy that ends
+// silent connections (nginx: 60 s) keeps it; the answer then streams as usual. A refusal, which
+// comes sooner, keeps its own status. Here the batch window holds the first token for 3.5 s.
+TEST(ServerE2EKeepAlive, AStreamWaitingForItsFirstTokenStartsAndSaysItIsAlive) {
+  ServerProcess server(stories_config("  sse_keepalive_s: 1\nscheduler:\n  window_ms: 3500\n"));
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completion");
+    json body = chat ? chat_body("Hi", 8) : completion_body("Once upon a time", 8);
+    body["stream"] = true;
+    const std::string payload = body.dump();
+    const auto start = Clock::now();
+    const int fd = send_raw(server.port(),
+                            std::string("POST /v1/") + (chat ? "chat/completions" : "completions") +
+                                " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                "Content-Type: application/json\r\nContent-Length: " +
+                                std::to_string(payload.size()) + "\r\n\r\n" + payload);
+    std::string received;
+    std::optional<Clock::duration> headers_after, comment_after, data_after;
+    char buffer[4096];
+    for (ssize_t n; received.find("data: [DONE]") == std::string::npos &&
+                    (n = read(fd, buffer, sizeof buffer)) > 0;) {
+      received.append(buffer, size_t(n));
+      const auto now = Clock::now() - start;
+      if (!headers_after && received.find("\r\n\r\n") != std::string::npos) headers_after = now;
+      if (!comment_after && received.find("\n: keep-alive\n\n") != std::string::npos)
+        comment_after = now;
+      if (!data_after && received.find("data: {") != std::string::npos) data_after = now;
+    }
+    close(fd);
+    EXPECT_TRUE(received.starts_with("HTTP/1.1 200")) << received;
+    ASSERT_TRUE(headers_after && comment_after && data_after) << received;
+    EXPECT_LT(*headers_after, std::chrono::milliseconds(2500)) << "the headers waited for a token";
+    EXPECT_LT(*comment_after, *data_after) << received;
+    EXPECT_GT(*data_after, std::chrono::seconds(3)) << "the window did not hold the first token";
+    EXPECT_NE(received.find("data: [DONE]"), std::string::npos) << received;
+  }
+  // Comments and all, a client reads the stream as before; a refusal keeps its 400.
+  const Stream stream =
+      post_stream(server.port(), "/v1/completions", completion_body("Once upon a time", 8));
+  EXPECT_EQ(stream.status, 200);
+  EXPECT_TRUE(stream.done);
+  EXPECT_EQ(stream.finish_reason, "length");
+  std::string too_long;
+  for (int i = 0; i < 300; ++i) too_long += "Once upon a time ";
+  EXPECT_EQ(post_stream(server.port(), "/v1/completions", completion_body(too_long, 8)).status,
+            400);
 }
 
 struct BadCall {
