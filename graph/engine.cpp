@@ -251,8 +251,8 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   // The scheduler frees their blocks at its next step; late events for them are dropped.
   for (const auto& seq : remaining)
     seq->stream.fail({503, "server shutting down", "server_error", "", "shutting_down"});
-  // Every request has ended: what a pass still computes has no one to go to.
-  m.runner->abandon_passes();
+  // Every request has ended, so a pass in progress stops at its next check (the model step's
+  // PassWatch), rather than compute for no one.
   m.scheduler->stop();
   m.graph->wait();
   m.shut_down = true;

@@ -5,10 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
@@ -196,7 +196,7 @@ class CpuRunner final : public ModelRunner {
   std::string device_name() const override { return "cpu"; }
   std::vector<std::string> setup_report() const override;
   void forward(const Batch& batch, Logits& logits) override;
-  void abandon_passes() override { abandoned_.store(true); }
+  void watch_pass(std::function<bool()> wanted) override { wanted_ = std::move(wanted); }
 
  private:
   struct Layer {
@@ -241,7 +241,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<cpu::AttentionSequence> seqs_;
   std::vector<int> logit_rows_;  // which packed rows produce logits
   cpu::ScratchArray<float> x_, xn_, qkv_, att_, gate_up_, mlp_, final_;
-  std::atomic<bool> abandoned_{false};  // checked before each layer
+  std::function<bool()> wanted_;  // asked before each layer
 };
 
 CpuRunner::CpuRunner(std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options)
@@ -438,8 +438,9 @@ void CpuRunner::forward(const Batch& batch, Logits& logits) {
       cpu::embedding_lookup(embed_, tokens_, x_.data());
     }
     for (int layer = 0; layer < config_.num_layers; ++layer) {
-      if (abandoned_.load(std::memory_order_relaxed))
-        throw std::runtime_error("forward pass abandoned: the engine is shutting down");
+      if (wanted_ && !wanted_())
+        throw PassAbandoned("the forward pass stopped before layer " + std::to_string(layer) +
+                            ": every sequence in it has ended");
       run_layer(layer);
     }
     compute_logits(logits);

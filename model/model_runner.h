@@ -2,6 +2,7 @@
 // Batch on one device, reading and writing KV blocks that the caller's BlockManager allocated.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,14 @@ class RunnerFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What forward() throws when the pass's watch (ModelRunner::watch_pass) said no one wants it
+// any more: the pass stopped part-way, so its logits and the K and V it was writing are not to
+// be used.
+class PassAbandoned : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -63,11 +72,13 @@ class ModelRunner {
   // per sequence) are the hot path. Throws RunnerFailure when the runner is no longer usable.
   virtual void forward(const Batch& batch, Logits& logits) = 0;
 
-  // Asks the forward pass in progress, and every later one, to stop early and throw. The engine
-  // calls it at shutdown once every request has ended, so that a long pass (on a CPU a minute
-  // for a 7B model's 2048-token prefill) does not hold the exit past the grace. Callable from
-  // any thread; a runner whose passes are short may ignore it.
-  virtual void abandon_passes() {}
+  // Until the next call, forward() asks `wanted` between the steps of a pass (the CPU runner:
+  // before each layer) and, once it answers false, stops and throws PassAbandoned. The model
+  // step's answers false once every sequence of its pass has ended (cancelled by its client, or
+  // failed at shutdown), so that a long pass (on a CPU, 20 s for a 7B model's 512-token prefill)
+  // does not compute for no one, nor hold the exit past the grace. Empty: nothing to ask. A
+  // runner whose passes are short may ignore it.
+  virtual void watch_pass(std::function<bool()> wanted) { (void)wanted; }
 };
 
 }  // namespace pipeline

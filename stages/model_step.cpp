@@ -116,6 +116,24 @@ std::vector<std::optional<std::string>> score_prompts(const std::vector<Sequence
   return errors;
 }
 
+// For one pass: tells the runner that the pass is wanted while any of its sequences has not
+// ended, so that it stops a pass every client has left (or shutdown has failed) part-way.
+class PassWatch {
+ public:
+  PassWatch(ModelRunner& runner, const std::vector<SequencePtr>& seqs) : runner_(runner) {
+    runner_.watch_pass([&seqs] {
+      return std::any_of(seqs.begin(), seqs.end(),
+                         [](const SequencePtr& seq) { return !seq->stream.ended(); });
+    });
+  }
+  ~PassWatch() { runner_.watch_pass(nullptr); }
+  PassWatch(const PassWatch&) = delete;
+  PassWatch& operator=(const PassWatch&) = delete;
+
+ private:
+  ModelRunner& runner_;
+};
+
 }  // namespace
 
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
@@ -125,7 +143,14 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   result.batch_tokens = batch.total_tokens();
   const auto start = Clock::now();
   try {
+    const PassWatch watch(ctx.runner, seqs);
     ctx.runner.forward(batch, logits);
+  } catch (const PassAbandoned& e) {
+    // Every sequence has ended already: the scheduler drops them and frees their blocks.
+    log_line("%s %s", prefill ? "prefill:" : "decode:", e.what());
+    result.failed = seqs;
+    result.pass_failed = true;
+    return result;
   } catch (const RunnerFailure& e) {
     log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
              e.what());

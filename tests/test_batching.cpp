@@ -212,18 +212,29 @@ TEST(Batching, AllLogitsRowsComeInBatchOrder) {
   EXPECT_TRUE(std::equal(both.row(4).begin(), both.row(4).end(), lb.row(0).begin()));
 }
 
-// At shutdown the engine abandons the runner's passes: the one in progress stops before its
-// next layer, and every later one at once, with an error.
-TEST(Batching, AnAbandonedRunnerRunsNoMorePasses) {
+// The CPU runner asks the model step's watch before each layer and stops a pass it no longer
+// wants with PassAbandoned; the same pass run again whole (its K and V slots rewritten) gives
+// the logits it gives unwatched.
+TEST(Batching, ARunnerStopsAPassItsWatchNoLongerWants) {
   const auto runner = make_cpu_runner(stories260k(), RunnerOptions{});
+  const int layers = runner->config().num_layers;
+  ASSERT_GE(layers, 3);
   BlockManager blocks(runner->kv_shape().num_blocks);
   Batch batch;
   batch.seqs.push_back({{1, 403, 407, 261}, 0, {}, false});
   ASSERT_TRUE(blocks.ensure_capacity(batch.seqs[0].block_table, 4, runner->kv_shape().block_size));
-  Logits logits;
-  runner->forward(batch, logits);
-  runner->abandon_passes();
-  EXPECT_THROW(runner->forward(batch, logits), std::runtime_error);
+  Logits unwatched, watched;
+  runner->forward(batch, unwatched);
+
+  int asked = 0;
+  runner->watch_pass([&] { return ++asked <= 2; });  // wanted for the first two layers
+  EXPECT_THROW(runner->forward(batch, watched), PassAbandoned);
+  EXPECT_EQ(asked, 3);
+  runner->watch_pass([&] { return ++asked > 0; });
+  runner->forward(batch, watched);
+  EXPECT_EQ(asked, 3 + layers);
+  runner->watch_pass(nullptr);
+  EXPECT_TRUE(std::ranges::equal(watched.row(0), unwatched.row(0)));
 }
 
 TEST(Batching, DecodeStepsDoNotAllocateOnceWarm) {

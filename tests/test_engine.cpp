@@ -448,7 +448,10 @@ TEST(Engine, ScoredPromptsUnderPreemptionScoreAsAlone) {
 
 // stories260K's CPU runner, recording the RunnerOptions it was made with and the largest pass
 // it was sent: the CUDA runner sizes its buffers for max_pass_tokens and max_pass_logit_rows
-// before the KV cache takes the device's memory, so no pass may exceed them.
+// before the KV cache takes the device's memory, so no pass may exceed them. Its passes can be
+// held, to stand for long ones (a CPU's prefill of a large model): a held pass waits until
+// released (10 s at most), asking the model step's watch every 5 ms as the CPU runner asks it
+// before each layer.
 class PassRecordingRunner final : public ModelRunner {
  public:
   PassRecordingRunner(std::unique_ptr<ModelRunner> runner, const RunnerOptions& options)
@@ -459,22 +462,44 @@ class PassRecordingRunner final : public ModelRunner {
   void forward(const Batch& batch, Logits& logits) override {
     most_tokens_ = std::max(most_tokens_.load(), batch.total_tokens());
     most_logit_rows_ = std::max(most_logit_rows_.load(), batch.logit_rows());
+    ++passes_started_;
+    for (const auto until = std::chrono::steady_clock::now() + 10s;
+         holding_ && std::chrono::steady_clock::now() < until;) {
+      if (wanted_ && !wanted_()) {
+        ++abandoned_;
+        throw PassAbandoned("a held pass stopped: every sequence in it has ended");
+      }
+      std::this_thread::sleep_for(5ms);
+    }
     runner_->forward(batch, logits);
   }
-  void abandon_passes() override {
-    abandoned_ = true;
-    runner_->abandon_passes();
+  void watch_pass(std::function<bool()> wanted) override {
+    wanted_ = wanted;
+    runner_->watch_pass(std::move(wanted));
+  }
+  void hold_passes(bool hold) { holding_ = hold; }
+  // Waits until `passes` passes have started (5 s at most); false if they did not.
+  bool wait_for_passes(int passes) const {
+    for (const auto until = std::chrono::steady_clock::now() + 5s; passes_started_ < passes;)
+      if (std::chrono::steady_clock::now() > until)
+        return false;
+      else
+        std::this_thread::sleep_for(1ms);
+    return true;
   }
   const RunnerOptions& options() const { return options_; }
-  bool abandoned() const { return abandoned_; }
+  int passes_started() const { return passes_started_; }
+  int abandoned() const { return abandoned_; }
   int most_tokens() const { return most_tokens_; }
   int most_logit_rows() const { return most_logit_rows_; }
 
  private:
   std::unique_ptr<ModelRunner> runner_;
   RunnerOptions options_;
-  std::atomic<int> most_tokens_{0}, most_logit_rows_{0};  // passes are serial; read by the test
-  std::atomic<bool> abandoned_{false};
+  std::function<bool()> wanted_;  // set and asked on the model step's thread
+  // Passes are serial, on the model step's thread; the test reads and sets these.
+  std::atomic<int> most_tokens_{0}, most_logit_rows_{0}, passes_started_{0}, abandoned_{0};
+  std::atomic<bool> holding_{false};
 };
 
 // An engine whose runner is a PassRecordingRunner, reachable through recorder().
@@ -489,7 +514,7 @@ class RecordedEngine {
                   return runner;
                 }) {}
   Engine& engine() { return engine_; }
-  const PassRecordingRunner& recorder() const { return *recorder_; }
+  PassRecordingRunner& recorder() { return *recorder_; }
 
  private:
   PassRecordingRunner* recorder_ =
@@ -681,17 +706,58 @@ TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
   expect_finished_with(b, solo().text(kPrompts[6], 32));
 }
 
-// A shutdown whose grace ends with a request in flight fails it and abandons the runner's
-// passes, so that a long one (a CPU's prefill of a large model) does not hold the exit.
-TEST(Engine, ShutdownAbandonsTheRunnersPassesOnceEveryRequestHasEnded) {
+// A shutdown whose grace ends with a request in flight fails it, and the pass in progress,
+// with no one left to compute for, stops part-way: a long one (a CPU's prefill of a large
+// model) does not hold the exit.
+TEST(Engine, ShutdownStopsThePassInProgressOnceEveryRequestHasEnded) {
   RecordedEngine recorded("{window_ms: 0}");
+  recorded.recorder().hold_passes(true);
   auto request = make_request(kPrompts[5], 400, /*ignore_eos=*/true);
   ASSERT_EQ(recorded.engine().submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(recorded.recorder().wait_for_passes(1));
+  const auto start = std::chrono::steady_clock::now();
   recorded.engine().shutdown(0s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the held pass ran to its end";
   ASSERT_TRUE(sink_of(request).wait());
   ASSERT_TRUE(sink_of(request).error().has_value());
   EXPECT_EQ(sink_of(request).error()->http_status, 503);
-  EXPECT_TRUE(recorded.recorder().abandoned());
+  EXPECT_EQ(recorded.recorder().abandoned(), 1);
+}
+
+// A client that leaves while its prompt's pass runs frees the engine part-way through it; the
+// next request is answered as if nothing had happened. A pass with a sequence still wanted
+// runs whole.
+TEST(Engine, APassEveryClientLeftStopsPartWayAndOneStillWantedRunsWhole) {
+  RecordedEngine recorded("{window_ms: 100}");
+  PassRecordingRunner& runner = recorded.recorder();
+  runner.hold_passes(true);
+  auto left = make_request(kPrompts[1], 400, /*ignore_eos=*/true);
+  ASSERT_EQ(recorded.engine().submit(left), SubmitStatus::Accepted);
+  ASSERT_TRUE(runner.wait_for_passes(1));
+  recorded.engine().cancel(*left);
+  ASSERT_TRUE(sink_of(left).wait());
+  EXPECT_EQ(sink_of(left).error()->http_status, kClientGoneStatus);
+  for (const auto until = std::chrono::steady_clock::now() + 5s;
+       runner.abandoned() == 0 && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(runner.abandoned(), 1);
+  runner.hold_passes(false);
+  auto next = make_request(kPrompts[6], 32);
+  ASSERT_EQ(recorded.engine().submit(next), SubmitStatus::Accepted);
+  expect_finished_with(next, solo().text(kPrompts[6], 32));
+
+  // Two prompts in one pass, one of whose clients leaves.
+  runner.hold_passes(true);
+  auto leaving = make_request(kPrompts[2], 400, /*ignore_eos=*/true);
+  auto staying = make_request(kPrompts[3], 32);
+  const int passes = runner.passes_started();
+  ASSERT_EQ(recorded.engine().submit(std::vector{leaving, staying}), SubmitStatus::Accepted);
+  ASSERT_TRUE(runner.wait_for_passes(passes + 1));
+  recorded.engine().cancel(*leaving);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(runner.abandoned(), 1);
+  runner.hold_passes(false);
+  expect_finished_with(staying, solo().text(kPrompts[3], 32));
 }
 
 TEST(Engine, RefusesAPromptLongerThanTheContext) {
