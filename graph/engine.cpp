@@ -222,6 +222,10 @@ SubmitStatus Engine::submit(std::span<const std::shared_ptr<Request>> requests) 
 }
 
 void Engine::cancel(Request& request) {
+  end(request, {kClientGoneStatus, "request cancelled", "cancelled", "", ""});
+}
+
+void Engine::end(Request& request, const RequestError& error) {
   auto& m = *impl_;
   if (!request.sequence_number) return;  // never accepted
   SequencePtr seq;
@@ -232,7 +236,7 @@ void Engine::cancel(Request& request) {
   }
   // Outside the lock: the ending runs on_end, which takes it. The scheduler drops an ended
   // sequence, freeing its blocks, at its next step.
-  if (seq) seq->stream.fail({kClientGoneStatus, "request cancelled", "cancelled", "", ""});
+  if (seq) seq->stream.fail(error);
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {

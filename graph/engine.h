@@ -45,6 +45,9 @@ class Engine {
   // at once, and the scheduler frees its KV blocks at its next step. Nothing happens to a
   // request that already ended.
   void cancel(Request& request);
+  // The same, with `error` as the ending: for the other choices of a call one of whose choices
+  // failed, which the call answers with that error (their client did not leave).
+  void end(Request& request, const RequestError& error);
 
   // Stops accepting, lets in-flight requests finish for up to `grace`, then fails the rest
   // through their sinks. Idempotent.

@@ -31,10 +31,11 @@ struct BatchRunner::Finished {
 };
 
 // The other choices of a line one of whose choices failed: the line is that error, so they
-// need not run on. The writer's thread cancels them: a sink callback that did would take their
-// streams' locks under its own.
+// need not run on, and end with it. The writer's thread ends them: a sink callback that did
+// would take their streams' locks under its own.
 struct BatchRunner::Cancel {
   std::vector<std::weak_ptr<Request>> choices;
+  RequestError error;
 };
 
 // Outcomes and cancellations from the pipeline's threads to the one that writes them.
@@ -96,7 +97,7 @@ class BatchRunner::Answer {
     std::lock_guard lock(mutex_);
     if (!error_) {
       error_ = error;
-      if (left_ > 1) results_.push(Cancel{choices_});
+      if (left_ > 1) results_.push(Cancel{choices_, error});
     }
     end();
   }
@@ -261,7 +262,7 @@ bool BatchRunner::submit(const BatchInput& input, Results& results, BatchProgres
 
 void BatchRunner::cancel_choices(const Cancel& cancel) {
   for (const auto& choice : cancel.choices)
-    if (const std::shared_ptr<Request> request = choice.lock()) engine_.cancel(*request);
+    if (const std::shared_ptr<Request> request = choice.lock()) engine_.end(*request, cancel.error);
 }
 
 void BatchRunner::write(const Finished& finished, BatchProgress& progress) {

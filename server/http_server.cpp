@@ -222,9 +222,14 @@ class CallChoices {
     return ++finished_ == requests_.size();
   }
   const std::vector<Completion>& completions() const { return completions_; }
-  // The client left, or a choice failed: every choice still running ends now.
+  // The client left: every choice still running ends now.
   void cancel_all() {
     for (const auto& request : requests_) engine_.cancel(*request);
+  }
+  // A choice failed, and the call answers with its error: every other choice still running
+  // ends now with it.
+  void end_all(const RequestError& error) {
+    for (const auto& request : requests_) engine_.end(*request, error);
   }
 
  private:
@@ -401,7 +406,7 @@ class EventStream {
     // [DONE] would otherwise take the error for a broken connection. The other choices end.
     if (auto* error = std::get_if<RequestError>(&event.event)) {
       ended_ = true;
-      choices_->cancel_all();
+      choices_->end_all(*error);
       return sse_event(error_body(*error)) + std::string(kSseDone);
     }
     const auto& completion = std::get<Completion>(event.event);
@@ -760,7 +765,7 @@ struct HttpServer::Impl {
     std::optional<ChoiceEvent>& first = waited.event;
     if (first)
       if (auto* error = std::get_if<RequestError>(&first->event)) {
-        choices->cancel_all();
+        choices->end_all(*error);
         return reply_error(res, *error);
       }
     if (!parsed.options.stream)
@@ -811,8 +816,9 @@ struct HttpServer::Impl {
         if (choices.finish(event.choice, *completion))
           return reply_json(res, 200, builder.whole_response(choices.completions()));
       } else {
-        choices.cancel_all();
-        return reply_error(res, std::get<RequestError>(event.event));
+        const auto& error = std::get<RequestError>(event.event);
+        choices.end_all(error);
+        return reply_error(res, error);
       }
       Waited next = wait_event(queue, client, choices);
       if (next.client_left) return reply_error(res, client_gone_error());

@@ -424,16 +424,23 @@ TEST_F(ServerE2E, AListOfPromptsIsAnsweredPromptByPrompt) {
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(stream.choice_texts.at(i), all.body["choices"][i]["text"]) << "choice " << i;
 
-  // One prompt of the list too long for the context: the call's error names which.
+  // One prompt of the list too long for the context: the call's error names which. The other
+  // prompt's choices end with that error too: failed, not counted as cancelled by a client.
   std::string too_long;
   for (int i = 0; i < 300; ++i) too_long += "Once upon a time ";
   body["prompt"] = {prompts[0], too_long};
+  body["max_tokens"] = 400;
+  body["ignore_eos"] = true;
+  const double cancelled = metric(port(), "pipeline_requests_cancelled_total");
+  const double failed = metric(port(), "pipeline_requests_failed_total");
   const Reply refused = post(port(), "/v1/completions", body);
   ASSERT_EQ(refused.status, 400) << refused.raw;
   EXPECT_EQ(refused.body["error"]["param"], "prompt");
   EXPECT_EQ(
       refused.body["error"]["message"].get<std::string>().rfind("prompt[1]: the prompt is ", 0), 0u)
       << refused.raw;
+  EXPECT_EQ(metric(port(), "pipeline_requests_failed_total") - failed, 4);
+  EXPECT_EQ(metric(port(), "pipeline_requests_cancelled_total"), cancelled);
 }
 
 TEST_F(ServerE2E, APromptOfTokenIdsIsAnsweredAsItsText) {
