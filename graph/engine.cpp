@@ -16,6 +16,7 @@
 #include "graph/scheduler.h"
 #include "graph/vllm_metrics.h"
 #include "model/llama_weights.h"
+#include "stages/tokenize.h"
 
 namespace pipeline {
 namespace {
@@ -219,6 +220,10 @@ SubmitStatus Engine::submit(std::span<const std::shared_ptr<Request>> requests) 
     m.graph->put(Submitted{std::move(seq)});
   }
   return SubmitStatus::Accepted;
+}
+
+std::optional<RequestError> Engine::refusal_whatever_the_load(const Request& request) const {
+  return TokenizeStage(*impl_->context).refusal_before_encoding(request);
 }
 
 void Engine::cancel(Request& request) {

@@ -41,6 +41,12 @@ class Engine {
   // none is, so a full queue never leaves some of them running.
   SubmitStatus submit(std::span<const std::shared_ptr<Request>> requests);
 
+  // The 400 a request gets whatever the load, found before its prompt is encoded (a prompt
+  // whose length bound or max_tokens cannot fit the context or the KV pool), or none. Cheap: the
+  // server asks it before it answers a full queue's 503, so that a request that can never run
+  // is not told to retry.
+  std::optional<RequestError> refusal_whatever_the_load(const Request& request) const;
+
   // The client left: the request ends now with 499, so its place in the waiting queue is free
   // at once, and the scheduler frees its KV blocks at its next step. Nothing happens to a
   // request that already ended.

@@ -738,6 +738,9 @@ struct HttpServer::Impl {
       case SubmitStatus::Accepted:
         break;
       case SubmitStatus::QueueFull:
+        for (const auto& request : requests)
+          if (auto refusal = engine.refusal_whatever_the_load(*request))
+            return reply_error(res, *refusal);
         return reply_error(res, make_error(503,
                                            "The server is overloaded: its queue of " +
                                                std::to_string(engine.config().server.max_queue) +

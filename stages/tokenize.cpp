@@ -32,6 +32,24 @@ StageInfo TokenizeStage::info() {
 std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer,
                                                   const std::string& prompt_param) const {
   const int keep = req.truncate_prompt_tokens;
+  check_truncation(keep);
+  if (!req.chat && !req.prompt_ids.empty()) return prompt_ids(req.prompt_ids, keep);
+  const PromptText text = prompt_text(req);
+  if (keep > 0) return encode_prompt_end(ctx_.tokenizer, text, size_t(keep));
+  check_fits(min_tokens(text), answer, prompt_param, "at least ");
+  return encode_prompt(ctx_.tokenizer, text);
+}
+
+PromptText TokenizeStage::prompt_text(const Request& req) const {
+  return req.chat ? chat_prompt(ctx_.chat_template, req.messages, req.prompt_end)
+                  : PromptText{{req.prompt, req.add_bos, /*eos_after=*/false}};
+}
+
+int64_t TokenizeStage::min_tokens(const PromptText& text) const {
+  return int64_t(std::min<size_t>(min_prompt_tokens(ctx_.tokenizer, text), INT_MAX));
+}
+
+void TokenizeStage::check_truncation(int keep) const {
   const int context = ctx_.model.max_position_embeddings;
   const int64_t pool = pool_tokens();
   if (keep > context)
@@ -42,13 +60,6 @@ std::vector<int32_t> TokenizeStage::prompt_tokens(const Request& req, int answer
     throw Refusal{"truncate_prompt_tokens is " + std::to_string(keep) +
                       " but the KV cache holds only " + std::to_string(pool) + " tokens",
                   "truncate_prompt_tokens"};
-  if (!req.chat && !req.prompt_ids.empty()) return prompt_ids(req.prompt_ids, keep);
-  const PromptText text = req.chat ? chat_prompt(ctx_.chat_template, req.messages, req.prompt_end)
-                                   : PromptText{{req.prompt, req.add_bos, /*eos_after=*/false}};
-  if (keep > 0) return encode_prompt_end(ctx_.tokenizer, text, size_t(keep));
-  const size_t at_least = min_prompt_tokens(ctx_.tokenizer, text);
-  check_fits(int64_t(std::min<size_t>(at_least, INT_MAX)), answer, prompt_param, "at least ");
-  return encode_prompt(ctx_.tokenizer, text);
 }
 
 std::vector<int32_t> TokenizeStage::prompt_ids(const std::vector<int32_t>& ids, int keep) const {
@@ -79,12 +90,12 @@ void TokenizeStage::check_fits(int64_t n, int answer, const std::string& prompt_
 }
 
 // A max_tokens the client gave must fit beside the prompt, in the context and in the KV pool.
-void TokenizeStage::check_room(int prompt, int max_tokens, int context, int64_t pool,
-                               const std::string& prompt_param,
-                               const std::string& max_tokens_param) {
-  const int64_t asked = int64_t(prompt) + max_tokens;
-  const std::string request = "you requested " + std::to_string(asked) + " tokens (" +
-                              std::to_string(prompt) + " in the " + prompt_param + ", " +
+void TokenizeStage::check_room(int64_t prompt, int max_tokens, int context, int64_t pool,
+                               const std::string& prompt_param, const std::string& max_tokens_param,
+                               const std::string& at_least) {
+  const int64_t asked = prompt + max_tokens;
+  const std::string request = "you requested " + at_least + std::to_string(asked) + " tokens (" +
+                              at_least + std::to_string(prompt) + " in the " + prompt_param + ", " +
                               std::to_string(max_tokens) + " in the completion)";
   if (asked > context)
     throw Refusal{"This model's maximum context length is " + std::to_string(context) +
@@ -204,17 +215,44 @@ void TokenizeStage::prepare(Sequence& seq) const {
   seq.sampler = std::make_unique<Sampler>(sampling, ctx_.seed_base + seq.number, std::move(guide));
 }
 
+std::optional<RequestError> TokenizeStage::refusal_before_encoding(const Request& req) const {
+  const std::string prompt_param = req.chat ? "messages" : "prompt";
+  const int keep = req.truncate_prompt_tokens;
+  try {
+    check_truncation(keep);
+    int64_t at_least = 1;  // a truncated prompt: only its length after encoding is known
+    if (!req.chat && !req.prompt_ids.empty())
+      at_least = int64_t(keep > 0 ? std::min<size_t>(req.prompt_ids.size(), size_t(keep))
+                                  : req.prompt_ids.size());
+    else if (keep == 0)
+      at_least = min_tokens(prompt_text(req));
+    check_fits(at_least, req.prompt_only ? 0 : 1, prompt_param, "at least ");
+    if (!req.max_tokens_param.empty() && !req.prompt_only)
+      check_room(at_least, req.max_tokens, ctx_.model.max_position_embeddings, pool_tokens(),
+                 prompt_param, req.max_tokens_param, "at least ");
+  } catch (const Refusal& refusal) {
+    return refusal_error(req, refusal);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;  // a prompt the template cannot render: the stage's own refusal says so
+  }
+  return std::nullopt;
+}
+
+// A list's prompt is named, since the call's one error must say which prompt it was.
+RequestError TokenizeStage::refusal_error(const Request& req, const Refusal& refusal) {
+  const int index = req.prompt_index;
+  const std::string message =
+      (index >= 0 ? "prompt[" + std::to_string(index) + "]: " : "") + refusal.message;
+  return RequestError{400, message, "invalid_request_error", refusal.param, ""};
+}
+
 void TokenizeStage::operator()(Message message, const Emit& emit) {
   SequencePtr seq = std::get<Submitted>(message).seq;
   if (seq->stream.ended()) return;  // failed while it queued (shutdown)
   try {
     prepare(*seq);
   } catch (const Refusal& refusal) {
-    const int index = seq->request->prompt_index;
-    const std::string message =
-        (index >= 0 ? "prompt[" + std::to_string(index) + "]: " : "") + refusal.message;
-    emit(StreamEvents{{StreamEvent{
-        seq, 0, RequestError{400, message, "invalid_request_error", refusal.param, ""}}}});
+    emit(StreamEvents{{StreamEvent{seq, 0, refusal_error(*seq->request, refusal)}}});
     return;
   }
   ctx_.metrics.prompt_tokens.add(uint64_t(seq->prompt_len));

@@ -1919,6 +1919,32 @@ TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
   EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
 }
 
+// With the queue full, a request that can never run (its max_tokens, or its prompt's token
+// ids, past the context) is still told so with its 400, not a 503 that invites a retry.
+TEST(ServerE2EQueueFull, ARequestThatCanNeverFitGets400EvenWithTheQueueFull) {
+  ServerProcess server(stories_config("  max_queue: 1\nscheduler:\n  window_ms: 3000\n"));
+  auto waiting = std::async(std::launch::async, [&] {
+    return post(server.port(), "/v1/completions", completion_body("Once upon a time", 4));
+  });
+  for (const auto until = Clock::now() + std::chrono::seconds(5);
+       metric(server.port(), "pipeline_waiting_sequences") < 1 && Clock::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const Reply full = post(server.port(), "/v1/completions", completion_body("Hi", 4));
+  EXPECT_EQ(full.status, 503) << full.raw;
+  const Reply too_many = post(server.port(), "/v1/completions", completion_body("Hi", 5000));
+  EXPECT_EQ(too_many.status, 400) << too_many.raw;
+  EXPECT_EQ(too_many.body["error"]["param"], "max_tokens") << too_many.raw;
+  EXPECT_NE(too_many.raw.find("maximum context length is 512 tokens. However, you requested at "
+                              "least 5002 tokens (at least 2 in the prompt"),
+            std::string::npos)
+      << too_many.raw;
+  const Reply long_ids = post(server.port(), "/v1/completions",
+                              with(completion_body("", 4), "prompt", std::vector<int>(600, 300)));
+  EXPECT_EQ(long_ids.status, 400) << long_ids.raw;
+  EXPECT_EQ(long_ids.body["error"]["param"], "prompt") << long_ids.raw;
+  EXPECT_EQ(waiting.get().status, 200);
+}
+
 // A client may keep its connection for as many requests as it likes, as with vLLM's uvicorn;
 // httplib's default closed it after 5.
 TEST_F(ServerE2E, AKeptAliveConnectionServesRequestAfterRequest) {
