@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -446,6 +447,15 @@ TEST(Engine, ScoredPromptsUnderPreemptionScoreAsAlone) {
   EXPECT_GT(engine.metrics().preemptions.value(), 0u);
 }
 
+// Whether `condition` holds within 5 s, asked every millisecond.
+bool eventually(const std::function<bool()>& condition) {
+  for (const auto until = std::chrono::steady_clock::now() + 5s; !condition();) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
 // stories260K's CPU runner, recording the RunnerOptions it was made with and the largest pass
 // it was sent: the CUDA runner sizes its buffers for max_pass_tokens and max_pass_logit_rows
 // before the KV cache takes the device's memory, so no pass may exceed them. Its passes can be
@@ -480,12 +490,7 @@ class PassRecordingRunner final : public ModelRunner {
   void hold_passes(bool hold) { holding_ = hold; }
   // Waits until `passes` passes have started (5 s at most); false if they did not.
   bool wait_for_passes(int passes) const {
-    for (const auto until = std::chrono::steady_clock::now() + 5s; passes_started_ < passes;)
-      if (std::chrono::steady_clock::now() > until)
-        return false;
-      else
-        std::this_thread::sleep_for(1ms);
-    return true;
+    return eventually([&] { return passes_started_ >= passes; });
   }
   const RunnerOptions& options() const { return options_; }
   int passes_started() const { return passes_started_; }
@@ -737,9 +742,7 @@ TEST(Engine, APassEveryClientLeftStopsPartWayAndOneStillWantedRunsWhole) {
   recorded.engine().cancel(*left);
   ASSERT_TRUE(sink_of(left).wait());
   EXPECT_EQ(sink_of(left).error()->http_status, kClientGoneStatus);
-  for (const auto until = std::chrono::steady_clock::now() + 5s;
-       runner.abandoned() == 0 && std::chrono::steady_clock::now() < until;)
-    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(eventually([&] { return runner.abandoned() > 0; }));
   EXPECT_EQ(runner.abandoned(), 1);
   runner.hold_passes(false);
   auto next = make_request(kPrompts[6], 32);

@@ -1214,14 +1214,20 @@ int send_raw(int port, const std::string& bytes, int receive_buffer = 0) {
   return fd;
 }
 
-// A raw connection on which a completion request was sent; the caller closes it.
-int send_raw_completion(int port, const json& body, int receive_buffer = 0) {
+// A raw connection on which a POST of `body` to `path` was sent; the caller closes it.
+int send_raw_post(int port, const std::string& path, const json& body, int receive_buffer = 0) {
   const std::string payload = body.dump();
   return send_raw(port,
-                  "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                  "Content-Type: application/json\r\nContent-Length: " +
+                  "POST " + path +
+                      " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      "Content-Type: application/json\r\nContent-Length: " +
                       std::to_string(payload.size()) + "\r\n\r\n" + payload,
                   receive_buffer);
+}
+
+// A raw connection on which a completion request was sent; the caller closes it.
+int send_raw_completion(int port, const json& body, int receive_buffer = 0) {
+  return send_raw_post(port, "/v1/completions", body, receive_buffer);
 }
 
 // What the server sent on a raw connection until the end of an answer's JSON error body ("}}")
@@ -1488,13 +1494,9 @@ TEST(ServerE2EKeepAlive, AStreamWaitingForItsFirstTokenStartsAndSaysItIsAlive) {
     SCOPED_TRACE(chat ? "chat" : "completion");
     json body = chat ? chat_body("Hi", 8) : completion_body("Once upon a time", 8);
     body["stream"] = true;
-    const std::string payload = body.dump();
     const auto start = Clock::now();
-    const int fd = send_raw(server.port(),
-                            std::string("POST /v1/") + (chat ? "chat/completions" : "completions") +
-                                " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                "Content-Type: application/json\r\nContent-Length: " +
-                                std::to_string(payload.size()) + "\r\n\r\n" + payload);
+    const int fd =
+        send_raw_post(server.port(), chat ? "/v1/chat/completions" : "/v1/completions", body);
     std::string received;
     std::optional<Clock::duration> headers_after, comment_after, data_after;
     char buffer[4096];
