@@ -63,6 +63,14 @@ httplib::Request& pending(const httplib::Request& req) {
   return const_cast<httplib::Request&>(req);
 }
 
+// Ends the connection once `res` is written, and says so in it, so that a client does not send
+// its next request down a connection about to close. (httplib still adds its Keep-Alive header,
+// which Connection: close overrides, RFC 9112 9.6.)
+void end_connection_after(const httplib::Request& req, httplib::Response& res) {
+  pending(req).set_header(kEndConnection, "1");
+  res.set_header("Connection", "close");
+}
+
 bool is_identity(std::string coding) {
   coding.erase(0, coding.find_first_not_of(" \t"));
   coding.erase(coding.find_last_not_of(" \t") + 1);
@@ -577,7 +585,7 @@ struct HttpServer::Impl {
         return answer_preflight(req, res);
       if (!body_length_clear(req)) {
         // Unread, the body's bytes would be taken for a next request: the connection ends.
-        pending(req).set_header(kEndConnection, "1");
+        end_connection_after(req, res);
         reply_error(res, make_error(400,
                                     "The request's body length is unclear: Content-Length must be "
                                     "one number, and not beside Transfer-Encoding.",
@@ -684,7 +692,7 @@ struct HttpServer::Impl {
       }
       if (auto cut = body_cut_short(req)) {
         // The rest of the body may still come, and would be read as a next request.
-        pending(req).set_header(kEndConnection, "1");
+        end_connection_after(req, res);
         return reply_error(res, *cut);
       }
       // A GET has no body to blame: its request line or headers were what httplib could not read.

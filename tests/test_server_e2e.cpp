@@ -1316,9 +1316,10 @@ TEST_F(ServerE2E, RequestsPastTheProtocolLimitsAreToldWhichLimit) {
 }
 
 // A body whose length is unclear (two Content-Lengths that differ, one that is not a number, or
-// one beside Transfer-Encoding) is refused, and its connection ends after the answer: bytes sent
-// after it are never read as a next request, as a proxy in front might have read them
-// (request smuggling). httplib took the first length, or waited 5 s on a length of -1 for a 413.
+// one beside Transfer-Encoding) is refused, and its connection ends after the answer, which says
+// so (Connection: close): bytes sent after it are never read as a next request, as a proxy in
+// front might have read them (request smuggling). httplib took the first length, or waited 5 s
+// on a length of -1 for a 413.
 TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
   const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
   for (const std::string& lengths :
@@ -1335,6 +1336,7 @@ TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
     close(fd);
     EXPECT_TRUE(received.starts_with("HTTP/1.1 400")) << received;
     EXPECT_NE(received.find("body length is unclear"), std::string::npos) << received;
+    EXPECT_NE(received.find("\r\nConnection: close\r\n"), std::string::npos) << received;
     EXPECT_EQ(received.find("\"status\""), std::string::npos)
         << "the smuggled /health was answered";
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
@@ -1343,7 +1345,7 @@ TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
 
 // A body that stops arriving part-way is given up after httplib's 5 s read timeout with a 408
 // that says how much came (it was a generic 400), and its connection ends: the rest of the body,
-// sent late, is never read as a next request.
+// sent late, is never read as a next request, and the answer says the connection closes.
 TEST_F(ServerE2E, ABodyThatStopsArrivingIsA408AndItsConnectionEnds) {
   const int fd = send_raw(port(),
                           "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
@@ -1353,6 +1355,7 @@ TEST_F(ServerE2E, ABodyThatStopsArrivingIsA408AndItsConnectionEnds) {
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 408")) << answer;
   EXPECT_NE(answer.find("stopped arriving: 10 of its 100 bytes came before"), std::string::npos)
       << answer;
+  EXPECT_NE(answer.find("\r\nConnection: close\r\n"), std::string::npos) << answer;
   const std::string late = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
   (void)::send(fd, late.data(), late.size(), MSG_NOSIGNAL);
   EXPECT_EQ(read_to_end(fd).find("\"status\""), std::string::npos) << "the late bytes were read";
