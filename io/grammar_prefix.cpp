@@ -238,8 +238,10 @@ bool GrammarPrefix::narrow() {
   const uint32_t hi = std::min((code_ << shift) | ((1u << shift) - 1), kMost[length_]);
   if (lo > hi) return false;  // an overlong form, or past the last code point
   size_t kept = 0;
-  for (size_t at = 0; at < parses_.size(); at += parses_[at] + 1) {
+  size_t next = 0;
+  for (size_t at = 0; at < parses_.size(); at = next) {
     const uint32_t frames = parses_[at];
+    next = at + frames + 1;  // read now: moving a kept parse forward may write over parses_[at]
     if (frames == 0 || !grammar_->intersects(grammar_->node(parses_[at + frames]).target, lo, hi))
       continue;
     std::copy(parses_.begin() + ptrdiff_t(at), parses_.begin() + ptrdiff_t(at + frames + 1),

@@ -42,12 +42,21 @@ std::shared_ptr<const Grammar> gbnf(std::string_view text) {
   return Grammar::from_gbnf(text);
 }
 
-// Every text over `alphabet` up to `longest` characters long.
+// Every text over `alphabet`'s characters (UTF-8) up to `longest` characters long.
 std::vector<std::string> texts_over(const std::string& alphabet, size_t longest) {
+  std::vector<std::string> characters;
+  for (const char byte : alphabet) {
+    if ((byte & 0xC0) != 0x80) characters.emplace_back();  // not a continuation: a new one
+    characters.back() += byte;
+  }
   std::vector<std::string> texts{""};
+  std::vector<size_t> lengths{0};
   for (size_t from = 0; from < texts.size(); ++from) {
-    if (texts[from].size() == longest) continue;
-    for (char c : alphabet) texts.push_back(texts[from] + c);
+    if (lengths[from] == longest) continue;
+    for (const std::string& character : characters) {
+      texts.push_back(texts[from] + character);
+      lengths.push_back(lengths[from] + 1);
+    }
   }
   return texts;
 }
@@ -109,6 +118,16 @@ TEST(Grammar, EachConstructAcceptsWhatTheSameRegexDoes) {
   // Rules calling rules, last and not.
   expect_same_as_regex("root ::= x \"c\" x\nx ::= \"a\" y\ny ::= \"b\" | \"\"", "ab?cab?", "abc",
                        6);
+}
+
+// A character of several bytes narrows the parses to those its first bytes can continue, before
+// it is whole. Each parse it keeps must move whole: parses dropped before it must not put the
+// ones after it out of step (that read past the parses, and refused "é" after "x"?).
+TEST(Grammar, CharactersOfSeveralBytesKeepEveryParseTheyContinue) {
+  expect_same_as_regex("root ::= .*.*", ".*.*", "aé€😀", 3);
+  expect_same_as_regex("root ::= \"x\"? ( \"é\" | \"ü\" )*", "x?(é|ü)*", "xéüa", 4);
+  expect_same_as_regex("root ::= [a-z]* | [é]", "[a-z]*|é", "aéü", 3);
+  expect_same_as_regex("root ::= ( \"é\" | \"a\" \"é\"? )* \"€\"?", "(é|aé?)*€?", "aé€", 4);
 }
 
 TEST(Grammar, RecursiveGrammarsAcceptExactlyTheirPrefixes) {
