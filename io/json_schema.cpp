@@ -125,7 +125,11 @@ class JsonSchemaCompiler {
   std::shared_ptr<const JsonSchema> run() {
     auto schema = std::make_shared<JsonSchema>();
     nodes_ = &schema->nodes_;
-    add_node("");  // node 0: any value
+    // Node 0: any value. As an object it takes any keys, each with any value (node 0 again),
+    // as a schema of no keywords compiles to; the defaults would take no key at all.
+    JsonSchema::Node& any = node(add_node(""));
+    any.other_keys = 0;
+    any.next_required = {0};
     root_ = compile(document_, "", 0);
     schema->root_ = root_;
     flatten_branches();

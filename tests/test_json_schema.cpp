@@ -3,6 +3,7 @@
 // recogniser lets through.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -241,6 +242,12 @@ const std::vector<Case>& cases() {
        {{"\"ab", "c"}, {"\"\\uD83D\\uDE00a", "b"}}},
       {R"({"type": "object", "additionalProperties": false})", {"{}"}, {{"{", "\""}}},
       {R"({"const": {"k": [true]}})", {R"({"k":[true]})"}, {{"{\"k\":[true", ","}}},
+      // true, any value at all, as the whole schema and inside containers the schema follows.
+      {"true", {R"({"a":1})", "[{}]", R"({"a":{"b":[1]}})", "null"}, {{"{\"a\":1", "]"}}},
+      {R"({"properties": {"a": true}})",
+       {R"({"a":{"b":1}})", R"({"a":[{"c":null}]})"},
+       {{"{\"a\":{\"b\":1", "]"}}},
+      {R"({"type": "array", "items": true, "minItems": 1})", {R"([{"k":2}])"}, {{"[", "]"}}},
   };
   return all;
 }
@@ -284,13 +291,40 @@ std::string finish(const JsonSchema& schema, const std::string& prefix_text) {
   return testing::finish(schema, prefix_text, kTries);
 }
 
+// JSON's numbers have no bound, nlohmann's doubles do: a walk may write 1e999, which
+// Json::parse refuses. Exponents past 200 (outside strings) are brought down to 200, in as many
+// digits, so that even a walk's 60 digits before one stay within a double. No number's kind
+// changes: only a number that may have a fraction takes an exponent.
+std::string within_double_range(std::string text) {
+  bool in_string = false;
+  for (size_t at = 0; at < text.size(); ++at) {
+    if (in_string) {
+      if (text[at] == '\\')
+        ++at;  // an escaped character
+      else if (text[at] == '"')
+        in_string = false;
+      continue;
+    }
+    in_string = text[at] == '"';
+    if (text[at] != 'e' && text[at] != 'E') continue;
+    size_t digits = at + 1;
+    if (digits < text.size() && (text[digits] == '+' || text[digits] == '-')) ++digits;
+    size_t end = digits;
+    while (end < text.size() && std::isdigit(uint8_t(text[end]))) ++end;
+    const size_t width = end - digits;
+    if (width >= 3 && std::stod(text.substr(digits, width)) > 200)
+      text.replace(digits, width, std::string(width - 3, '0') + "200");
+    at = end - 1;
+  }
+  return text;
+}
+
 // Random walks: a byte at a time, any the recogniser accepts, then finished. Every prefix must
 // finish into a value the validator passes.
 TEST(SchemaPrefix, EveryAcceptedPrefixFinishesIntoAValueTheSchemaAdmits) {
   const std::string kBytes =
       std::string("{}[]\":,. \n-0123456789eE+truefalsnabcdghikmvxyzAKN\\u/") + "\xC3\xA9\x80";
   int walks = 0;
-  int overflows = 0;
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.schema);
     const auto schema = compile(c.schema);
@@ -309,20 +343,11 @@ TEST(SchemaPrefix, EveryAcceptedPrefixFinishesIntoAValueTheSchemaAdmits) {
       }
       const std::string finished = finish(*schema, text);
       SCOPED_TRACE(finished);
-      Json value;
-      try {
-        value = Json::parse(finished);
-      } catch (const nlohmann::json::out_of_range&) {
-        // JSON's numbers have no bound, nlohmann's doubles do: a walk may write 1e999.
-        ++overflows;
-        continue;
-      }
-      ASSERT_TRUE(validates(document, value, document));
+      ASSERT_TRUE(validates(document, Json::parse(within_double_range(finished)), document));
       ++walks;
     }
   }
-  EXPECT_EQ(walks + overflows, int(cases().size()) * 150);
-  EXPECT_LT(overflows, walks / 20);
+  EXPECT_EQ(walks, int(cases().size()) * 150);
 }
 
 // A model that nests as deep as it can, in schemas that recur, can still finish: where a value
