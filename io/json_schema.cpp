@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -162,14 +167,7 @@ class JsonSchemaCompiler {
     }
     if (!schema.is_object()) fail(pointer, "a schema is an object or a boolean");
     check_keywords(schema, pointer);
-    if (is_alias(schema)) {
-      // Compiled where the chain of aliases ends, so that a reference back to any link of it,
-      // from inside what it ends at, finds that node.
-      const auto [target, target_pointer] = follow_aliases(schema, pointer);
-      const int index = compile(*target, target_pointer, nesting + 1);
-      compiled_[pointer] = index;
-      return index;
-    }
+    if (is_alias(schema)) return compile_alias(schema, pointer, nesting);
     const int index = add_node(pointer);
     compiled_[pointer] = index;  // before its subschemas, which may refer back to it
     if (schema.contains("enum") || schema.contains("const")) {
@@ -218,41 +216,96 @@ class JsonSchemaCompiler {
     return schema.contains("$ref") || schema.contains("allOf");
   }
 
-  // The subschema a chain of aliases ends at (one that is not an alias), and its place.
-  std::pair<const Json*, std::string> follow_aliases(const Json& schema, std::string pointer) {
-    std::set<std::string> seen;
+  // An alias is the node of the subschema its chain of aliases ends at, compiled there, so that
+  // a reference back to any link of it, from inside what it ends at, finds that node. Every
+  // link is recorded as that node, and a chain stops at a link recorded before: references to
+  // many links of one long chain follow each link once.
+  int compile_alias(const Json& schema, const std::string& pointer, int nesting) {
+    std::vector<std::string> links{pointer};
+    std::unordered_set<std::string> in_chain{pointer};
     const Json* at = &schema;
-    while (is_alias(*at)) {
-      if (!seen.insert(pointer).second) fail(pointer, "$ref leads back to itself");
-      if (const auto all = at->find("allOf"); all != at->end()) {
-        if (!all->is_array() || all->size() != 1)
-          fail(pointer, "allOf is supported with one schema only");
-        at = &(*all)[0];
-        pointer = child_pointer(pointer, "allOf") + "/0";
+    std::string at_pointer = pointer;
+    int index = -1;
+    while (index < 0) {
+      std::tie(at, at_pointer) = next_link(*at, at_pointer);
+      if (const auto known = compiled_.find(at_pointer); known != compiled_.end()) {
+        index = known->second;
+      } else if (!at->is_object() || !is_alias(*at)) {
+        index = compile(*at, at_pointer, nesting + 1);  // which checks what the chain ends at
       } else {
-        const Json& ref = at->at("$ref");
-        if (!ref.is_string() || ref.get_ref<const std::string&>().rfind('#', 0) != 0)
-          fail(pointer, "$ref must be a place in this schema, '#' or '#/...'");
-        const std::string target = ref.get_ref<const std::string&>().substr(1);
-        at = referred(target);
-        if (!at) fail(pointer, "$ref '#" + target + "' names nothing in this schema");
-        pointer = target;
+        if (!in_chain.insert(at_pointer).second) fail(at_pointer, "$ref leads back to itself");
+        check_keywords(*at, at_pointer);
+        links.push_back(at_pointer);
       }
-      // The next link is checked here; what the chain ends at, by compile().
-      if (!at->is_object() || !is_alias(*at)) break;
-      check_keywords(*at, pointer);
     }
-    return {at, pointer};
+    for (const std::string& link : links) compiled_[link] = index;
+    return index;
   }
 
-  // The subschema at a JSON pointer into the document, or nullptr.
-  const Json* referred(const std::string& pointer) const {
-    try {
-      const Json::json_pointer at(pointer);
-      if (document_.contains(at)) return &document_.at(at);
-    } catch (const nlohmann::json::exception&) {
+  // The subschema an alias stands for, and its place.
+  std::pair<const Json*, std::string> next_link(const Json& alias, const std::string& pointer) {
+    if (const auto all = alias.find("allOf"); all != alias.end()) {
+      if (!all->is_array() || all->size() != 1)
+        fail(pointer, "allOf is supported with one schema only");
+      return {&(*all)[0], child_pointer(pointer, "allOf") + "/0"};
     }
-    return nullptr;
+    const Json& ref = alias.at("$ref");
+    if (!ref.is_string() || ref.get_ref<const std::string&>().rfind('#', 0) != 0)
+      fail(pointer, "$ref must be a place in this schema, '#' or '#/...'");
+    std::string target = ref.get_ref<const std::string&>().substr(1);
+    const Json* at = referred(target);
+    if (!at) fail(pointer, "$ref '#" + target + "' names nothing in this schema");
+    return {at, std::move(target)};
+  }
+
+  // The subschema at a JSON pointer into the document (RFC 6901), or nullptr. Walked here, not
+  // by nlohmann's json_pointer, which finds an object's member by a linear search: a schema of
+  // many $refs into one large object would cost their product.
+  const Json* referred(const std::string& pointer) {
+    if (!pointer.empty() && pointer[0] != '/') return nullptr;
+    const Json* at = &document_;
+    for (size_t slash = 0; slash < pointer.size() && at;) {
+      const size_t next = std::min(pointer.find('/', slash + 1), pointer.size());
+      const std::optional<std::string> token =
+          unescape(pointer.substr(slash + 1, next - slash - 1));
+      at = token ? member(*at, *token) : nullptr;
+      slash = next;
+    }
+    return at;
+  }
+
+  // A pointer's token as the key it names: "~1" is "/" and "~0" is "~"; any other "~" is an
+  // error.
+  static std::optional<std::string> unescape(const std::string& token) {
+    std::string key;
+    for (size_t i = 0; i < token.size(); ++i) {
+      if (token[i] != '~') {
+        key += token[i];
+        continue;
+      }
+      if (i + 1 == token.size() || (token[i + 1] != '0' && token[i + 1] != '1'))
+        return std::nullopt;
+      key += token[++i] == '0' ? '~' : '/';
+    }
+    return key;
+  }
+
+  // An object's member by its key (through an index of the object's members, built at its
+  // first lookup), or an array's item by its index, written without leading zeros.
+  const Json* member(const Json& container, const std::string& token) {
+    if (container.is_array()) {
+      const bool index =
+          !token.empty() && token.size() < 19 && (token == "0" || token[0] != '0') &&
+          std::all_of(token.begin(), token.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!index || std::stoull(token) >= container.size()) return nullptr;
+      return &container[std::stoull(token)];
+    }
+    if (!container.is_object()) return nullptr;
+    auto [members, added] = members_.try_emplace(&container);
+    if (added)
+      for (const auto& [key, value] : container.items()) members->second.emplace(key, &value);
+    const auto found = members->second.find(token);
+    return found == members->second.end() ? nullptr : found->second;
   }
 
   static uint8_t read_type(const Json& schema, const std::string& pointer) {
@@ -420,14 +473,14 @@ class JsonSchemaCompiler {
     }
     if (const auto required = schema.find("required"); required != schema.end()) {
       if (!required->is_array()) fail(child_pointer(pointer, "required"), "required is a list");
+      std::unordered_map<std::string_view, size_t> by_key;  // a property's place, by its key
+      for (size_t i = 0; i < properties.size(); ++i) by_key.emplace(properties[i].key, i);
       for (const Json& name : *required) {
-        const std::string key = name.is_string() ? Json(name).dump() : "";
-        const auto property = std::find_if(properties.begin(), properties.end(),
-                                           [&](const auto& p) { return p.key == key; });
-        if (property == properties.end())
+        const auto property = name.is_string() ? by_key.find(Json(name).dump()) : by_key.end();
+        if (property == by_key.end())
           fail(child_pointer(pointer, "required"),
                "required lists " + describe(name) + ", which is not among its properties");
-        property->required = true;
+        properties[property->second].required = true;
       }
     }
     const int other_keys = compile_other_keys(schema, pointer, !properties.empty(), nesting);
@@ -516,50 +569,112 @@ class JsonSchemaCompiler {
     visiting.erase(index);
   }
 
-  // The least nesting each node's values need: a least fixpoint, since a schema may refer to
-  // itself. Every kind of value a node admits must have a finite one (a model may begin any of
-  // them: recursion must pass through something it can leave out, or an alternative that ends
-  // it), and the root's must fit in JsonPrefix's nesting.
-  void compute_depths() {
-    constexpr int kInfinite = std::numeric_limits<int>::max();
-    const size_t count = nodes_->size();
-    std::vector<int> any(count, kInfinite), object(count, kInfinite), array(count, kInfinite);
+  // The least nesting a node's values need: any value, an object, an array.
+  static constexpr int kInfinite = std::numeric_limits<int>::max();
+  struct Depths {
+    int any = kInfinite, object = kInfinite, array = kInfinite;
+    bool below(const Depths& other) const {
+      return any < other.any || object < other.object || array < other.array;
+    }
+  };
+
+  // A node's depths from those of the nodes it is made of.
+  Depths depths_of(const JsonSchema::Node& n, const std::vector<Depths>& depths) const {
     const auto deeper = [](int depth) { return depth == kInfinite ? kInfinite : depth + 1; };
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t index = count; index-- > 0;) {  // subschemas come after what holds them
-        const JsonSchema::Node& n = node(int(index));
-        int o = kInfinite, a = kInfinite, m = kInfinite;
-        if (!n.branches.empty()) {
-          for (int leaf : n.branches) {
-            o = std::min(o, object[size_t(leaf)]);
-            a = std::min(a, array[size_t(leaf)]);
-            m = std::min(m, any[size_t(leaf)]);
-          }
-        } else if (!n.texts.empty()) {  // compile_texts measured them
-          const auto unstored = [](uint8_t depth) {
-            return depth == JsonSchema::Node::kNever ? kInfinite : int(depth);
-          };
-          o = unstored(n.object_depth);
-          a = unstored(n.array_depth);
-          m = unstored(n.min_depth);
-        } else {
-          if (n.kinds & kObjectKind) {
-            int deepest = 0;  // of the required properties
-            for (const auto& property : n.properties)
-              if (property.required) deepest = std::max(deepest, any[size_t(property.node)]);
-            o = deeper(deepest);
-          }
-          if (n.kinds & kArrayKind) a = n.min_items == 0 ? 1 : deeper(any[size_t(n.items)]);
-          m = n.kinds & ~(kObjectKind | kArrayKind) ? 0 : std::min(o, a);
-        }
-        if (o < object[index] || a < array[index] || m < any[index]) {
-          object[index] = o;
-          array[index] = a;
-          any[index] = m;
-          changed = true;
-        }
+    Depths d;
+    if (!n.branches.empty()) {
+      for (int leaf : n.branches) {
+        d.object = std::min(d.object, depths[size_t(leaf)].object);
+        d.array = std::min(d.array, depths[size_t(leaf)].array);
+        d.any = std::min(d.any, depths[size_t(leaf)].any);
       }
+      return d;
+    }
+    if (!n.texts.empty()) {  // compile_texts measured them
+      const auto unstored = [](uint8_t depth) {
+        return depth == JsonSchema::Node::kNever ? kInfinite : int(depth);
+      };
+      return {unstored(n.min_depth), unstored(n.object_depth), unstored(n.array_depth)};
+    }
+    if (n.kinds & kObjectKind) {
+      int deepest = 0;  // of the required properties
+      for (const auto& property : n.properties)
+        if (property.required) deepest = std::max(deepest, depths[size_t(property.node)].any);
+      d.object = deeper(deepest);
+    }
+    if (n.kinds & kArrayKind) d.array = n.min_items == 0 ? 1 : deeper(depths[size_t(n.items)].any);
+    d.any = n.kinds & ~(kObjectKind | kArrayKind) ? 0 : std::min(d.object, d.array);
+    return d;
+  }
+
+  // The nodes a node's depths are made of: what depths_of reads.
+  static std::vector<int> parts_of(const JsonSchema::Node& n) {
+    if (!n.branches.empty()) return n.branches;
+    std::vector<int> parts;
+    if (!n.texts.empty()) return parts;
+    if (n.kinds & kObjectKind)
+      for (const auto& property : n.properties)
+        if (property.required) parts.push_back(property.node);
+    if ((n.kinds & kArrayKind) && n.min_items > 0) parts.push_back(n.items);
+    return parts;
+  }
+
+  // Every node after the nodes it is made of, except where they make a cycle: a depth-first
+  // search's post-order.
+  static std::vector<int> parts_first(const std::vector<std::vector<int>>& parts) {
+    std::vector<int> order;
+    std::vector<bool> seen(parts.size(), false);
+    std::vector<std::pair<int, size_t>> path;  // a node, and the next of its parts to visit
+    for (size_t first = 0; first < parts.size(); ++first) {
+      if (seen[first]) continue;
+      seen[first] = true;
+      path.push_back({int(first), 0});
+      while (!path.empty()) {
+        auto& [at, next] = path.back();
+        if (next == parts[size_t(at)].size()) {
+          order.push_back(at);
+          path.pop_back();
+          continue;
+        }
+        const int part = parts[size_t(at)][next++];
+        if (seen[size_t(part)]) continue;
+        seen[size_t(part)] = true;
+        path.push_back({part, 0});
+      }
+    }
+    return order;
+  }
+
+  // The least nesting each node's values need: a least fixpoint, since a schema may refer to
+  // itself. A worklist finds it: nodes are taken after their parts, and again only when a part
+  // came down, so a schema without recursion evaluates each node once (iterating over every
+  // node until nothing changed took one pass per link of a chain of $refs). Every kind of value
+  // a node admits must have a finite one (a model may begin any of them: recursion must pass
+  // through something it can leave out, or an alternative that ends it), and the root's must
+  // fit in JsonPrefix's nesting.
+  void compute_depths() {
+    const size_t count = nodes_->size();
+    std::vector<std::vector<int>> parts(count), wholes(count);
+    for (size_t index = 0; index < count; ++index) {
+      parts[index] = parts_of(node(int(index)));
+      for (int part : parts[index]) wholes[size_t(part)].push_back(int(index));
+    }
+    const std::vector<int> order = parts_first(parts);
+    std::deque<int> work(order.begin(), order.end());
+    std::vector<bool> queued(count, true);
+    std::vector<Depths> depths(count);
+    while (!work.empty()) {
+      const size_t index = size_t(work.front());
+      work.pop_front();
+      queued[index] = false;
+      const Depths now = depths_of(node(int(index)), depths);
+      if (!now.below(depths[index])) continue;
+      depths[index] = now;
+      for (int whole : wholes[index])
+        if (!queued[size_t(whole)]) {
+          queued[size_t(whole)] = true;
+          work.push_back(whole);
+        }
     }
     const auto stored = [](int depth) {
       return depth == kInfinite ? JsonSchema::Node::kNever
@@ -568,14 +683,14 @@ class JsonSchemaCompiler {
     for (size_t index = 0; index < count; ++index) {
       JsonSchema::Node& n = node(int(index));
       if (n.branches.empty() && n.texts.empty()) {
-        if ((n.kinds & kObjectKind) && object[index] == kInfinite)
+        if ((n.kinds & kObjectKind) && depths[index].object == kInfinite)
           fail(n.pointer, "no object of it is finite: it requires itself");
-        if ((n.kinds & kArrayKind) && array[index] == kInfinite)
+        if ((n.kinds & kArrayKind) && depths[index].array == kInfinite)
           fail(n.pointer, "no array of it is finite: it requires itself");
       }
-      n.min_depth = stored(any[index]);
-      n.object_depth = stored(object[index]);
-      n.array_depth = stored(array[index]);
+      n.min_depth = stored(depths[index].any);
+      n.object_depth = stored(depths[index].object);
+      n.array_depth = stored(depths[index].array);
     }
     if (node(root_).min_depth > JsonPrefix::kMaxDepth)
       fail(node(root_).pointer, "its values need more than " +
@@ -585,6 +700,8 @@ class JsonSchemaCompiler {
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
   std::map<std::string, int> compiled_;  // pointer -> node
+  // The members of each object a $ref has looked into, by key.
+  std::unordered_map<const Json*, std::unordered_map<std::string, const Json*>> members_;
   int root_ = 0;
 };
 

@@ -242,6 +242,13 @@ const std::vector<Case>& cases() {
        {{"\"ab", "c"}, {"\"\\uD83D\\uDE00a", "b"}}},
       {R"({"type": "object", "additionalProperties": false})", {"{}"}, {{"{", "\""}}},
       {R"({"const": {"k": [true]}})", {R"({"k":[true]})"}, {{"{\"k\":[true", ","}}},
+      // $ref's pointers: "~1" for "/", "~0" for "~", array indices, "#/" for the key "".
+      {R"({"$defs": {"a/b~": {"type": "integer"}, "l": [{"type": "null"}, {"type": "boolean"}],
+                     "": {"type": "string"}},
+          "type": "array", "items": {"anyOf": [{"$ref": "#/$defs/a~1b~0"}, {"$ref": "#/$defs/l/1"},
+                                               {"$ref": "#/$defs/"}]}})",
+       {R"([1,true,"x"])"},
+       {{"[", "n"}, {"[1,", "{"}}},
       // true, any value at all, as the whole schema and inside containers the schema follows.
       {"true", {R"({"a":1})", "[{}]", R"({"a":{"b":[1]}})", "null"}, {{"{\"a\":1", "]"}}},
       {R"({"properties": {"a": true}})",
@@ -444,6 +451,11 @@ TEST(JsonSchema, RefusesWhatItCannotHoldAnAnswerToNamingThePlace) {
        "at #/required: required lists \"b\", which is not among its properties"},
       {R"({"$ref": "#/$defs/missing"})", "at #: $ref '#/$defs/missing' names nothing"},
       {R"({"$ref": "http://example.com/s.json"})", "must be a place in this schema"},
+      // A pointer's array index has no leading zero, and "~" escapes only 0 and 1 (RFC 6901).
+      {R"({"$defs": {"x": [{}]}, "$ref": "#/$defs/x/00"})", "'#/$defs/x/00' names nothing"},
+      {R"({"$defs": {"x": [{}]}, "$ref": "#/$defs/x/1"})", "'#/$defs/x/1' names nothing"},
+      {R"({"$defs": {"a~b": {}}, "$ref": "#/$defs/a~b"})", "'#/$defs/a~b' names nothing"},
+      {R"({"$ref": "#$defs"})", "'#$defs' names nothing"},
       {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
        "leads back to itself"},
       {R"({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
