@@ -3,15 +3,18 @@
 #include "graph/serve_config.h"
 
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <system_error>
 #include <type_traits>
 #include <vector>
@@ -451,6 +454,55 @@ void apply_override(YAML::Node& root, const std::string& text, const std::string
   applied[field] = value;
 }
 
+// Notes where each YAML document begins, and nothing else.
+class DocumentStarts final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The config's one YAML document (empty: null). yaml-cpp 0.7's LoadAll never returns on some
+// malformed texts, a stray ',' or '%' where a document begins: its parser reports document
+// after document at that place, reading nothing, and LoadAll keeps them all until memory runs
+// out. So the documents are counted first, at most three: one that begins where the one before
+// it did is that place. Throws YAML::ParserException for YAML it refuses.
+YAML::Node read_one_document(const std::string& name) {
+  std::ifstream file(name, std::ios::binary);
+  if (!file) throw ConfigError(name + ": cannot read the config file");
+  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (file.bad()) throw ConfigError(name + ": cannot read the config file");
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  for (int document = 0; document < 3 && parser.HandleNextDocument(starts); ++document) {
+  }
+  const std::vector<YAML::Mark>& at = starts.marks;
+  const auto line_of = [&](const YAML::Mark& mark) {
+    return name + ":" + std::to_string(mark.line + 1);
+  };
+  for (size_t i = 1; i < at.size(); ++i)
+    if (at[i].pos == at[i - 1].pos)
+      throw ConfigError(line_of(at[i]) + ": '" + text.substr(size_t(at[i].pos), 1) +
+                        "' cannot begin a YAML value here");
+  // A second document would be dropped without a word: one config, one document.
+  if (at.size() > 1)
+    throw ConfigError(line_of(at[1]) +
+                      ": a second YAML document (\"---\"); a config file holds one");
+  return YAML::Load(text);
+}
+
 }  // namespace
 
 void check_model_folder(const ModelSection& model) {
@@ -469,16 +521,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
     throw ConfigError(name + ": is a folder, not a config file");
   YAML::Node root;
   try {
-    // A second document ("---") would be dropped without a word: one config, one document.
-    const std::vector<YAML::Node> documents = YAML::LoadAllFromFile(name);
-    if (documents.size() > 1) {
-      const int line = documents[1].Mark().line;  // -1 for an empty document
-      throw ConfigError(name + (line >= 0 ? ":" + std::to_string(line + 1) : std::string()) +
-                        ": a second YAML document (\"---\"); a config file holds one");
-    }
-    if (!documents.empty()) root = documents.front();
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(name + ": cannot read the config file");
+    root = read_one_document(name);
   } catch (const YAML::ParserException& e) {
     throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": " + yaml_problem(e));
   }

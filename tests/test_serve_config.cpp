@@ -211,11 +211,15 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
 }
 
 // A second document would be dropped unread, and a folder read as a file failed inside the
-// standard library with a message that named no file.
+// standard library with a message that named no file. A stray ',' or '%' where a document
+// begins made yaml-cpp's LoadAll read empty documents there until memory ran out.
 TEST_F(ServeConfigTest, OneDocumentInAFile) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_EQ(error_of("model: {path: m}\n---\nscheduler:\n  window_ms: 5\n"),
-            file + ":3: a second YAML document (\"---\"); a config file holds one");
+            file + ":2: a second YAML document (\"---\"); a config file holds one");
+  EXPECT_EQ(error_of(","), file + ":1: ',' cannot begin a YAML value here");
+  EXPECT_EQ(error_of("%\n,"), file + ":2: ',' cannot begin a YAML value here");
+  EXPECT_EQ(error_of("model: {path: m}\n%\n,\n"), file + ":3: ',' cannot begin a YAML value here");
   try {
     load_serve_config(dir_, {});
     ADD_FAILURE() << "a folder was read as a config";
