@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "io/json_integer.h"
@@ -24,7 +25,7 @@ json read_json(const std::filesystem::path& path) {
   if (!in) throw CheckpointError(path.string() + ": cannot open");
   try {
     return json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past a double (1e400)
     throw CheckpointError(path.string() + ": bad JSON: " + e.what());
   }
 }
@@ -51,8 +52,10 @@ int positive_int(const std::filesystem::path& file, const json& j, const char* f
 float positive_float(const std::filesystem::path& file, const json& j, const char* field,
                      float fallback) {
   if (!j.contains(field) || j[field].is_null()) return fallback;
-  if (!j[field].is_number() || j[field].get<double>() <= 0)
-    fail(file, field, "must be a positive number, got " + j[field].dump());
+  // Past float's range it would become an infinity (and the model's every answer garbage).
+  if (!j[field].is_number() || j[field].get<double>() <= 0 ||
+      j[field].get<double>() > std::numeric_limits<float>::max())
+    fail(file, field, "must be a positive number within float's range, got " + j[field].dump());
   return j[field].get<float>();
 }
 

@@ -35,10 +35,16 @@ std::vector<int64_t> parse_shape(const std::filesystem::path& file, const std::s
   if (!entry.contains("shape") || !entry["shape"].is_array())
     fail_tensor(file, name, "header entry has no 'shape' list");
   std::vector<int64_t> shape;
+  int64_t elements = 1;
   for (const auto& dim : entry["shape"]) {
     if (!dim.is_number_integer() || dim.get<int64_t>() < 0)
       fail_tensor(file, name, "shape " + entry["shape"].dump() + " is not a list of sizes");
     shape.push_back(dim.get<int64_t>());
+    // At most 2^60 elements, so that their bytes (4 at most each) are a number in 64 bits and
+    // the check against data_offsets cannot be passed by a size that wrapped around.
+    if (__builtin_mul_overflow(elements, shape.back(), &elements) || elements > (int64_t(1) << 60))
+      fail_tensor(file, name,
+                  "shape " + entry["shape"].dump() + " holds more elements than a file can");
   }
   return shape;
 }
@@ -81,7 +87,7 @@ json read_json_file(const std::filesystem::path& path) {
   if (!in) fail(path, "cannot open");
   try {
     return json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past a double (1e400)
     fail(path, std::string("bad JSON: ") + e.what());
   }
 }
@@ -139,7 +145,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_bytes);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past a double (1e400)
     fail(path, std::string("bad header JSON: ") + e.what());
   }
   if (!header.is_object()) fail(path, "bad header JSON: not an object");

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "io/model_config.h"
@@ -50,6 +51,24 @@ class BrokenCheckpointTest : public ::testing::Test {
   }
 
   void write() { write_safetensors(dir_ / "model.safetensors", tensors_); }
+
+  // Writes the checkpoint with its header as `edit` leaves it; the data stays as it was.
+  void write_with_header(
+      const std::function<void(nlohmann::json& header, uint64_t data_bytes)>& edit) {
+    write();
+    const auto path = dir_ / "model.safetensors";
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    uint64_t n;
+    std::memcpy(&n, bytes.data(), 8);
+    auto header = nlohmann::json::parse(bytes.substr(8, n));
+    edit(header, bytes.size() - 8 - n);
+    const std::string text = header.dump();
+    const uint64_t m = text.size();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&m), 8);
+    out << text << bytes.substr(8 + n);
+  }
 
   // Loads the checkpoint and returns the error message (empty when it loads).
   std::string load_error() {
@@ -181,28 +200,44 @@ TEST_F(BrokenCheckpointTest, BadHeaderJson) {
   out.close();
   const auto error = load_error();
   EXPECT_NE(error.find("bad header JSON"), std::string::npos) << error;
+  // A number past a double is JSON nlohmann cannot read either; the file is still named.
+  write_with_header([](nlohmann::json& header, uint64_t) {
+    header["__metadata__"] = {{"x", "NUMBER"}};
+  });
+  const auto path = dir_ / "model.safetensors";
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  bytes.replace(bytes.find("\"NUMBER\""), 8, "1e400   ");  // as long: the length stays right
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  const auto overflow = load_error();
+  EXPECT_NE(overflow.find("model.safetensors: bad header JSON"), std::string::npos) << overflow;
+  EXPECT_NE(overflow.find("number overflow"), std::string::npos) << overflow;
 }
 
 TEST_F(BrokenCheckpointTest, OffsetsOutsideTheFile) {
-  write();
-  // Rewrite the header so one tensor's end offset points past the data.
-  auto path = dir_ / "model.safetensors";
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  auto header = nlohmann::json::parse(bytes.substr(8, n));
-  const uint64_t data_bytes = bytes.size() - 8 - n;
-  header["model.norm.weight"]["data_offsets"] = {data_bytes - 4, data_bytes + 252};
-  std::string text = header.dump();
-  const uint64_t m = text.size();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(&m), 8);
-  out << text << bytes.substr(8 + n);
-  out.close();
+  // One tensor's end offset points past the data.
+  write_with_header([](nlohmann::json& header, uint64_t data_bytes) {
+    header["model.norm.weight"]["data_offsets"] = {data_bytes - 4, data_bytes + 252};
+  });
   const auto error = load_error();
   EXPECT_NE(error.find("'model.norm.weight'"), std::string::npos) << error;
   EXPECT_NE(error.find("outside the file"), std::string::npos) << error;
+}
+
+// A shape whose size in bytes wraps around 64 bits once passed as a tensor of 0 bytes (2^61
+// elements of 4 bytes each), or overflowed int64_t in its element count.
+TEST_F(BrokenCheckpointTest, AShapeNoFileCouldHoldIsRefused) {
+  for (const nlohmann::json& shape :
+       {nlohmann::json{2305843009213693952ll, 2}, nlohmann::json{4611686018427387904ll, 4}}) {
+    SCOPED_TRACE(shape.dump());
+    write_with_header([&](nlohmann::json& header, uint64_t) {
+      header["model.norm.weight"]["shape"] = shape;
+      header["model.norm.weight"]["data_offsets"] = {0, 0};
+    });
+    const auto error = load_error();
+    EXPECT_NE(error.find("'model.norm.weight'"), std::string::npos) << error;
+    EXPECT_NE(error.find("holds more elements than a file can"), std::string::npos) << error;
+  }
 }
 
 TEST_F(BrokenCheckpointTest, UnknownDtype) {
@@ -281,6 +316,20 @@ TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
   config["hidden_size"] = hidden_size;
   std::ofstream(dir_ / "config.json") << config.dump();
 
+  // A float field past float's range would be an infinity.
+  const nlohmann::json valid = config;
+  for (const char* field : {"rms_norm_eps", "rope_theta"}) {
+    config[field] = 1e39;
+    std::ofstream(dir_ / "config.json") << config.dump();
+    error = load_error();
+    EXPECT_NE(error.find("config.json: field '" + std::string(field) +
+                         "' must be a positive number within float's range, got 1e+39"),
+              std::string::npos)
+        << error;
+    config = valid;
+  }
+  std::ofstream(dir_ / "config.json") << config.dump();
+
   // An end id out of the vocabulary is reported against the file it came from.
   std::ofstream(dir_ / "generation_config.json") << R"({"eos_token_id": [2, 100000]})";
   error = load_error();
@@ -309,6 +358,10 @@ TEST_F(BrokenCheckpointTest, ConfigErrorsNameTheField) {
   std::ofstream(dir_ / "config.json") << "{ not json";
   error = load_error();
   EXPECT_NE(error.find("config.json: bad JSON"), std::string::npos) << error;
+  std::ofstream(dir_ / "config.json") << R"({"rope_theta": 1e400})";
+  error = load_error();
+  EXPECT_NE(error.find("config.json: bad JSON"), std::string::npos) << error;
+  EXPECT_NE(error.find("number overflow"), std::string::npos) << error;
 
   fs::remove(dir_ / "config.json");
   error = load_error();
