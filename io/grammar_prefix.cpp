@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include "io/utf8.h"
 
@@ -12,7 +13,10 @@ namespace {
 // to the next characters (or to root's end), each written out as a parse. A frame's stack is a
 // chain of links, so a call or a return is a link rather than a copy; a (node, context) pair
 // met again is skipped, a context being one stack below the node, which is what ends the loops
-// of a repetition whose body can be empty.
+// of a repetition whose body can be empty. A call that returns to the same node in the same
+// context as one before it shares that call's stack and context, so the callee is followed once:
+// with a fresh context for each, a grammar whose ways split and join again (r ::= (s | s) "z"?,
+// nested) was followed once per way, 2^depth times.
 class Closure {
  public:
   void begin(const Grammar& grammar, std::vector<uint32_t>& out) {
@@ -21,6 +25,7 @@ class Closure {
     out.clear();
     links_.clear();
     work_.clear();  // a step that threw (past a limit) leaves its work behind
+    calls_.clear();
     steps_ = 0;
     complete_ = false;
     if (seen_.size() < grammar.node_count()) seen_.resize(grammar.node_count(), 0);
@@ -64,6 +69,7 @@ class Closure {
   uint32_t contexts(uint32_t count) {
     if (next_context_ > UINT32_MAX - count) {
       std::fill(seen_.begin(), seen_.end(), 0);
+      calls_.clear();  // their contexts are numbers that will come again
       next_context_ = 1;
     }
     next_context_ += count;
@@ -93,8 +99,13 @@ class Closure {
           return;
         }
         if (step.depth + 1 + grammar_->node(node.next).need > Grammar::kMaxDepth) return;
-        links_.push_back({node.next, step.context, step.link});
-        work_.push_back({start, contexts(1), uint32_t(links_.size() - 1), step.depth + 1});
+        const auto [call, added] =
+            calls_.try_emplace(uint64_t(node.next) << 32 | step.context, Callee{});
+        if (added) {
+          links_.push_back({node.next, step.context, step.link});
+          call->second = {contexts(1), uint32_t(links_.size() - 1)};
+        }
+        work_.push_back({start, call->second.context, call->second.link, step.depth + 1});
         return;
       }
       case Grammar::NodeKind::Return:
@@ -150,6 +161,12 @@ class Closure {
   std::vector<Link> links_;
   std::vector<Step> work_;
   std::vector<uint32_t> seen_;  // per node: the context it was last met in
+  // The callee of each call followed: by the node it returns to and the caller's context.
+  struct Callee {
+    uint32_t context = 0;
+    uint32_t link = 0;
+  };
+  std::unordered_map<uint64_t, Callee> calls_;
   uint32_t next_context_ = 1;
   size_t steps_ = 0;
   bool complete_ = false;

@@ -367,6 +367,23 @@ TEST(Grammar, LimitsRefuseWhatWouldCostTooMuch) {
 }
 
 // A JSON-like grammar (objects, arrays, strings, numbers) on texts JSON mode would write.
+// Ways that part and meet again, r0 ::= (r1 | r1) "z"? nested 20 deep: each call of r1 returns
+// to the same place, so r1 is followed once per character, not once per way (2^20 ways passed
+// kMaxSteps, and 2^11 took 40 ms a token to mask).
+TEST(Grammar, WaysThatPartAndMeetAgainAreFollowedOnce) {
+  constexpr int kLevels = 20;
+  std::string text = "root ::= r0 r0\n";
+  for (int level = 0; level < kLevels; ++level)
+    text += rule_name(level) + " ::= (" + rule_name(level + 1) + " | " + rule_name(level + 1) +
+            ") \"z\"?\n";
+  text += rule_name(kLevels) + " ::= [a-y]\n";
+  const auto grammar = gbnf(text);
+  EXPECT_TRUE(derives(*grammar, "ab"));
+  EXPECT_TRUE(continues(*grammar, "az"));  // a "z" of any of the 20 levels
+  EXPECT_FALSE(continues(*grammar, "abc"));
+  EXPECT_FALSE(derives(*grammar, "a"));
+}
+
 TEST(Grammar, AJsonGrammarFollowsJsonTexts) {
   const auto json = gbnf(R"(root ::= object
 value ::= object | array | string | number | ("true" | "false" | "null") ws
