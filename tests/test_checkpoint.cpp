@@ -192,26 +192,19 @@ TEST_F(BrokenCheckpointTest, TruncatedHeader) {
 }
 
 TEST_F(BrokenCheckpointTest, BadHeaderJson) {
-  const std::string header = "{\"a\": [1, 2";
-  const uint64_t n = header.size();
-  std::ofstream out(dir_ / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out << header;
-  out.close();
-  const auto error = load_error();
-  EXPECT_NE(error.find("bad header JSON"), std::string::npos) << error;
-  // A number past a double is JSON nlohmann cannot read either; the file is still named.
-  write_with_header([](nlohmann::json& header, uint64_t) {
-    header["__metadata__"] = {{"x", "NUMBER"}};
-  });
-  const auto path = dir_ / "model.safetensors";
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  bytes.replace(bytes.find("\"NUMBER\""), 8, "1e400   ");  // as long: the length stays right
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  const auto overflow = load_error();
-  EXPECT_NE(overflow.find("model.safetensors: bad header JSON"), std::string::npos) << overflow;
-  EXPECT_NE(overflow.find("number overflow"), std::string::npos) << overflow;
+  // Not JSON, and JSON nlohmann cannot read (a number past a double): either way the file is
+  // named.
+  for (const std::string header : {"{\"a\": [1, 2", "{\"__metadata__\": {\"x\": 1e400}}"}) {
+    SCOPED_TRACE(header);
+    const uint64_t n = header.size();
+    std::ofstream out(dir_ / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    out.close();
+    const auto error = load_error();
+    EXPECT_NE(error.find("model.safetensors: bad header JSON"), std::string::npos) << error;
+  }
+  EXPECT_NE(load_error().find("number overflow"), std::string::npos);
 }
 
 TEST_F(BrokenCheckpointTest, OffsetsOutsideTheFile) {
