@@ -701,6 +701,10 @@ struct HttpServer::Impl {
                                            "The request could not be read: a header is malformed "
                                            "or longer than the 8 KiB a header line may hold.",
                                            "invalid_request_error", ""));
+      // A body httplib gave up on part-way (a malformed chunk) leaves the connection at an
+      // unknown place in it: what follows would be read as a next request.
+      if (req.has_header("Transfer-Encoding") || req.has_header("Content-Length"))
+        end_connection_after(req, res);
       return reply_error(res, make_error(400,
                                          "The request body could not be read: a " + req.method +
                                              " needs a body with a Content-Length header (or "

@@ -1362,6 +1362,29 @@ TEST_F(ServerE2E, ABodyThatStopsArrivingIsA408AndItsConnectionEnds) {
   close(fd);
 }
 
+// A chunked body httplib cannot read (a chunk size that is not a hex number) is refused, and
+// its connection ends: the bytes after the bad chunk are never read as a next request.
+TEST_F(ServerE2E, AMalformedChunkedBodyIsRefusedAndItsConnectionEnds) {
+  for (const std::string& chunks : {std::string("zz\r\n"), std::string("-1\r\n{}\r\n")}) {
+    SCOPED_TRACE(chunks);
+    const auto start = Clock::now();
+    const int fd = send_raw(port(),
+                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                            "Transfer-Encoding: chunked\r\n\r\n" +
+                                chunks);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    (void)::send(fd, smuggled.data(), smuggled.size(), MSG_NOSIGNAL);
+    const std::string received = read_to_end(fd);
+    close(fd);
+    EXPECT_TRUE(received.starts_with("HTTP/1.1 400")) << received;
+    EXPECT_NE(received.find("\r\nConnection: close\r\n"), std::string::npos) << received;
+    EXPECT_EQ(received.find("\"status\""), std::string::npos)
+        << "the smuggled /health was answered";
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  }
+}
+
 // A request target in absolute form, as some proxies send it on, routes by its path.
 TEST_F(ServerE2E, ARequestTargetInAbsoluteFormIsServed) {
   const std::string body = completion_body("Hi", 2).dump();
