@@ -351,9 +351,9 @@ print(f"serve llama2-7b bf16: {r['requests']} x {r['max_tokens']} tokens, concur
 PY
 fi
 
-# The full logs in one archive beside the results (the JSON files and the test logs).
-(cd "$OUT" && tar czf logs.tar.gz --remove-files --ignore-failed-read gpu.txt prebuilt.log \
-  configure.log build.log make_model.log kernels.log bench.log bench_serve.log serve.yaml \
-  ncu_bench.log \
-  2>/dev/null)
+# Every log in one archive beside the five result files: the device tool brings back at most
+# eight files from $OUT, and the test and sanitizer logs matter most when something failed.
+(cd "$OUT" && logs=$(find . -maxdepth 1 -type f ! -name kernels.json ! -name bench.json \
+  ! -name bench_serve.json ! -name metrics.txt ! -name ncu.csv -printf '%f\n') \
+  && tar czf logs.tar.gz --remove-files $logs)
 exit 0
