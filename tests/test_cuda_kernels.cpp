@@ -302,6 +302,8 @@ TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {
   SKIP_WITHOUT_CUDA();
   for (int group : {1, 2, 4, 8}) check_decode_attention({2 * group, 2, 128});
   check_decode_attention({8, 4, 8});    // stories260K's heads
+  check_decode_attention({8, 2, 64});   // TinyLlama's and llama2-110m's head size
+  check_decode_attention({4, 2, 32});   // make-model tiny's
   check_decode_attention({4, 4, 256});  // the widest head the kernel takes
 }
 
@@ -367,6 +369,7 @@ TEST(CudaKernels, PrefillAttentionMatchesFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   check_prefill_attention({2, 2, 128});
   check_prefill_attention({8, 2, 128});
+  check_prefill_attention({8, 2, 64});
   check_prefill_attention({8, 4, 8});
 }
 
@@ -486,6 +489,21 @@ TEST(CudaKernels, EmbeddingGatherCopiesEachTokensRow) {
                   __bfloat162float(embed[size_t(tokens[t]) * hidden + size_t(c)]))
             << "hidden " << hidden << ", token " << t << ", column " << c;
   }
+}
+
+// A failed call is reported by its own check alone. The runtime also keeps its error as the
+// "last error", which the next launch's check would have reported as that launch's failure (a
+// pass whose buffers could not grow failed the next, unrelated prefill).
+TEST(CudaKernels, AFailedAllocationIsNotReportedAgainByTheNextLaunch) {
+  SKIP_WITHOUT_CUDA();
+  EXPECT_THROW(DeviceBuffer<char>(size_t(1) << 52), std::runtime_error);  // 4 PiB
+  const std::vector<float> ones(1000, 1.0f);
+  const DeviceBuffer<float> src_d = upload(ones);
+  DeviceBuffer<bf16> dst_d(ones.size());
+  Stream stream;
+  EXPECT_NO_THROW(
+      convert_to_bf16(src_d.data(), DType::F32, dst_d.data(), ones.size(), stream.get()));
+  for (bf16 x : download(dst_d)) ASSERT_EQ(__bfloat162float(x), 1.0f);
 }
 
 // 7B's intermediate size and sizes that take the kernel's 4-, 2- and 1-wide builds.

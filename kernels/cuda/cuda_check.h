@@ -12,6 +12,9 @@ namespace pipeline::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t error, const char* call, const char* file,
                                           int line) {
+  // The runtime also keeps a failed call's error as its "last error", which the next launch
+  // check (cudaGetLastError) would report as that launch's: it is reported here instead.
+  (void)cudaGetLastError();
   throw std::runtime_error(std::string("CUDA error: ") + call + " failed with " +
                            cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ") at " +
                            file + ":" + std::to_string(line));
