@@ -14,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -257,10 +258,10 @@ struct GoldenSequences {
   std::vector<std::vector<int32_t>> prompts, continuations;
 };
 
-GoldenSequences golden_sequences() {
+GoldenSequences golden_sequences(int count = 8) {
   const json cases = read_json("golden/stories260K_greedy.json")["cases"];
   GoldenSequences g;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < count; ++i) {
     const json& c = cases[size_t(i) % cases.size()];
     std::vector<int32_t> prompt = c["prompt_ids_sentencepiece"].get<std::vector<int32_t>>();
     for (int extra = 0; extra < i / int(cases.size()) * 3; ++extra) prompt.push_back(400 + extra);
@@ -327,6 +328,23 @@ TEST(CudaRunner, BatchOfEightMatchesSolo) {
   const int steps = 12;
   const auto together = run_together(*cuda, g, {0, 1, 2, 3, 4, 5, 6, 7}, steps, blocks);
   expect_rows_match_solo(*cuda, g, together, steps, blocks, "batch of 8");
+}
+
+// 40 sequences: the decode step's projections take 40 rows (SkinnyGemm's larger tiles, or
+// cuBLAS where warm-up timed it faster) inside a captured graph of that batch size, which the
+// batches of 8 never reach.
+TEST(CudaRunner, BatchOfFortyMatchesSolo) {
+  SKIP_WITHOUT_CUDA();
+  RunnerOptions options = test_options(512);
+  options.max_num_seqs = 40;
+  const auto cuda = make_cuda_runner(load_model(shared_path("models/stories260K")), options);
+  const GoldenSequences g = golden_sequences(40);
+  BlockManager blocks(cuda->kv_shape().num_blocks);
+  std::vector<int> members(40);
+  std::iota(members.begin(), members.end(), 0);
+  const int steps = 6;
+  const auto together = run_together(*cuda, g, members, steps, blocks);
+  expect_rows_match_solo(*cuda, g, together, steps, blocks, "batch of 40");
 }
 
 // Prompts that join running sequences, as the scheduler's prefill batches carry them: each
