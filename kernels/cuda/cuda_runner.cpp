@@ -150,6 +150,8 @@ class CudaRunner final : public ModelRunner {
   void warm_up(int max_num_seqs);
   void tune_projections();
   void ensure_capacity(int tokens, int seqs, int logit_rows);
+  // Replaces the workspace and pinned buffers with ones of `capacity` (captured graphs go too).
+  void allocate_workspace(const StepCapacity& capacity);
   int decode_splits(const StepShape& shape) const;
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
@@ -235,10 +237,13 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
   }
   // Buffers for the largest pass the scheduler will send, before the KV cache takes its share
   // of what is left: grown later, they could find the device full in the middle of serving.
+  // Exactly that pass, not rounded up: every token of room is about 130 KB for a 7B model,
+  // which the KV cache would otherwise hold.
   const int initial_seqs = std::max(options.max_num_seqs, 1);
   const int pass_tokens = std::max({kWarmUpTokens, initial_seqs, options.max_pass_tokens});
   try {
-    ensure_capacity(pass_tokens, initial_seqs, std::max(initial_seqs, options.max_pass_logit_rows));
+    allocate_workspace(
+        {pass_tokens, initial_seqs, std::max(initial_seqs, options.max_pass_logit_rows)});
   } catch (const std::exception& e) {
     throw std::runtime_error(
         "model does not fit on the GPU: after " + gib_string(weight_bytes) +
@@ -340,12 +345,18 @@ void CudaRunner::ensure_capacity(int tokens, int seqs, int logit_rows) {
   if (workspace_ && tokens <= workspace_->capacity.tokens && seqs <= workspace_->capacity.seqs &&
       logit_rows <= workspace_->capacity.logit_rows)
     return;
+  // Beyond what the constructor sized them for: grown by powers of two, so that a few growths
+  // cover any pass.
   StepCapacity grown{round_up_pow2(tokens), round_up_pow2(seqs), round_up_pow2(logit_rows)};
   if (workspace_) {
     grown.tokens = std::max(grown.tokens, workspace_->capacity.tokens);
     grown.seqs = std::max(grown.seqs, workspace_->capacity.seqs);
     grown.logit_rows = std::max(grown.logit_rows, workspace_->capacity.logit_rows);
   }
+  allocate_workspace(grown);
+}
+
+void CudaRunner::allocate_workspace(const StepCapacity& capacity) {
   // Captured graphs point into the old buffers. The old buffers go before the new ones come
   // (device memory may not hold both), and the new ones are kept only all together: after a
   // failed allocation no workspace is left, so the next step allocates again, rather than a
@@ -355,8 +366,8 @@ void CudaRunner::ensure_capacity(int tokens, int seqs, int logit_rows) {
   workspace_.reset();
   staging_ = {};
   logits_staging_ = {};
-  auto workspace =
-      std::make_unique<Workspace>(config_, grown, max_blocks_per_seq_, max_splits_, stream_.get());
+  auto workspace = std::make_unique<Workspace>(config_, capacity, max_blocks_per_seq_, max_splits_,
+                                               stream_.get());
   PinnedBuffer<int32_t> staging(workspace->layout.total);
   PinnedBuffer<float> logits_staging(workspace->logits.size());
   workspace_ = std::move(workspace);
