@@ -154,6 +154,7 @@ void Scheduler::schedule_next(Clock::time_point now) {
         waiting.emplace_back(WaitingSequence{s->number, int(s->tokens.size()), s->queued_at});
     w.window_closed = s->window_closed;
     w.priority = s->request->priority;
+    w.decodes = !s->request->prompt_only;
     s->cached_prefix.clear();
   }
   // None can be admitted while the window is open or the running set is full: no lookups yet.

@@ -105,8 +105,10 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
     const int n = std::min(to_compute, budget);
     const int after = prompt_after + to_compute - n;
     const int more = growth(decoders, passes_for(after, limits), limits.block_size) - reserved;
-    // Its prompt and, right after, its first decoded token; the decoders' longer wait.
-    const int need = blocks_for(w.tokens + 1, limits.block_size) - w.cached_in_use + more;
+    // Its prompt and, right after, its first decoded token (a prompt-only answer has none); the
+    // decoders' longer wait.
+    const int positions = w.tokens + (w.decodes ? 1 : 0);
+    const int need = blocks_for(positions, limits.block_size) - w.cached_in_use + more;
     if (need > available) break;
     available -= need;
     reserved += more;
@@ -114,7 +116,7 @@ void admit(const std::vector<WaitingSequence>& waiting, const std::vector<Runnin
     budget -= n;
     decision.admitted.push_back({w.id, n});
     // Whole in this pass: it decodes from the next, its need counting its first token.
-    if (n == to_compute) decoders.push_back({w.tokens, w.tokens + 1});
+    if (n == to_compute && w.decodes) decoders.push_back({w.tokens, w.tokens + 1});
   }
 }
 

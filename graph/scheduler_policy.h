@@ -11,7 +11,7 @@
 //    below follow it.
 //  - Admission in queue order (the head blocks the rest, so nobody of its priority starves) while
 //    max_batch, max_num_seqs, free blocks and the pass's prompt-token budget allow. A sequence
-//    is admitted only when the blocks for its tokens plus its first decoded token (less the
+//    is admitted only when the blocks for its tokens plus its first decoded token if any (less the
 //    cached ones that running sequences hold already) fit beside what the running sequences need
 //    for their next step, and, while prompts are being
 //    prefilled in chunks, for the decoding sequences' growth until the last chunk.
@@ -61,6 +61,9 @@ struct WaitingSequence {
   // cache instead.
   bool follows = false;
   int priority = 0;  // lower goes first
+  // A token is decoded after its prompt, at a position of its own; not for a prompt-only answer
+  // (echo with max_tokens 0), which ends with its prefill, so its prompt may fill the pool.
+  bool decodes = true;
 };
 
 struct RunningSequence {

@@ -447,6 +447,22 @@ TEST(Engine, ScoredPromptsUnderPreemptionScoreAsAlone) {
   EXPECT_GT(engine.metrics().preemptions.value(), 0u);
 }
 
+// Echo with max_tokens 0 (a prompt-only answer) draws one token and drops it, never computing it
+// at a position of its own: its prompt may fill the whole KV pool (12 blocks of 16 here). It
+// waited for a block for that token forever.
+TEST(Engine, APromptOnlyAnswerMayFillTheWholeKvPool) {
+  Engine engine(make_config("{window_ms: 0, kv_cache_blocks: 12}"));
+  std::vector<int32_t> ids = Tokenizer(model_dir() / "tokenizer.model").encode(long_prompt(), true);
+  ASSERT_GE(ids.size(), 192u);
+  ids.resize(192);
+  auto request = scoring_request(ids);
+  request->prompt_only = true;
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait(5s)) << "the prompt-only answer was never admitted";
+  ASSERT_TRUE(sink_of(request).completion().has_value()) << sink_of(request).error()->message;
+  EXPECT_EQ(sink_of(request).prompt().size(), ids.size());
+}
+
 // Whether `condition` holds within 5 s, asked every millisecond.
 bool eventually(const std::function<bool()>& condition) {
   for (const auto until = std::chrono::steady_clock::now() + 5s; !condition();) {

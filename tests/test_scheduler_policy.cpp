@@ -85,6 +85,15 @@ TEST(SchedulerPolicy, AdmissionNeedsBlocksForThePromptAndItsFirstToken) {
   EXPECT_TRUE(blocked.admitted.empty());
 }
 
+// A prompt-only answer (echo with max_tokens 0) ends with its prefill: its prompt may fill the
+// whole pool, with no block for a first decoded token, which it never computes.
+TEST(SchedulerPolicy, APromptOnlyAnswerNeedsBlocksForItsPromptAlone) {
+  std::vector<WaitingSequence> w = waiting(1, 32, kT0);
+  w[0].decodes = false;
+  const auto d = schedule(w, {}, 2, limits(0), kT0);
+  EXPECT_EQ(d.admitted, (Chunks{{1, 32}}));
+}
+
 TEST(SchedulerPolicy, AdmissionLeavesRoomForTheRunningSequencesNextStep) {
   // Running sequence at 32 positions with 1 block needs 1 more; 2 free leaves 1 for newcomers.
   const std::vector<RunningSequence> running = {decoding(10, 32, 1)};
