@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/sanitize.sh address|thread}
-tests=(test_graph_builder test_scheduler_policy test_scheduler test_model_step test_engine test_openai_protocol test_server_e2e test_peer_connection test_on_demand_thread_pool test_batch test_runner_failure test_stage_failure)
+tests=(test_graph_builder test_scheduler_policy test_scheduler test_model_step test_engine test_engine_stress test_openai_protocol test_server_e2e test_peer_connection test_on_demand_thread_pool test_batch test_runner_failure test_stage_failure)
 dir=build-$kind
 # -O1 with line tables only (-g1): the sanitizers' reports still name each frame's file and line,
 # and the build takes about half the time of -O2 -g, which was most of CI's time here.
