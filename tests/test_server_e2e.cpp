@@ -1315,6 +1315,18 @@ TEST_F(ServerE2E, RequestsPastTheProtocolLimitsAreToldWhichLimit) {
       << big_body;
 }
 
+// Sends `request`, and 200 ms later a GET /health down the same connection, as a client (or a
+// proxy in front) sends its next request; returns everything the server wrote until it closed.
+std::string answers_with_a_request_behind(int port, const std::string& request) {
+  const int fd = send_raw(port, request);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string next = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void)::send(fd, next.data(), next.size(), MSG_NOSIGNAL);
+  const std::string received = read_to_end(fd);
+  close(fd);
+  return received;
+}
+
 // A body whose length is unclear (two Content-Lengths that differ, one that is not a number, or
 // one beside Transfer-Encoding) is refused, and its connection ends after the answer, which says
 // so (Connection: close): bytes sent after it are never read as a next request, as a proxy in
@@ -1328,12 +1340,7 @@ TEST_F(ServerE2E, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnds) {
         std::string("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n")}) {
     SCOPED_TRACE(lengths);
     const auto start = Clock::now();
-    const int fd = send_raw(port(), head + lengths + "\r\n");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
-    (void)::send(fd, smuggled.data(), smuggled.size(), MSG_NOSIGNAL);
-    const std::string received = read_to_end(fd);
-    close(fd);
+    const std::string received = answers_with_a_request_behind(port(), head + lengths + "\r\n");
     EXPECT_TRUE(received.starts_with("HTTP/1.1 400")) << received;
     EXPECT_NE(received.find("body length is unclear"), std::string::npos) << received;
     EXPECT_NE(received.find("\r\nConnection: close\r\n"), std::string::npos) << received;
@@ -1368,15 +1375,9 @@ TEST_F(ServerE2E, AMalformedChunkedBodyIsRefusedAndItsConnectionEnds) {
   for (const std::string& chunks : {std::string("zz\r\n"), std::string("-1\r\n{}\r\n")}) {
     SCOPED_TRACE(chunks);
     const auto start = Clock::now();
-    const int fd = send_raw(port(),
-                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                            "Transfer-Encoding: chunked\r\n\r\n" +
-                                chunks);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
-    (void)::send(fd, smuggled.data(), smuggled.size(), MSG_NOSIGNAL);
-    const std::string received = read_to_end(fd);
-    close(fd);
+    const std::string received = answers_with_a_request_behind(
+        port(),
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks);
     EXPECT_TRUE(received.starts_with("HTTP/1.1 400")) << received;
     EXPECT_NE(received.find("\r\nConnection: close\r\n"), std::string::npos) << received;
     EXPECT_EQ(received.find("\"status\""), std::string::npos)
