@@ -57,8 +57,8 @@ class Parser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const { fail_at(at_, what); }
-  [[noreturn]] void fail_at(size_t offset, const std::string& what) const {
+  [[noreturn]] void fail(const std::string& what) { fail_at(at_, what); }
+  [[noreturn]] void fail_at(size_t offset, const std::string& what) {
     const auto [line, column] = place(offset);
     std::string message = what;
     message += " at line ";
@@ -67,19 +67,21 @@ class Parser {
     message += std::to_string(column);
     throw GrammarError(message);
   }
-  // Line and column (from 1; columns count characters) of a byte offset.
-  std::pair<int, int> place(size_t offset) const {
-    int line = 1;
-    int column = 1;
-    for (size_t i = 0; i < offset; ++i) {
-      if (text_[i] == '\n') {
-        ++line;
-        column = 1;
-      } else if (!is_continuation_byte(text_[i])) {
-        ++column;
+  // Line and column (from 1; columns count characters) of a byte offset, counted on from the
+  // place asked for before when that lies before it: rules are placed in the order they are
+  // written, so placing them all reads the text once, not once per rule.
+  std::pair<int, int> place(size_t offset) {
+    if (offset < placed_.offset) placed_ = Place{};
+    for (; placed_.offset < offset; ++placed_.offset) {
+      const char c = text_[placed_.offset];
+      if (c == '\n') {
+        ++placed_.line;
+        placed_.column = 1;
+      } else if (!is_continuation_byte(c)) {
+        ++placed_.column;
       }
     }
-    return {line, column};
+    return {placed_.line, placed_.column};
   }
   // What stands at at_, for errors.
   std::string here() const {
@@ -373,6 +375,12 @@ class Parser {
   std::vector<int> heights_;          // per expr: the levels of nesting it holds
   std::map<std::string, int> names_;  // rule name -> index into syntax_.rules
   std::vector<size_t> first_use_;     // per rule: where it is first named
+  struct Place {
+    size_t offset = 0;
+    int line = 1;
+    int column = 1;
+  };
+  Place placed_;  // the last place() asked for
 };
 
 }  // namespace
