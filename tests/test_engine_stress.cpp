@@ -555,11 +555,16 @@ std::vector<CallPlan> random_calls(std::mt19937_64& rng, const StressConfig& con
   return calls;
 }
 
+// The count of requests accepted and not ended, which the sinks share with the schedule: a
+// request may end after the schedule that submitted it has gone (its engine failing it at
+// shutdown).
+using Count = std::shared_ptr<std::atomic<int>>;
+
 // Collects a request's results, counts its endings and generated tokens, and keeps the count of
 // requests accepted and not ended up to date.
 class StressSink final : public CollectingSink {
  public:
-  explicit StressSink(std::atomic<int>& not_ended) : not_ended_(not_ended) {}
+  explicit StressSink(Count not_ended) : not_ended_(std::move(not_ended)) {}
   void on_delta(Delta delta) override {
     if (delta.new_token) ++new_tokens_;
     CollectingSink::on_delta(std::move(delta));
@@ -578,10 +583,10 @@ class StressSink final : public CollectingSink {
  private:
   void ended() {
     ++endings_;
-    --not_ended_;
+    --*not_ended_;
   }
 
-  std::atomic<int>& not_ended_;
+  Count not_ended_;
   std::atomic<int> new_tokens_{0};
   std::atomic<int> endings_{0};
 };
@@ -591,7 +596,7 @@ StressSink& sink_of(const std::shared_ptr<Request>& r) {
 }
 
 std::vector<std::shared_ptr<Request>> make_choices(const CallPlan& plan, size_t call,
-                                                   std::atomic<int>& not_ended) {
+                                                   const Count& not_ended) {
   std::vector<std::shared_ptr<Request>> choices;
   for (int i = 0; i < plan.n; ++i) {
     auto request = std::make_shared<Request>();
@@ -695,7 +700,7 @@ class Schedule {
     const CallPlan& plan = calls_[i];
     CallResult& result = results_[i];
     std::lock_guard lock(submit_mutex_);
-    const int before = not_ended_.fetch_add(plan.n);
+    const int before = not_ended_->fetch_add(plan.n);
     const SubmitStatus status = engine_.submit(result.choices);
     result.status = status;
     if (status == SubmitStatus::Accepted) {
@@ -704,7 +709,7 @@ class Schedule {
       schedule_cancel(i);
       return status;
     }
-    not_ended_ -= plan.n;
+    *not_ended_ -= plan.n;
     if (status == SubmitStatus::QueueFull) {
       ++result.refusals;
       EXPECT_GT(before + plan.n, config_.max_queue)
@@ -754,7 +759,7 @@ class Schedule {
   const StressConfig& config_;
   const std::vector<CallPlan>& calls_;
   std::vector<CallResult> results_;
-  std::atomic<int> not_ended_{0};
+  Count not_ended_ = std::make_shared<std::atomic<int>>(0);
   std::mutex submit_mutex_;
   std::mutex pending_mutex_;
   std::vector<PendingCancel> pending_;
