@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -19,12 +18,15 @@
 #include "model/generation.h"
 #include "model/llama_weights.h"
 #include "tests/support/collecting_sink.h"
+#include "tests/support/engine_config.h"
+#include "tests/support/eventually.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
 namespace {
 
 using testing::CollectingSink;
+using testing::eventually;
 using namespace std::chrono_literals;
 
 const std::vector<std::string> kPrompts = {
@@ -37,17 +39,10 @@ std::filesystem::path model_dir() {
   return testing::shared_path("models/stories260K");
 }
 
-// A config for stories260K on the CPU with `extra` YAML appended (sections not given default).
+// A config for stories260K on the CPU with `scheduler` as its scheduler section.
 ServeConfig make_config(const std::string& scheduler, int max_queue = 256) {
-  const auto dir = testing::make_temp_dir("engine-test");
-  const auto file = dir / "serve.yaml";
-  std::ofstream(file) << "model: {path: " << model_dir().string() << ", chat_template: raw}\n"
-                      << "device: cpu\nthreads: 2\n"
-                      << "server: {max_queue: " << max_queue << ", shutdown_grace_s: 5}\n"
-                      << "scheduler: " << scheduler << "\n";
-  auto config = load_serve_config(file);
-  std::filesystem::remove_all(dir);
-  return config;
+  return testing::stories_engine_config("server: {max_queue: " + std::to_string(max_queue) +
+                                        ", shutdown_grace_s: 5}\nscheduler: " + scheduler + "\n");
 }
 
 std::shared_ptr<Request> make_request(const std::string& prompt, int max_tokens,
@@ -461,15 +456,6 @@ TEST(Engine, APromptOnlyAnswerMayFillTheWholeKvPool) {
   ASSERT_TRUE(sink_of(request).wait(5s)) << "the prompt-only answer was never admitted";
   ASSERT_TRUE(sink_of(request).completion().has_value()) << sink_of(request).error()->message;
   EXPECT_EQ(sink_of(request).prompt().size(), ids.size());
-}
-
-// Whether `condition` holds within 5 s, asked every millisecond.
-bool eventually(const std::function<bool()>& condition) {
-  for (const auto until = std::chrono::steady_clock::now() + 5s; !condition();) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
 }
 
 // stories260K's CPU runner, recording the RunnerOptions it was made with and the largest pass

@@ -22,7 +22,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,12 +41,15 @@
 #include "model/generation.h"
 #include "model/llama_weights.h"
 #include "tests/support/collecting_sink.h"
+#include "tests/support/engine_config.h"
+#include "tests/support/eventually.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
 namespace {
 
 using testing::CollectingSink;
+using testing::eventually;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -148,16 +150,9 @@ StressConfig random_config(uint64_t seed, std::mt19937_64& rng) {
 }
 
 ServeConfig make_serve_config(const StressConfig& stress) {
-  const auto dir = testing::make_temp_dir("engine-stress");
-  const auto file = dir / "serve.yaml";
-  std::ofstream(file) << "model: {path: " << model_dir().string() << ", chat_template: raw}\n"
-                      << "device: cpu\nthreads: 2\n"
-                      << "server: {max_queue: " << stress.max_queue
-                      << ", shutdown_grace_s: 5, log_requests: false}\n"
-                      << "scheduler: " << stress.scheduler_yaml() << "\n";
-  auto config = load_serve_config(file);
-  std::filesystem::remove_all(dir);
-  return config;
+  return testing::stories_engine_config("server: {max_queue: " + std::to_string(stress.max_queue) +
+                                        ", shutdown_grace_s: 5, log_requests: false}\n" +
+                                        "scheduler: " + stress.scheduler_yaml() + "\n");
 }
 
 // stories260K's CPU runner, checking every pass the scheduler sends it against what a paged KV
@@ -766,15 +761,6 @@ class Schedule {
   std::atomic<bool> submitting_done_{false};
   std::atomic<bool> shutting_down_{false};
 };
-
-// Whether `condition` holds within 5 s, asked every millisecond.
-bool eventually(const std::function<bool()>& condition) {
-  for (const auto until = Clock::now() + 5s; !condition();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 // What the sinks received, summed for the metrics' checks.
 struct Tally {

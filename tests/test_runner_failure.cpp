@@ -8,7 +8,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -19,7 +18,7 @@
 #include "server/batch_runner.h"
 #include "server/http_server.h"
 #include "tests/support/collecting_sink.h"
-#include "tests/support/shared_data.h"
+#include "tests/support/engine_config.h"
 
 namespace pipeline {
 namespace {
@@ -56,16 +55,9 @@ RunnerMaker failing_at(int pass) {
 // stories260K on the CPU, one sequence running at a time, so that the forward passes come in
 // the order requests were submitted.
 ServeConfig make_config() {
-  const auto dir = testing::make_temp_dir("runner-failure-test");
-  const auto file = dir / "serve.yaml";
-  std::ofstream(file) << "model: {path: " << testing::shared_path("models/stories260K").string()
-                      << ", chat_template: raw}\n"
-                      << "device: cpu\nthreads: 2\n"
-                      << "server: {shutdown_grace_s: 5}\n"
-                      << "scheduler: {window_ms: 0, max_batch: 1, max_num_seqs: 1}\n";
-  auto config = load_serve_config(file);
-  std::filesystem::remove_all(dir);
-  return config;
+  return testing::stories_engine_config(
+      "server: {shutdown_grace_s: 5}\n"
+      "scheduler: {window_ms: 0, max_batch: 1, max_num_seqs: 1}\n");
 }
 
 std::shared_ptr<Request> make_request(int max_tokens) {

@@ -6,14 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <fstream>
 #include <stdexcept>
 #include <thread>
 
 #include "graph/engine.h"
 #include "graph/stage_registry.h"
 #include "tests/support/collecting_sink.h"
-#include "tests/support/shared_data.h"
+#include "tests/support/engine_config.h"
 
 namespace pipeline {
 namespace {
@@ -102,26 +101,22 @@ void add_stages_once() {
 // the stages named.
 ServeConfig make_config(const std::string& tokenize, const std::string& decode) {
   add_stages_once();
-  const auto dir = testing::make_temp_dir("stage-failure-test");
-  const auto file = dir / "serve.yaml";
-  std::ofstream(file) << "model: {path: " << testing::shared_path("models/stories260K").string()
-                      << ", chat_template: raw}\n"
-                      << "device: cpu\nthreads: 2\n"
-                      << "server: {max_queue: 1, shutdown_grace_s: 30}\n"
-                      << "scheduler: {window_ms: 0}\n"
-                      << "graph:\n  nodes:\n"
-                      << "    - {name: tokenize, stage: " << tokenize << "}\n"
-                      << "    - {name: batch, stage: batch_window}\n"
-                      << "    - {name: prefill, stage: prefill}\n"
-                      << "    - {name: decode, stage: " << decode << "}\n"
-                      << "    - {name: detok, stage: detokenize}\n"
-                      << "    - {name: emit, stage: emit}\n"
-                      << "  edges: [tokenize->batch, tokenize->emit, batch->prefill, "
-                         "batch->decode, prefill->batch, decode->batch, prefill->detok, "
-                         "decode->detok, detok->emit]\n";
-  auto config = load_serve_config(file);
-  std::filesystem::remove_all(dir);
-  return config;
+  return testing::stories_engine_config(
+      "server: {max_queue: 1, shutdown_grace_s: 30}\n"
+      "scheduler: {window_ms: 0}\n"
+      "graph:\n  nodes:\n"
+      "    - {name: tokenize, stage: " +
+      tokenize +
+      "}\n"
+      "    - {name: batch, stage: batch_window}\n"
+      "    - {name: prefill, stage: prefill}\n"
+      "    - {name: decode, stage: " +
+      decode +
+      "}\n"
+      "    - {name: detok, stage: detokenize}\n"
+      "    - {name: emit, stage: emit}\n"
+      "  edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
+      "prefill->batch, decode->batch, prefill->detok, decode->detok, detok->emit]\n");
 }
 
 std::shared_ptr<Request> make_request(const std::string& prompt) {
