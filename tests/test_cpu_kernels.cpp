@@ -479,11 +479,11 @@ std::string layout_name(int head_dim, int num_heads, int num_kv_heads, DType dty
 // One batch of paged attention against the dense reference, for one layout and pool type. The
 // reference attends the keys and values the pool holds (rounded to bf16 for a bf16 pool), so
 // the kernel must match it as closely for either type.
-void check_paged_attention(int head_dim, int block_size, int num_heads, int num_kv_heads,
+void check_paged_attention(Isa isa, int head_dim, int block_size, int num_heads, int num_kv_heads,
                            DType dtype) {
-  SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", block_size " +
-               std::to_string(block_size) + ", " + std::to_string(num_heads) + " heads over " +
-               std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool");
+  SCOPED_TRACE(std::string(isa_name(isa)) + ", head_dim " + std::to_string(head_dim) +
+               ", block_size " + std::to_string(block_size) + ", " + std::to_string(num_heads) +
+               " heads over " + std::to_string(num_kv_heads) + ", " + dtype_name(dtype) + " pool");
   std::mt19937 rng(7);
   const int num_blocks = 64;
   const int kv_dim = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
@@ -535,8 +535,8 @@ void check_paged_attention(int head_dim, int block_size, int num_heads, int num_
     std::copy_n(q.begin() + size_t(r) * q_dim, q_dim, q_padded.begin() + size_t(r) * q_stride);
   }
   std::vector<float> out(q.size()), out_strided(q.size());
-  paged_attention(kv, seqs, num_heads, q.data(), size_t(q_dim), out.data());
-  paged_attention(kv, seqs, num_heads, q_padded.data(), q_stride, out_strided.data());
+  paged_attention(isa, kv, seqs, num_heads, q.data(), size_t(q_dim), out.data());
+  paged_attention(isa, kv, seqs, num_heads, q_padded.data(), q_stride, out_strided.data());
   EXPECT_EQ(out, out_strided);
 
   for (size_t s = 0; s < cases.size(); ++s) {
@@ -551,25 +551,29 @@ void check_paged_attention(int head_dim, int block_size, int num_heads, int num_
 }
 
 // Head size 12, or a block size that is no multiple of 16, takes the generic kernel; 64 and 128
-// (LLaMA's head sizes) with blocks of 16 or 32 the AVX-512 one where it runs. Groups of 3 and of
-// 10 query heads per KV head (the latter in two passes of at most 8). Float32 and bf16 pools.
+// (LLaMA's head sizes) with blocks of 16 or 32 the AVX-512 or AVX2 one. Groups of 3 and of 10
+// query heads per KV head (the latter in two passes of at most 8). Float32 and bf16 pools. Every
+// instruction set this CPU has.
 TEST(PagedAttention, MatchesDenseReferenceThroughInterleavedBlockTables) {
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    check_paged_attention(12, 5, 6, 2, dtype);
-    check_paged_attention(64, 5, 6, 2, dtype);
-    check_paged_attention(64, 16, 6, 2, dtype);
-    check_paged_attention(128, 16, 6, 2, dtype);
-    check_paged_attention(64, 32, 20, 2, dtype);
-    check_paged_attention(12, 16, 20, 2, dtype);
+  for (Isa isa : supported_isas()) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      check_paged_attention(isa, 12, 5, 6, 2, dtype);
+      check_paged_attention(isa, 64, 5, 6, 2, dtype);
+      check_paged_attention(isa, 64, 16, 6, 2, dtype);
+      check_paged_attention(isa, 128, 16, 6, 2, dtype);
+      check_paged_attention(isa, 64, 32, 20, 2, dtype);
+      check_paged_attention(isa, 12, 16, 20, 2, dtype);
+    }
   }
 }
 
 // A query's result must not depend on the queries it is attended with: a prompt prefilled in
 // one call, the same prompt continued from the middle, and each of its queries alone (as a
 // decode at that position) give the same bits. Group sizes 1 (as LLaMA-2), 2 and 8, head sizes
-// 64 and 128 (the AVX-512 kernel where it runs) and 12 (the generic one).
-void check_rows_independent(int head_dim, int num_heads, int num_kv_heads, DType dtype) {
-  SCOPED_TRACE(layout_name(head_dim, num_heads, num_kv_heads, dtype));
+// 64 and 128 (the AVX-512 or AVX2 kernel) and 12 (the generic one), on every instruction set.
+void check_rows_independent(Isa isa, int head_dim, int num_heads, int num_kv_heads, DType dtype) {
+  SCOPED_TRACE(std::string(isa_name(isa)) + ", " +
+               layout_name(head_dim, num_heads, num_kv_heads, dtype));
   std::mt19937 rng(11);
   const int block_size = 16, positions = 150;
   const int num_blocks = (positions + block_size - 1) / block_size;
@@ -586,7 +590,7 @@ void check_rows_independent(int head_dim, int num_heads, int num_kv_heads, DType
   const auto attend = [&](int first, int count) {
     const AttentionSequence seq{0, count, first, table};
     std::vector<float> out(size_t(count) * q_dim);
-    paged_attention(kv, {&seq, 1}, num_heads, q.data() + size_t(first) * q_dim, size_t(q_dim),
+    paged_attention(isa, kv, {&seq, 1}, num_heads, q.data() + size_t(first) * q_dim, size_t(q_dim),
                     out.data());
     return out;
   };
@@ -601,20 +605,23 @@ void check_rows_independent(int head_dim, int num_heads, int num_kv_heads, DType
 }
 
 TEST(PagedAttention, AQuerysResultDoesNotDependOnTheQueriesBesideIt) {
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    check_rows_independent(64, 4, 4, dtype);
-    check_rows_independent(64, 8, 4, dtype);
-    check_rows_independent(64, 16, 2, dtype);
-    check_rows_independent(128, 3, 3, dtype);
-    check_rows_independent(12, 6, 3, dtype);
+  for (Isa isa : supported_isas()) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      check_rows_independent(isa, 64, 4, 4, dtype);
+      check_rows_independent(isa, 64, 8, 4, dtype);
+      check_rows_independent(isa, 64, 16, 2, dtype);
+      check_rows_independent(isa, 128, 3, 3, dtype);
+      check_rows_independent(isa, 12, 6, 3, dtype);
+    }
   }
 }
 
 // Many sequences decoding at once, each at its own length, over blocks shuffled through the
 // pool (as a serving batch's): each query's result is the bits it gets decoding alone, and
 // matches the dense reference.
-void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType dtype) {
-  SCOPED_TRACE(layout_name(head_dim, num_heads, num_kv_heads, dtype));
+void check_decoding_batch(Isa isa, int head_dim, int num_heads, int num_kv_heads, DType dtype) {
+  SCOPED_TRACE(std::string(isa_name(isa)) + ", " +
+               layout_name(head_dim, num_heads, num_kv_heads, dtype));
   std::mt19937 rng(13);
   const int block_size = 16, num_seqs = 24, max_positions = 150;
   const int blocks_per_seq = (max_positions + block_size - 1) / block_size;
@@ -637,11 +644,11 @@ void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType d
     seqs.push_back({s, 1, positions - 1, table});
   }
   std::vector<float> out(q.size());
-  paged_attention(kv, seqs, num_heads, q.data(), size_t(q_dim), out.data());
+  paged_attention(isa, kv, seqs, num_heads, q.data(), size_t(q_dim), out.data());
   for (int s = 0; s < num_seqs; ++s) {
     const AttentionSequence alone{0, 1, seqs[size_t(s)].start_pos, seqs[size_t(s)].block_table};
     std::vector<float> out_alone(static_cast<size_t>(q_dim));
-    paged_attention(kv, {&alone, 1}, num_heads, q.data() + size_t(s) * q_dim, size_t(q_dim),
+    paged_attention(isa, kv, {&alone, 1}, num_heads, q.data() + size_t(s) * q_dim, size_t(q_dim),
                     out_alone.data());
     ASSERT_TRUE(std::equal(out_alone.begin(), out_alone.end(), out.begin() + size_t(s) * q_dim))
         << "sequence " << s;
@@ -655,11 +662,13 @@ void check_decoding_batch(int head_dim, int num_heads, int num_kv_heads, DType d
 }
 
 TEST(PagedAttention, ManySequencesDecodingMatchEachAloneAndTheReference) {
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    check_decoding_batch(64, 12, 12, dtype);
-    check_decoding_batch(64, 32, 4, dtype);
-    check_decoding_batch(128, 8, 8, dtype);
-    check_decoding_batch(12, 6, 3, dtype);
+  for (Isa isa : supported_isas()) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      check_decoding_batch(isa, 64, 12, 12, dtype);
+      check_decoding_batch(isa, 64, 32, 4, dtype);
+      check_decoding_batch(isa, 128, 8, 8, dtype);
+      check_decoding_batch(isa, 12, 6, 3, dtype);
+    }
   }
 }
 
@@ -670,7 +679,10 @@ TEST(PagedAttention, RefusesAnF16Pool) {
   const AttentionSequence seq{0, 1, 0, table};
   std::vector<float> q(4), out(4), k(4), v(4);
   EXPECT_THROW(store_kv(kv, table, 0, 1, k.data(), v.data(), 4), std::invalid_argument);
-  EXPECT_THROW(paged_attention(kv, {&seq, 1}, 1, q.data(), 4, out.data()), std::invalid_argument);
+  for (Isa isa : supported_isas()) {
+    EXPECT_THROW(paged_attention(isa, kv, {&seq, 1}, 1, q.data(), 4, out.data()),
+                 std::invalid_argument);
+  }
 }
 
 TEST(PagedKv, StoresEachPositionInItsBlockSlot) {

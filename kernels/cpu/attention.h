@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/paged_kv.h"
 
 namespace pipeline::cpu {
@@ -35,5 +36,10 @@ struct AttentionSequence {
 // then read once for all of them; a row's result is the same whatever rows share its pass.
 void paged_attention(const PagedKvLayer& kv, std::span<const AttentionSequence> seqs, int num_heads,
                      const float* q, size_t q_stride, float* out);
+// The same with the kernels of a chosen instruction set (which must be supported), for tests and
+// benchmarks; the one above runs best_isa()'s. Each instruction set sums in its own order, so
+// their results differ in the last bits.
+void paged_attention(Isa isa, const PagedKvLayer& kv, std::span<const AttentionSequence> seqs,
+                     int num_heads, const float* q, size_t q_stride, float* out);
 
 }  // namespace pipeline::cpu
