@@ -20,14 +20,6 @@ namespace {
 
 constexpr int kRows = 4;
 
-// Bytes of a panel per pair of k: 16 columns of two weights each.
-template <DType T>
-constexpr size_t kBlockBytes = T == DType::F32 ? 128 : 64;
-
-// How far ahead of its loads a tile prefetches its panel, as the AVX-512 kernels do
-// (packed_tiles_avx512.h): the out-of-order window alone keeps too few misses in flight.
-constexpr size_t kPrefetchDistance = 1024;
-
 // Half h (columns 8h..8h+7) of the weights of k = 2j and k = 2j + 1.
 template <DType T>
 PIPELINE_AVX2 inline void load_pair(const std::byte* panel, int j, int h, __m256& even,
@@ -62,12 +54,7 @@ PIPELINE_AVX2 void tile(const PackedArgs& a, int panel_index, int row0) {
 
   const int pairs = cols / 2;
   for (int j = 0; j < pairs; ++j) {
-    // Past the panel's end the stream goes on into the next panel, which this thread reads next;
-    // the address is computed as an integer, and a prefetch of memory that is not there is
-    // dropped, never a fault.
-    const uintptr_t ahead = uintptr_t(panel) + size_t(j) * kBlockBytes<T> + kPrefetchDistance;
-    for (size_t line = 0; line < kBlockBytes<T>; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+    prefetch_ahead<T, 1>(&panel, j, w.panel_bytes());
     __m256 even[2], odd[2];
     for (int h = 0; h < 2; ++h) load_pair<T>(panel, j, h, even[h], odd[h]);
     for (int b = 0; b < NB; ++b) {

@@ -17,8 +17,6 @@
 namespace pipeline::cpu::detail {
 namespace {
 
-using avx512::kBlockBytes;
-using avx512::prefetch_ahead;
 using avx512::store_tile;
 
 // The weights of k = 2j and k = 2j + 1 for the panel's 16 columns.

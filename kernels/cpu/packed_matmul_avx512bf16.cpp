@@ -47,7 +47,7 @@ PIPELINE_AVX512_BF16 void Bf16Dot<Terms>::run(const PackedArgs& a, int panel0, i
     for (int b = 0; b < NB; ++b) acc[p][b] = _mm512_setzero_ps();
 
   for (int j = 0; j < pairs; ++j) {
-    avx512::prefetch_ahead<DType::BF16, NP>(panel, j, w.panel_bytes());
+    prefetch_ahead<DType::BF16, NP>(panel, j, w.panel_bytes());
     __m512bh wv[NP];
     for (int p = 0; p < NP; ++p) wv[p] = (__m512bh)_mm512_load_si512(panel[p] + size_t(j) * 64);
     for (int b = 0; b < NB; ++b) {

@@ -1,7 +1,7 @@
 // What the two AVX-512 packed matmuls (packed_matmul_avx512.cpp: widening to float32 FMAs;
 // packed_matmul_avx512bf16.cpp: vdpbf16ps) share: the register-tile shapes, the store of a
-// tile's accumulators into Y, the prefetch of the panel streams, and the walk over panels and
-// batch rows. A kernel is a type with
+// tile's accumulators into Y, and the walk over panels and batch rows (the prefetch of the panel
+// streams, which the AVX2 kernel shares too, is in packed_tiles.h). A kernel is a type with
 //   template <int NP, int NB> static void run(const PackedArgs& a, int panel0, int row0);
 // computing panels [panel0, panel0 + NP) for batch rows [row0, row0 + NB).
 //   decode (batch <= 4): 4 panels × up to 4 rows, so four panels' weights stream at once and
@@ -27,35 +27,6 @@ constexpr int kDecodeRows = 4;
 constexpr int kDecodePanels = 4;
 constexpr int kWideRows = 12;
 constexpr int kWidePanels = 2;
-
-// Bytes of one pair block (k = 2j and 2j + 1 of the panel's 16 columns).
-template <DType T>
-constexpr size_t kBlockBytes = T == DType::F32 ? 128 : 64;
-
-// How far ahead of its loads each panel stream is prefetched. The out-of-order window alone
-// spans too few bytes to keep enough cache misses in flight, and the hardware prefetcher restarts
-// at every 4 KiB page. Widening bf16 costs two uops per 64 bytes: without this, batch 1 read bf16
-// weights at 0.75 of the probed bandwidth (now 0.95), and batch 16 gained about 15% too. The
-// vdpbf16ps kernel needs no widening and streams batch 1 as fast without it, but its tiles of 16
-// rows, 16 instructions per 64 bytes, ran 1.2-1.3x faster with it. 1 KiB ahead measured best
-// (512 B to 4 KiB tried); prefetchnta and prefetcht1 were slower.
-constexpr size_t kPrefetchDistance = 1024;
-
-// Prefetches the lines kPrefetchDistance ahead of block j of each of the tile's NP panels. Past a
-// panel's end its stream goes on in panel + NP, among the panels this thread streams next, so
-// those do not start cold. The last tile's stream runs past the matrix: addresses are computed
-// as integers, and a prefetch of memory that is not there is dropped, never a fault. Forced
-// inline: GCC otherwise drops the call as having no effect.
-template <DType T, int NP>
-__attribute__((always_inline)) PIPELINE_AVX512 inline void prefetch_ahead(
-    const std::byte* const* panel, int j, size_t panel_bytes) {
-  size_t offset = size_t(j) * kBlockBytes<T> + kPrefetchDistance;
-  if (offset >= panel_bytes) offset += (NP - 1) * panel_bytes;
-  for (int p = 0; p < NP; ++p) {
-    for (size_t line = 0; line < kBlockBytes<T>; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(uintptr_t(panel[p]) + offset + line), _MM_HINT_T0);
-  }
-}
 
 // Y[row0 + b, columns of panel panel0 + p] (+)= acc[p][b]; the columns past out_cols are masked.
 template <int NP, int NB>
