@@ -22,10 +22,6 @@ namespace {
 
 #define PIPELINE_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-// Rows scored and weighed together: each key row and value row loaded (and widened, from bf16)
-// serves both. Two rows' score accumulators (8), a key row's two halves and a broadcast query
-// element fill 11 of the 16 registers; three rows would leave none spare.
-constexpr int kRowsTogether = 2;
 // Independent FMA chains per half-chunk of a row's scores (by dimension): with the two halves,
 // four chains a row, enough to cover the FMA latency when a row is alone (a decode without
 // GQA). Fixed, whatever the number of rows, so that a row's sums come in the same order in any
@@ -83,13 +79,6 @@ template <int NV, int R, class T>
 PIPELINE_AVX2 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>& next, int block_size,
                                float scale, const AttentionRow* rows, SoftmaxState& state, int r0) {
   constexpr int kHeadDim = 8 * NV;
-  // The keys and values read after chunk c's: chunk c + 1's, or the next span's first (null at
-  // the end), asked for line by line while chunk c is read (see attention_avx512.cpp).
-  const auto after = [&](const T* const(&of_span)[SpanChunks<T>::kMax],
-                         const T* const(&of_next)[SpanChunks<T>::kMax], int c) -> const char* {
-    if (c + 1 < span.chunks) return reinterpret_cast<const char*>(of_span[c + 1]);
-    return next.chunks > 0 ? reinterpret_cast<const char*>(of_next[0]) : nullptr;
-  };
   constexpr int kSlice = std::min(NV, int(std::bit_floor(unsigned(8 / R))));
   static_assert(NV % kSlice == 0);
   const __m256 minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -101,7 +90,7 @@ PIPELINE_AVX2 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>& n
     __m256 acc[R][kScoreChains][2];
     for (int r = 0; r < R; ++r)
       for (int u = 0; u < kScoreChains; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
-    const char* next_keys = after(span.keys, next.keys, c);
+    const char* next_keys = read_after(span, next, &SpanChunks<T>::keys, c);
     for (int d = 0; d < kHeadDim; d += kScoreChains) {
       if (next_keys) {
         for (int u = 0; u < kScoreChains; ++u)
@@ -161,7 +150,8 @@ PIPELINE_AVX2 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>& n
       const float* w[R];
       for (int r = 0; r < R; ++r) w[r] = weights[r] + c * kKeyChunk;
       const T* values = span.values[c] + 8 * v0;
-      const char* next_values = v0 == 0 ? after(span.values, next.values, c) : nullptr;
+      const char* next_values =
+          v0 == 0 ? read_after(span, next, &SpanChunks<T>::values, c) : nullptr;
       for (int j = 0; j < span.count[c]; ++j) {
         if (next_values) {
           for (size_t line = 0; line < sizeof(T) * kHeadDim; line += 64)
@@ -177,37 +167,22 @@ PIPELINE_AVX2 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>& n
   }
 }
 
-// attend_span<NV, n> for a run-time n in [1, R].
-template <int NV, int R, class T>
-PIPELINE_AVX2 void attend_span_of(int n, const SpanChunks<T>& span, const SpanChunks<T>& next,
-                                  int block_size, float scale, const AttentionRow* rows,
-                                  SoftmaxState& state, int r0) {
-  if constexpr (R > 0) {
-    if (n == R) return attend_span<NV, R>(span, next, block_size, scale, rows, state, r0);
-    attend_span_of<NV, R - 1>(n, span, next, block_size, scale, rows, state, r0);
-  }
-}
-
-// The rows against KV head kv_head, head_dim = 8·NV: span by span, kRowsTogether rows at a
-// time; the first rows' pass over a span asks for the next one, the others find it on its way.
+// The kernel for head_dim = 8·NV over elements T (attend_by_spans' Kernel).
 template <int NV, class T>
-PIPELINE_AVX2 void attend_avx2(const PagedKvLayer& kv, std::span<const int32_t> block_table,
-                               int kv_head, float scale, const AttentionRow* rows, int num_rows) {
-  constexpr int kHeadDim = 8 * NV;
-  const int num_keys = max_keys(rows, num_rows);
-  SoftmaxState state(num_rows, kHeadDim);
-  SpanChunks<T> span = span_at<T>(kv, block_table, kv_head, 0, num_keys);
-  for (int first = 0; first < num_keys; first += kKeySpan) {
-    const SpanChunks<T> next = span_at<T>(kv, block_table, kv_head, first + kKeySpan, num_keys);
-    for (int r0 = 0; r0 < num_rows; r0 += kRowsTogether) {
-      attend_span_of<NV, kRowsTogether>(std::min(kRowsTogether, num_rows - r0), span,
-                                        r0 == 0 ? next : SpanChunks<T>{}, kv.block_size, scale,
-                                        rows + r0, state, r0);
-    }
-    span = next;
+struct Avx2Spans {
+  using Element = T;
+  static constexpr int kHeadDim = 8 * NV;
+  // Rows scored and weighed together: each key row and value row loaded (and widened, from bf16)
+  // serves both. Two rows' score accumulators (8), a key row's two halves and a broadcast query
+  // element fill 11 of the 16 registers; three rows would leave none spare.
+  static constexpr int kRowsTogether = 2;
+  template <int R>
+  PIPELINE_AVX2 static void span(const SpanChunks<T>& span, const SpanChunks<T>& next,
+                                 int block_size, float scale, const AttentionRow* rows,
+                                 SoftmaxState& state, int r0) {
+    attend_span<NV, R>(span, next, block_size, scale, rows, state, r0);
   }
-  state.write(rows, num_rows, kHeadDim);
-}
+};
 
 }  // namespace
 
@@ -215,8 +190,8 @@ AttendFn avx2_attention_kernel(const PagedKvLayer& kv) {
   if (kv.block_size % kKeyChunk != 0) return nullptr;
   return with_element_type(kv, "paged_attention", [&](auto element) -> AttendFn {
     using T = decltype(element);
-    if (kv.head_dim == 64) return attend_avx2<8, T>;
-    if (kv.head_dim == 128) return attend_avx2<16, T>;
+    if (kv.head_dim == 64) return attend_by_spans<Avx2Spans<8, T>>;
+    if (kv.head_dim == 128) return attend_by_spans<Avx2Spans<16, T>>;
     return nullptr;
   });
 }

@@ -20,9 +20,6 @@ namespace {
 
 #define PIPELINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-// Rows the AVX-512 kernel scores and weighs together: each key row and value row it loads (and
-// widens, from bf16) serves all of them.
-constexpr int kRowsTogether = 4;
 // Independent FMA chains per row for the scores (by dimension), so a row's dependency chains
 // stay short of the FMA latency. Fixed, whatever the number of rows, so that a row's sums come
 // in the same order in any pass. (Its weighted values are summed key by key in one chain per
@@ -74,16 +71,6 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>&
                                  int block_size, float scale, const AttentionRow* rows,
                                  SoftmaxState& state, int r0) {
   constexpr int kHeadDim = 16 * NV;
-  // The keys and values read after chunk c's: chunk c + 1's, or the next span's first (null at
-  // the end). Each (block, KV head) holds only 2–4 KiB of keys and as much of values, anywhere in
-  // the pool, and the hardware prefetcher barely starts on one before it ends; so while a chunk
-  // is read, the one after it is asked for line by line, a few KiB ahead, as the matmul kernels
-  // prefetch their panels.
-  const auto after = [&](const T* const(&of_span)[SpanChunks<T>::kMax],
-                         const T* const(&of_next)[SpanChunks<T>::kMax], int c) -> const char* {
-    if (c + 1 < span.chunks) return reinterpret_cast<const char*>(of_span[c + 1]);
-    return next.chunks > 0 ? reinterpret_cast<const char*>(of_next[0]) : nullptr;
-  };
   constexpr int kSlice = std::min(NV, int(std::bit_floor(unsigned(16 / R))));
   static_assert(NV % kSlice == 0);
   __mmask16 live[R][SpanChunks<T>::kMax];
@@ -98,7 +85,7 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>&
     __m512 acc[R][kScoreChains];
     for (int r = 0; r < R; ++r)
       for (int u = 0; u < kScoreChains; ++u) acc[r][u] = _mm512_setzero_ps();
-    const char* next_keys = after(span.keys, next.keys, c);
+    const char* next_keys = read_after(span, next, &SpanChunks<T>::keys, c);
     const __mmask16 in_span = first_keys(span.count[c]);
     for (int d = 0; d < kHeadDim; d += kScoreChains) {
       if (next_keys) {
@@ -149,7 +136,8 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>&
       const float* w[R];
       for (int r = 0; r < R; ++r) w[r] = weights[r] + c * kKeyChunk;
       const T* values = span.values[c] + 16 * v0;
-      const char* next_values = v0 == 0 ? after(span.values, next.values, c) : nullptr;
+      const char* next_values =
+          v0 == 0 ? read_after(span, next, &SpanChunks<T>::values, c) : nullptr;
       for (int j = 0; j < span.count[c]; ++j) {
         if (next_values) {
           for (size_t line = 0; line < sizeof(T) * kHeadDim; line += 64)
@@ -165,41 +153,21 @@ PIPELINE_AVX512 void attend_span(const SpanChunks<T>& span, const SpanChunks<T>&
   }
 }
 
-// attend_span<NV, n> for a run-time n in [1, R].
-template <int NV, int R, class T>
-PIPELINE_AVX512 void attend_span_of(int n, const SpanChunks<T>& span, const SpanChunks<T>& next,
-                                    int block_size, float scale, const AttentionRow* rows,
-                                    SoftmaxState& state, int r0) {
-  if constexpr (R > 0) {
-    if (n == R) return attend_span<NV, R>(span, next, block_size, scale, rows, state, r0);
-    attend_span_of<NV, R - 1>(n, span, next, block_size, scale, rows, state, r0);
-  }
-}
-
-// The same as attend_generic for head_dim = 16·NV and a block size that is a multiple of 16:
-// span by span, the rows kRowsTogether at a time, each span's keys and values asked for while
-// the one before it is read.
+// The kernel for head_dim = 16·NV over elements T (attend_by_spans' Kernel).
 template <int NV, class T>
-PIPELINE_AVX512 void attend_avx512(const PagedKvLayer& kv, std::span<const int32_t> block_table,
-                                   int kv_head, float scale, const AttentionRow* rows,
-                                   int num_rows) {
-  constexpr int kHeadDim = 16 * NV;
-  const int block_size = kv.block_size;
-  const int num_keys = max_keys(rows, num_rows);
-  SoftmaxState state(num_rows, kHeadDim);
-  SpanChunks<T> span = span_at<T>(kv, block_table, kv_head, 0, num_keys);
-  for (int first = 0; first < num_keys; first += kKeySpan) {
-    const SpanChunks<T> next = span_at<T>(kv, block_table, kv_head, first + kKeySpan, num_keys);
-    for (int r0 = 0; r0 < num_rows; r0 += kRowsTogether) {
-      // The first rows' pass asks for the next span; the others find it on its way.
-      attend_span_of<NV, kRowsTogether>(std::min(kRowsTogether, num_rows - r0), span,
-                                        r0 == 0 ? next : SpanChunks<T>{}, block_size, scale,
-                                        rows + r0, state, r0);
-    }
-    span = next;
+struct Avx512Spans {
+  using Element = T;
+  static constexpr int kHeadDim = 16 * NV;
+  // Rows the AVX-512 kernel scores and weighs together: each key row and value row it loads (and
+  // widens, from bf16) serves all of them.
+  static constexpr int kRowsTogether = 4;
+  template <int R>
+  PIPELINE_AVX512 static void span(const SpanChunks<T>& span, const SpanChunks<T>& next,
+                                   int block_size, float scale, const AttentionRow* rows,
+                                   SoftmaxState& state, int r0) {
+    attend_span<NV, R>(span, next, block_size, scale, rows, state, r0);
   }
-  state.write(rows, num_rows, kHeadDim);
-}
+};
 
 }  // namespace
 
@@ -207,8 +175,8 @@ AttendFn avx512_attention_kernel(const PagedKvLayer& kv) {
   if (kv.block_size % kKeyChunk != 0) return nullptr;
   return with_element_type(kv, "paged_attention", [&](auto element) -> AttendFn {
     using T = decltype(element);
-    if (kv.head_dim == 64) return attend_avx512<4, T>;
-    if (kv.head_dim == 128) return attend_avx512<8, T>;
+    if (kv.head_dim == 64) return attend_by_spans<Avx512Spans<4, T>>;
+    if (kv.head_dim == 128) return attend_by_spans<Avx512Spans<8, T>>;
     return nullptr;
   });
 }

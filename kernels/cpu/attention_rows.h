@@ -1,7 +1,8 @@
 // What paged_attention's kernels share (kernels/cpu/attention*.cpp): the rows one pass over a KV
-// head attends, their online-softmax state, and where a span of a sequence's keys lies in the
-// pool. Each kernel computes, for every row, softmax(q · K[0..num_keys)ᵀ · scale) · V; they
-// differ only in the vector instructions they use and in the order of their float32 sums.
+// head attends, their online-softmax state, where a span of a sequence's keys lies in the pool,
+// and the vector kernels' walk over those spans. Each kernel computes, for every row, softmax(q ·
+// K[0..num_keys)ᵀ · scale) · V; they differ only in the vector instructions they use and in the
+// order of their float32 sums.
 #pragma once
 
 #include <algorithm>
@@ -103,6 +104,59 @@ SpanChunks<T> span_at(const PagedKvLayer& kv, std::span<const int32_t> block_tab
     span.count[c] = std::min(kKeyChunk, num_keys - pos);
   }
   return span;
+}
+
+// Where the keys (field = &SpanChunks<T>::keys) or values (&SpanChunks<T>::values) read after
+// chunk c of span start: chunk c + 1's, or the next span's first (null at the end). The vector
+// kernels ask for them line by line while chunk c is read: each (block, KV head) holds only
+// 2–4 KiB of keys and as much of values, anywhere in the pool, and the hardware prefetcher
+// barely starts on one before it ends.
+template <class T>
+const char* read_after(const SpanChunks<T>& span, const SpanChunks<T>& next,
+                       const T* const (SpanChunks<T>::*field)[SpanChunks<T>::kMax], int c) {
+  if (c + 1 < span.chunks) return reinterpret_cast<const char*>((span.*field)[c + 1]);
+  return next.chunks > 0 ? reinterpret_cast<const char*>((next.*field)[0]) : nullptr;
+}
+
+// A vector kernel's walk over a sequence's keys. Kernel is a type with
+//   using Element = T;  (the pool's element type)
+//   static constexpr int kHeadDim, kRowsTogether;
+//   template <int R> static void span(const SpanChunks<T>& span, const SpanChunks<T>& next,
+//                                     int block_size, float scale, const AttentionRow* rows,
+//                                     SoftmaxState& state, int r0);
+// which folds one span into the softmax state of rows r0 .. r0 + R - 1, asking for `next` while
+// it reads `span`.
+
+// Kernel::span<n> for a run-time n in [1, R].
+template <class Kernel, int R>
+void attend_span_of(int n, const SpanChunks<typename Kernel::Element>& span,
+                    const SpanChunks<typename Kernel::Element>& next, int block_size, float scale,
+                    const AttentionRow* rows, SoftmaxState& state, int r0) {
+  if constexpr (R > 0) {
+    if (n == R) return Kernel::template span<R>(span, next, block_size, scale, rows, state, r0);
+    attend_span_of<Kernel, R - 1>(n, span, next, block_size, scale, rows, state, r0);
+  }
+}
+
+// The rows against KV head kv_head, span by span, Kernel::kRowsTogether rows at a time; the first
+// rows' pass over a span asks for the next one, the others find it on its way.
+template <class Kernel>
+void attend_by_spans(const PagedKvLayer& kv, std::span<const int32_t> block_table, int kv_head,
+                     float scale, const AttentionRow* rows, int num_rows) {
+  using T = typename Kernel::Element;
+  const int num_keys = max_keys(rows, num_rows);
+  SoftmaxState state(num_rows, Kernel::kHeadDim);
+  SpanChunks<T> span = span_at<T>(kv, block_table, kv_head, 0, num_keys);
+  for (int first = 0; first < num_keys; first += kKeySpan) {
+    const SpanChunks<T> next = span_at<T>(kv, block_table, kv_head, first + kKeySpan, num_keys);
+    for (int r0 = 0; r0 < num_rows; r0 += Kernel::kRowsTogether) {
+      attend_span_of<Kernel, Kernel::kRowsTogether>(std::min(Kernel::kRowsTogether, num_rows - r0),
+                                                    span, r0 == 0 ? next : SpanChunks<T>{},
+                                                    kv.block_size, scale, rows + r0, state, r0);
+    }
+    span = next;
+  }
+  state.write(rows, num_rows, Kernel::kHeadDim);
 }
 
 // The rows' attention against KV head kv_head of a sequence whose blocks are block_table.
