@@ -75,6 +75,25 @@ TEST(CpuFeatures, BestIsaIsSupported) {
   EXPECT_TRUE(isa_supported(Isa::Portable));
 }
 
+// The entry points that take an instruction set refuse one this CPU lacks (on a CPU with all of
+// them there is none to try).
+TEST(CpuFeatures, KernelsRefuseAnInstructionSetTheCpuLacks) {
+  std::mt19937 rng(5);
+  const TestWeights w = make_weights(16, 4, DType::F32, rng);
+  const PackedMatrix packed = PackedMatrix::stack({&w.view, 1}, DType::F32);
+  std::vector<float> x(4), y(16), pool(64);
+  const PagedKvLayer kv{pool.data(), pool.data(), 4, 1, 4, DType::F32};
+  const std::vector<int32_t> table = {0};
+  const AttentionSequence seq{0, 1, 0, table};
+  for (Isa isa : {Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+    if (isa_supported(isa)) continue;
+    SCOPED_TRACE(isa_name(isa));
+    EXPECT_THROW(matmul(isa, x.data(), 1, packed, y.data(), 16), std::invalid_argument);
+    EXPECT_THROW(paged_attention(isa, kv, {&seq, 1}, 1, x.data(), 4, y.data()),
+                 std::invalid_argument);
+  }
+}
+
 // Y = X·Wᵀ in double over the float values the stored weights really hold.
 double reference_dot(const TestWeights& w, int row, const float* x, int cols, double* magnitude) {
   double sum = 0.0;

@@ -99,9 +99,7 @@ void attend_generic_portable(const PagedKvLayer& kv, std::span<const int32_t> bl
 // of that instruction set (AVX-512 CPUs fall back to the AVX2 one) where it applies, else the
 // generic kernel compiled for AVX2 or for any CPU.
 AttendFn attend_function(const PagedKvLayer& kv, Isa isa) {
-  if (!isa_supported(isa)) {
-    throw std::invalid_argument(std::string("paged_attention: this CPU has no ") + isa_name(isa));
-  }
+  require_isa(isa, "paged_attention");
   const bool avx512 = isa == Isa::Avx512 || isa == Isa::Avx512Bf16;
   if (avx512) {
     if (const AttendFn kernel = detail::avx512_attention_kernel(kv)) return kernel;

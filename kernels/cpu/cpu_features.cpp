@@ -1,5 +1,8 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace pipeline::cpu {
 
 const char* isa_name(Isa isa) {
@@ -33,6 +36,13 @@ bool isa_supported(Isa isa) {
       return avx512 && __builtin_cpu_supports("avx512bf16");
   }
   return false;
+}
+
+void require_isa(Isa isa, const char* caller) {
+  if (!isa_supported(isa)) {
+    throw std::invalid_argument(std::string(caller) + ": instruction set " + isa_name(isa) +
+                                " is not supported by this CPU");
+  }
 }
 
 Isa best_isa() {

@@ -16,6 +16,9 @@ const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);
 // The widest vector instruction set supported (Portable, Avx2 or Avx512), detected once.
 Isa best_isa();
+// Throws std::invalid_argument, naming `caller`, where this CPU lacks `isa`: the kernels that
+// take a chosen instruction set (for tests and benchmarks) check it first.
+void require_isa(Isa isa, const char* caller);
 // What the packed matmul runs by default: Avx512Bf16 where the CPU has it, else best_isa().
 Isa best_matmul_isa();
 

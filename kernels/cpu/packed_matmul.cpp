@@ -244,10 +244,7 @@ Isa matmul_isa(const PackedMatrix& w) {
 
 void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
             MatmulMode mode) {
-  if (!isa_supported(isa)) {
-    throw std::invalid_argument(std::string("matmul: instruction set ") + isa_name(isa) +
-                                " is not supported by this CPU");
-  }
+  require_isa(isa, "matmul");
   if (batch <= 0 || w.num_panels() == 0) return;
   if (ldy < size_t(w.out_cols())) {
     throw std::invalid_argument("matmul: ldy " + std::to_string(ldy) + " is below the " +
