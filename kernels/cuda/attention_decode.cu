@@ -333,7 +333,8 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
 }
 
 DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim,
-                             int max_splits, cudaStream_t stream) {
+                             int max_splits, cudaStream_t stream)
+    : seqs_(seqs) {
   const size_t partitions = size_t(seqs) * num_heads * max_splits;
   out_ = DeviceBuffer<float>(partitions * head_dim);
   max_ = DeviceBuffer<float>(partitions);
@@ -351,6 +352,10 @@ void paged_decode_attention(const bf16* qkv, int qkv_stride, const PagedKv& kv,
     throw std::invalid_argument("paged_decode_attention: " + std::to_string(splits) +
                                 " partitions, the scratch holds " +
                                 std::to_string(scratch.partials().max_splits));
+  // A sequence past the scratch would share another's arrival count and partials.
+  if (num_seqs > scratch.seqs())
+    throw std::invalid_argument("paged_decode_attention: " + std::to_string(num_seqs) +
+                                " sequences, the scratch holds " + std::to_string(scratch.seqs()));
   const dim3 grid(splits, kv.num_kv_heads, num_seqs);
   launch_dependent(partition_kernel_for(num_heads / kv.num_kv_heads), grid, kThreads, 0, stream,
                    qkv, qkv_stride, kv, fresh, context_lens, num_heads, scratch.partials(), out);

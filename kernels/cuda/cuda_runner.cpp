@@ -30,6 +30,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_objects.h"
+#include "kernels/cuda/dependent_launch.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/device_weights.h"
 #include "kernels/cuda/gemm.h"
@@ -176,7 +177,7 @@ class CudaRunner final : public ModelRunner {
   // (batch size, decode_splits) -> eager runs, and the captured step (null: capture failed).
   std::map<std::pair<int, int>, int> decode_sightings_;
   std::map<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_;
-  std::vector<std::string> setup_report_;  // what tune_projections() measured
+  std::vector<std::string> setup_report_;  // what warm_up() measured and chose
 };
 
 void check_options(const RunnerOptions& o) {
@@ -292,12 +293,19 @@ void CudaRunner::warm_up(int max_num_seqs) {
   Logits logits;
   forward(Batch{{prefill}}, logits);
   tune_projections();  // on the activations the prefill left, not on zeros
+  setup_report_.push_back(std::string("programmatic dependent launch ") +
+                          (dependent_launch_supported() ? "on" : "off") +
+                          " (kernels from compute_" + std::to_string(kernel_ptx_architecture()) +
+                          ")");
   // One row: the GEMV; 2, 9, 17, 33: SkinnyGemm's builds for up to 8, 16, 32, 64 rows (or
   // cuBLAS where it was faster); more: cuBLAS.
   for (int seqs : {1, 2, 9, 17, 33, kSkinnyMaxRows + 1}) {
     if (seqs > max_num_seqs) break;
-    forward(Batch{std::vector<SequenceChunk>(size_t(seqs), SequenceChunk{{0}, 0, {0}, false})},
-            logits);
+    // Each sequence writes its token into a block of its own, so no two write one slot.
+    std::vector<SequenceChunk> step;
+    for (int s = 0; s < seqs; ++s)
+      step.push_back(SequenceChunk{{0}, 0, {s % kv_shape_.num_blocks}, false});
+    forward(Batch{std::move(step)}, logits);
   }
   decode_sightings_.clear();  // serving captures its own graphs, as if from a cold start
 }

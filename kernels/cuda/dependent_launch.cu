@@ -10,15 +10,22 @@ __global__ void architecture_probe() {}
 
 }  // namespace
 
-bool dependent_launch_supported() {
-  static const bool supported = [] {
+int kernel_ptx_architecture() {
+  static const int architecture = [] {
     cudaFuncAttributes attributes{};
     // ptxVersion is the virtual architecture the code was compiled for (90 for compute_90),
     // whether the device runs it as built or compiled it from PTX on loading.
-    return cudaFuncGetAttributes(&attributes, architecture_probe) == cudaSuccess &&
-           attributes.ptxVersion >= 90;
+    if (cudaFuncGetAttributes(&attributes, architecture_probe) != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check to report as its own
+      return 0;
+    }
+    return attributes.ptxVersion;
   }();
-  return supported;
+  return architecture;
+}
+
+bool dependent_launch_supported() {
+  return kernel_ptx_architecture() >= 90;
 }
 
 }  // namespace pipeline::cuda

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dependent_launch.h"
 
 namespace pipeline::cuda {
 
@@ -28,12 +29,6 @@ __device__ __forceinline__ void allow_next_kernel() {
   cudaTriggerProgrammaticLaunchCompletion();
 #endif
 }
-
-// Whether launches may overlap: the code device 0 runs was compiled for compute capability 9.0
-// or newer, so the calls above wait and trigger. A build without sm_90 code run on a Hopper GPU
-// runs PTX of an older architecture, in which both calls compiled to nothing: a kernel launched
-// early there would read its predecessor's output before it is written.
-bool dependent_launch_supported();
 
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,

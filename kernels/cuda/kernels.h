@@ -90,8 +90,10 @@ class DecodeScratch {
   DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim, int max_splits,
                 cudaStream_t stream);
   const DecodePartials& partials() const { return partials_; }
+  int seqs() const { return seqs_; }
 
  private:
+  int seqs_;
   DeviceBuffer<float> out_, max_, sum_;
   DeviceBuffer<int32_t> arrivals_;
   DecodePartials partials_;

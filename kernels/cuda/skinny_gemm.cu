@@ -252,6 +252,7 @@ void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, 
     throw std::invalid_argument("SkinnyGemm: " + std::to_string(rows) + " rows of " +
                                 std::to_string(in) + " is outside 2.." +
                                 std::to_string(kSkinnyMaxRows) + " rows of a multiple of 8");
+  if (out <= 0) throw std::invalid_argument("SkinnyGemm: no output columns");
   // Split k only as far as the column tiles leave the device short of blocks.
   const int tiles = tiles_for(out);
   const int splits =
