@@ -35,6 +35,7 @@
 #include "kernels/cuda/device_weights.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/lru_cache.h"
 #include "kernels/cuda/nvtx_ranges.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/step_inputs.h"
@@ -77,6 +78,13 @@ std::string gib_string(size_t bytes) {
 
 // The prompt tokens a runner's buffers hold from the start, and its warm-up prefill.
 constexpr int kWarmUpTokens = 512;
+
+// Captured decode steps kept at once. A key is (batch size, attention partitions): a serve
+// whose batches grow to 64 sequences over 4K-token contexts meets about 700 of them, while the
+// steps of any one stretch of serving, their batches within a few sequences of each other, use
+// a few dozen. The least recently replayed graph goes first; a graph being replayed when it
+// goes is freed once it completes.
+constexpr size_t kMaxDecodeGraphs = 256;
 
 int round_up_pow2(int n) {
   return int(std::bit_ceil(unsigned(std::max(n, 1))));
@@ -176,7 +184,7 @@ class CudaRunner final : public ModelRunner {
   PinnedBuffer<float> logits_staging_;  // host landing of workspace_->logits
   // (batch size, decode_splits) -> eager runs, and the captured step (null: capture failed).
   std::map<std::pair<int, int>, int> decode_sightings_;
-  std::map<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_;
+  LruCache<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_{kMaxDecodeGraphs};
   std::vector<std::string> setup_report_;  // what warm_up() measured and chose
 };
 
@@ -428,30 +436,31 @@ int CudaRunner::decode_splits(const StepShape& shape) const {
 // First sight of a (batch size, splits) pair runs eagerly; the second captures the step into
 // a graph; later ones replay it. Pairs seen once (the tail of a draining batch) never pay for
 // a capture. A pair whose capture failed (no memory left to instantiate it, say) runs eagerly
-// from then on: the graph saves launch time, and its absence fails nothing.
+// from then on: the graph saves launch time, and its absence fails nothing. A pair whose graph
+// was dropped to make room (kMaxDecodeGraphs) is captured again when it next comes.
 void CudaRunner::run_decode(const StepShape& shape) {
   cudaStream_t stream = stream_.get();
   const std::pair<int, int> key{shape.seqs, decode_splits(shape)};
-  auto found = decode_graphs_.find(key);
-  if (found == decode_graphs_.end()) {
+  std::unique_ptr<GraphExec>* graph = decode_graphs_.find(key);
+  if (graph == nullptr) {
     if (++decode_sightings_[key] < 2) {
       enqueue_forward(shape);
       return;
     }
-    std::unique_ptr<GraphExec> graph;
+    std::unique_ptr<GraphExec> captured;
     try {
-      graph = capture_graph(stream, [&] { enqueue_forward(shape); });
+      captured = capture_graph(stream, [&] { enqueue_forward(shape); });
     } catch (const std::runtime_error&) {  // a CUDA or cuBLAS error (cuda_check.h)
       (void)cudaGetLastError();            // the capture's error is not the step's
     }
-    found = decode_graphs_.emplace(key, std::move(graph)).first;
+    graph = &decode_graphs_.insert(key, std::move(captured));
   }
-  if (!found->second) {
+  if (!*graph) {
     enqueue_forward(shape);
     return;
   }
   NvtxRange range{"decode_graph"};
-  found->second->launch(stream);
+  (*graph)->launch(stream);
 }
 
 void CudaRunner::enqueue_forward(const StepShape& shape) {
