@@ -3,8 +3,9 @@
 // whole forward passes of small models; these say which kernel is wrong when one of those
 // fails, and cover what those models do not have: LLaMA-2-7B's head size with 1, 2, 4 and 8
 // query heads per KV head, contexts of many decode partitions with a short last one, more
-// partitions launched than a sequence needs, block tables scattered over the pool, and rows of
-// 7B's hidden size and wider. Without a CUDA device every test skips, saying why.
+// partitions launched than a sequence needs, block tables scattered over the pool, block sizes
+// from 1 to 512, and rows of 7B's hidden size and wider. Without a CUDA device every test skips,
+// saying why.
 #include <gtest/gtest.h>
 
 #ifdef PIPELINE_HAVE_CUDA
@@ -38,7 +39,6 @@ namespace {
     if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
   } while (0)
 
-constexpr int kBlockSize = 16;
 constexpr double kRopeTheta = 10000.0;
 
 double value(bf16 x) {
@@ -120,15 +120,61 @@ struct HeadShape {
   }
 };
 
+// A batch whose block tables were drawn at random from a pool of pool_blocks blocks of
+// block_size slots, as blocks come back from a BlockManager after churn; the runner's rows of
+// block table hold max_blocks_per_seq entries, a few more than the longest sequence needs.
+struct ScatteredBatch {
+  Batch batch;
+  int block_size = 0;
+  int pool_blocks = 0;
+  int max_blocks_per_seq = 0;
+};
+
+// Sequences of (start_pos, new tokens), their blocks drawn from a pool a quarter larger than
+// they need, so that the tables are scattered and unused blocks lie between.
+ScatteredBatch scattered_batch(std::mt19937& rng, const std::vector<std::pair<int, int>>& chunks,
+                               int block_size) {
+  ScatteredBatch out;
+  out.block_size = block_size;
+  int needed = 0, longest = 0;
+  for (const auto& [start, n] : chunks) {
+    const int blocks = (start + n + block_size - 1) / block_size;
+    needed += blocks;
+    longest = std::max(longest, blocks);
+  }
+  out.pool_blocks = needed + needed / 4 + 2;
+  out.max_blocks_per_seq = longest + 3;
+  std::vector<int32_t> free_blocks(static_cast<size_t>(out.pool_blocks));
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  size_t next = 0;
+  for (const auto& [start, n] : chunks) {
+    SequenceChunk chunk;
+    chunk.tokens.assign(size_t(n), 0);
+    chunk.start_pos = start;
+    const int blocks = (start + n + block_size - 1) / block_size;
+    for (int b = 0; b < blocks; ++b) chunk.block_table.push_back(free_blocks.at(next++));
+    out.batch.seqs.push_back(std::move(chunk));
+  }
+  return out;
+}
+
 // One layer's paged K and V pools ([block][slot][kv_head][head_dim]) filled at random, on the
-// host and on the device.
+// host and on the device, for a scattered batch's pool.
 struct KvPool {
-  KvPool(std::mt19937& rng, int blocks, const HeadShape& shape)
+  KvPool(std::mt19937& rng, const ScatteredBatch& paged, const HeadShape& shape)
       : shape(shape),
-        k(random_bf16(rng, size_t(blocks) * kBlockSize * shape.num_kv_heads * shape.head_dim)),
+        block_size(paged.block_size),
+        k(random_bf16(rng, size_t(paged.pool_blocks) * paged.block_size * shape.num_kv_heads *
+                               shape.head_dim)),
         v(random_bf16(rng, k.size())),
         k_d(upload(k)),
         v_d(upload(v)) {}
+
+  // The cache slot of `seq`'s token at `position`.
+  int slot_of(const SequenceChunk& seq, int position) const {
+    return seq.block_table[size_t(position / block_size)] * block_size + position % block_size;
+  }
 
   // K (or V) of `kv_head` at cache slot `slot`.
   const bf16* at(const std::vector<bf16>& pool, int slot, int kv_head) const {
@@ -136,42 +182,19 @@ struct KvPool {
   }
 
   HeadShape shape;
+  int block_size;
   std::vector<bf16> k, v;
   DeviceBuffer<bf16> k_d, v_d;
 };
 
-// Sequences of (start_pos, new tokens) with block tables drawn at random from a pool of
-// `pool_blocks`, as blocks come back from a BlockManager after churn.
-Batch scattered_batch(std::mt19937& rng, const std::vector<std::pair<int, int>>& chunks,
-                      int pool_blocks) {
-  std::vector<int32_t> free_blocks(static_cast<size_t>(pool_blocks));
-  std::iota(free_blocks.begin(), free_blocks.end(), 0);
-  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
-  Batch batch;
-  size_t next = 0;
-  for (const auto& [start, n] : chunks) {
-    SequenceChunk chunk;
-    chunk.tokens.assign(size_t(n), 0);
-    chunk.start_pos = start;
-    const int blocks = (start + n + kBlockSize - 1) / kBlockSize;
-    for (int b = 0; b < blocks; ++b) chunk.block_table.push_back(free_blocks.at(next++));
-    batch.seqs.push_back(std::move(chunk));
-  }
-  return batch;
-}
-
-int slot_of(const SequenceChunk& seq, int position) {
-  return seq.block_table[size_t(position / kBlockSize)] * kBlockSize + position % kBlockSize;
-}
-
 // The runner's packed step inputs (positions, slots, context lengths, block tables, prefill
 // tiles) for a batch, on the device.
 struct PackedStep {
-  PackedStep(const Batch& batch, int max_blocks_per_seq)
-      : layout({batch.total_tokens(), int(batch.seqs.size()), batch.logit_rows()},
-               max_blocks_per_seq, kPrefillTileQueries) {
+  explicit PackedStep(const ScatteredBatch& paged)
+      : layout({paged.batch.total_tokens(), int(paged.batch.seqs.size()), paged.batch.logit_rows()},
+               paged.max_blocks_per_seq, kPrefillTileQueries) {
     std::vector<int32_t> packed(layout.total);
-    shape = pack_step(batch, layout, kBlockSize, packed.data());
+    shape = pack_step(paged.batch, layout, paged.block_size, packed.data());
     indices = upload(packed);
   }
   const int32_t* at(size_t offset) const { return indices.data() + offset; }
@@ -187,7 +210,7 @@ PagedKv paged_kv(const KvPool& pool, const PackedStep& step) {
           pool.v_d.data(),
           step.at(step.layout.block_tables),
           step.layout.max_blocks_per_seq,
-          kBlockSize,
+          pool.block_size,
           pool.shape.num_kv_heads,
           pool.shape.head_dim};
 }
@@ -212,7 +235,7 @@ std::vector<double> decode_reference(const HeadShape& shape, const std::vector<b
     std::vector<double> scores(size_t(position) + 1);
     for (int p = 0; p <= position; ++p) {
       double dot = 0.0;
-      const bf16* key = pool.at(pool.k, slot_of(seq, p), kv_head);
+      const bf16* key = pool.at(pool.k, pool.slot_of(seq, p), kv_head);
       for (int d = 0; d < D; ++d)
         dot += q[size_t(d)] * (p == position ? k_new_stored[size_t(d)] : value(key[d]));
       scores[size_t(p)] = dot / std::sqrt(double(D));
@@ -221,7 +244,7 @@ std::vector<double> decode_reference(const HeadShape& shape, const std::vector<b
     double sum = 0.0;
     for (double& x : scores) sum += (x = std::exp(x - max));
     for (int p = 0; p <= position; ++p) {
-      const bf16* val = p == position ? v_new : pool.at(pool.v, slot_of(seq, p), kv_head);
+      const bf16* val = p == position ? v_new : pool.at(pool.v, pool.slot_of(seq, p), kv_head);
       for (int d = 0; d < D; ++d)
         out[size_t(h) * D + size_t(d)] += scores[size_t(p)] / sum * value(val[d]);
     }
@@ -233,17 +256,18 @@ std::vector<double> decode_reference(const HeadShape& shape, const std::vector<b
 // partition, exactly one partition, one past it, several with a short last one, and nine; then
 // the same step with more partitions launched than the longest needs (as the runner rounds
 // them up), and again (the arrival counts must be back at zero).
-void check_decode_attention(const HeadShape& shape) {
-  SCOPED_TRACE(shape.name());
+void check_decode_attention(const HeadShape& shape, int block_size = 16) {
+  SCOPED_TRACE(shape.name() + ", blocks of " + std::to_string(block_size));
   std::mt19937 rng(11 + shape.group());
   const std::vector<int> contexts = {1, 100, kDecodePartition, kDecodePartition + 1, 300, 1100};
   std::vector<std::pair<int, int>> chunks;
   for (int context : contexts) chunks.push_back({context - 1, 1});
-  constexpr int kPoolBlocks = 160, kMaxBlocksPerSeq = 72, kMaxSplits = 16;
-  const Batch batch = scattered_batch(rng, chunks, kPoolBlocks);
-  const PackedStep step(batch, kMaxBlocksPerSeq);
+  constexpr int kMaxSplits = 16;
+  const ScatteredBatch paged = scattered_batch(rng, chunks, block_size);
+  const Batch& batch = paged.batch;
+  const PackedStep step(paged);
   ASSERT_TRUE(step.shape.decode);
-  KvPool pool(rng, kPoolBlocks, shape);
+  KvPool pool(rng, paged, shape);
   const std::vector<bf16> qkv = random_bf16(rng, contexts.size() * shape.qkv_dim());
   const DeviceBuffer<bf16> qkv_d = upload(qkv);
   const int seqs = int(contexts.size()), D = shape.head_dim;
@@ -276,7 +300,7 @@ void check_decode_attention(const HeadShape& shape) {
     const SequenceChunk& seq = batch.seqs[size_t(s)];
     const bf16* row_in = qkv.data() + size_t(s) * shape.qkv_dim();
     for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head) {
-      const int slot = slot_of(seq, seq.start_pos);
+      const int slot = pool.slot_of(seq, seq.start_pos);
       const std::vector<double> k_ref =
           rotated(row_in + size_t(shape.num_heads + kv_head) * D, D, seq.start_pos);
       EXPECT_LT(relative_l2(pool.at(k_after, slot, kv_head), k_ref.data(), size_t(D)), 1e-2)
@@ -307,19 +331,26 @@ TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {
   check_decode_attention({4, 4, 256});  // the widest head the kernel takes
 }
 
+// scheduler.kv_block_size takes 1 to 1024: a block per position, blocks that straddle the
+// partition boundaries (5), and blocks that hold a whole partition or more (256, 512).
+TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceAtOtherBlockSizes) {
+  SKIP_WITHOUT_CUDA();
+  for (int block_size : {1, 5, 256, 512}) check_decode_attention({8, 2, 128}, block_size);
+}
+
 // ---- Prefill attention and the rotary embedding it follows
 
 // Four prompts, ragged, two of them chunks that start past position 0 (their earlier keys are
 // already cached), one of a single token; tiles of kPrefillTileQueries with short last ones.
 const std::vector<std::pair<int, int>> kPrefillChunks = {{0, 70}, {40, 33}, {0, 1}, {190, 64}};
-constexpr int kPrefillPoolBlocks = 64, kPrefillMaxBlocksPerSeq = 20;
 
-void check_prefill_attention(const HeadShape& shape) {
-  SCOPED_TRACE(shape.name());
+void check_prefill_attention(const HeadShape& shape, int block_size = 16) {
+  SCOPED_TRACE(shape.name() + ", blocks of " + std::to_string(block_size));
   std::mt19937 rng(23 + shape.group());
-  const Batch batch = scattered_batch(rng, kPrefillChunks, kPrefillPoolBlocks);
-  const PackedStep step(batch, kPrefillMaxBlocksPerSeq);
-  KvPool pool(rng, kPrefillPoolBlocks, shape);
+  const ScatteredBatch paged = scattered_batch(rng, kPrefillChunks, block_size);
+  const Batch& batch = paged.batch;
+  const PackedStep step(paged);
+  KvPool pool(rng, paged, shape);
   const int tokens = batch.total_tokens(), D = shape.head_dim;
   const std::vector<bf16> qkv = random_bf16(rng, size_t(tokens) * shape.qkv_dim());
   const DeviceBuffer<bf16> qkv_d = upload(qkv);
@@ -342,7 +373,7 @@ void check_prefill_attention(const HeadShape& shape) {
         const bf16* q = qkv.data() + size_t(t) * shape.qkv_dim() + size_t(h) * D;
         std::vector<double> scores(size_t(position) + 1);
         for (int p = 0; p <= position; ++p) {
-          const bf16* key = pool.at(pool.k, slot_of(seq, p), kv_head);
+          const bf16* key = pool.at(pool.k, pool.slot_of(seq, p), kv_head);
           double dot = 0.0;
           for (int d = 0; d < D; ++d) dot += value(q[d]) * value(key[d]);
           scores[size_t(p)] = dot / std::sqrt(double(D));
@@ -352,7 +383,7 @@ void check_prefill_attention(const HeadShape& shape) {
         for (double& x : scores) sum += (x = std::exp(x - max));
         std::vector<double> ref(size_t(D), 0.0);
         for (int p = 0; p <= position; ++p) {
-          const bf16* val = pool.at(pool.v, slot_of(seq, p), kv_head);
+          const bf16* val = pool.at(pool.v, pool.slot_of(seq, p), kv_head);
           for (int d = 0; d < D; ++d) ref[size_t(d)] += scores[size_t(p)] / sum * value(val[d]);
         }
         const double err =
@@ -373,6 +404,11 @@ TEST(CudaKernels, PrefillAttentionMatchesFloat64Reference) {
   check_prefill_attention({8, 4, 8});
 }
 
+TEST(CudaKernels, PrefillAttentionMatchesFloat64ReferenceAtOtherBlockSizes) {
+  SKIP_WITHOUT_CUDA();
+  for (int block_size : {1, 5, 256}) check_prefill_attention({8, 2, 128}, block_size);
+}
+
 // q rotated in place and k (rotated) and v written to each token's slot, for head sizes whose
 // half is a multiple of 8 and of 4 only.
 TEST(CudaKernels, RopeWriteKvRotatesQAndFillsTheCache) {
@@ -380,9 +416,10 @@ TEST(CudaKernels, RopeWriteKvRotatesQAndFillsTheCache) {
   for (const HeadShape shape : {HeadShape{8, 2, 128}, HeadShape{8, 4, 8}, HeadShape{4, 2, 24}}) {
     SCOPED_TRACE(shape.name());
     std::mt19937 rng(5);
-    const Batch batch = scattered_batch(rng, kPrefillChunks, kPrefillPoolBlocks);
-    const PackedStep step(batch, kPrefillMaxBlocksPerSeq);
-    KvPool pool(rng, kPrefillPoolBlocks, shape);
+    const ScatteredBatch paged = scattered_batch(rng, kPrefillChunks, 16);
+    const Batch& batch = paged.batch;
+    const PackedStep step(paged);
+    KvPool pool(rng, paged, shape);
     const int tokens = batch.total_tokens(), D = shape.head_dim;
     const std::vector<bf16> qkv = random_bf16(rng, size_t(tokens) * shape.qkv_dim());
     DeviceBuffer<bf16> qkv_d = upload(qkv);
@@ -395,7 +432,7 @@ TEST(CudaKernels, RopeWriteKvRotatesQAndFillsTheCache) {
     int t = 0;
     for (const SequenceChunk& seq : batch.seqs) {
       for (int i = 0; i < int(seq.tokens.size()); ++i, ++t) {
-        const int position = seq.start_pos + i, slot = slot_of(seq, position);
+        const int position = seq.start_pos + i, slot = pool.slot_of(seq, position);
         const bf16* row = qkv.data() + size_t(t) * shape.qkv_dim();
         for (int h = 0; h < shape.num_heads; ++h) {
           const std::vector<double> ref = rotated(row + size_t(h) * D, D, position);

@@ -60,9 +60,9 @@ std::unique_ptr<ModelRunner> make_cuda_runner(std::shared_ptr<const LlamaWeights
 #endif
 
 // Small explicit pools: the tests never size the KV cache from free device memory.
-RunnerOptions test_options(int blocks = 256) {
+RunnerOptions test_options(int blocks = 256, int block_size = 16) {
   RunnerOptions options;
-  options.kv_block_size = 16;
+  options.kv_block_size = block_size;
   options.kv_cache_blocks = blocks;
   options.max_num_seqs = 8;
   return options;
@@ -207,12 +207,13 @@ TEST(CudaRunner, LogitsMatchFloat64GoldenOnRandomH128) {
 // then 100 decode steps crossing a decode partition boundary (position 256): every row must agree
 // with the one-shot prefill up to bf16 rounding (the two paths round in different orders; a CPU
 // emulation of this runner's rounding puts random-h128 at ~1e-2 from float32).
-TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
-  SKIP_WITHOUT_CUDA();
-  const auto cuda =
-      make_cuda_runner(load_model(shared_path("models/random-h128-bf16")), test_options());
-  BlockManager blocks(cuda->kv_shape().num_blocks);
+void expect_chunked_matches_one_shot(int block_size) {
+  SCOPED_TRACE("blocks of " + std::to_string(block_size));
   const std::vector<int32_t> ids = random_h128_ids();
+  const int pool = (int(ids.size()) + block_size - 1) / block_size + 2;
+  const auto cuda = make_cuda_runner(load_model(shared_path("models/random-h128-bf16")),
+                                     test_options(pool, block_size));
+  BlockManager blocks(cuda->kv_shape().num_blocks);
   const Logits all = prefill_all(*cuda, blocks, ids);
   const auto stepped = chunked_then_decode(*cuda, blocks, ids, 100, 100);
   ASSERT_EQ(int(stepped.size()), all.rows());
@@ -222,7 +223,20 @@ TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
     EXPECT_LT(err, 2e-2) << "position " << pos;
     worst = std::max(worst, err);
   }
-  std::cout << "prefill-all vs chunked prefill + decode: worst relative L2 " << worst << "\n";
+  std::cout << "blocks of " << block_size
+            << ": prefill-all vs chunked prefill + decode: worst relative L2 " << worst << "\n";
+}
+
+TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
+  SKIP_WITHOUT_CUDA();
+  expect_chunked_matches_one_shot(16);
+}
+
+// scheduler.kv_block_size takes 1 to 1024: a block per position, blocks that straddle the
+// chunk and partition boundaries, and one block for the whole prompt.
+TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefillAtOtherBlockSizes) {
+  SKIP_WITHOUT_CUDA();
+  for (int block_size : {1, 7, 512}) expect_chunked_matches_one_shot(block_size);
 }
 
 TEST(CudaRunner, GreedyTokensMatchStories260KGolden) {
