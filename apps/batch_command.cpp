@@ -81,32 +81,6 @@ std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
   return todo;
 }
 
-// A path that cannot be looked at (a loop of links) is not nothing: opening it says what it is.
-bool nothing_at(const std::filesystem::path& file) {
-  std::error_code error;
-  return std::filesystem::status(file, error).type() == std::filesystem::file_type::not_found;
-}
-
-// Removes the output file when this run created it and wrote no line into it, whatever way the
-// run ends: a model that fails to load, or a stop before the first result, leaves no empty file
-// behind. Declared before the file is opened, so that it runs after the file is closed.
-class OutputCreatedByRun {
- public:
-  explicit OutputCreatedByRun(std::filesystem::path file)
-      : file_(std::move(file)), created_(nothing_at(file_)) {}
-  ~OutputCreatedByRun() {
-    std::error_code error;  // nothing to report if it is gone or cannot be read
-    if (created_ && std::filesystem::file_size(file_, error) == 0 && !error)
-      std::filesystem::remove(file_, error);
-  }
-  OutputCreatedByRun(const OutputCreatedByRun&) = delete;
-  OutputCreatedByRun& operator=(const OutputCreatedByRun&) = delete;
-
- private:
-  std::filesystem::path file_;
-  bool created_;
-};
-
 }  // namespace
 
 int batch_command(int argc, char** argv) {
@@ -141,8 +115,7 @@ int batch_command(int argc, char** argv) {
     throw UsageError("--output " + output_file + " is the input file: the results go to a file " +
                      "of their own");
   const std::vector<BatchInput> inputs = read_batch_input(input_file);
-  const OutputCreatedByRun created(output_file);
-  const BatchOutput output = open_batch_output(output_file);  // before it is read: locked
+  const BatchOutput output(output_file);  // locked before it is read
   const std::vector<BatchInput> todo = not_in_output(inputs, output_file);
   while_reading.reset();  // a signal from here on waits for the watcher below
   if (stop.load()) {
@@ -179,9 +152,19 @@ int batch_command(int argc, char** argv) {
                      stop_signal_name(second));
         engine.end_grace();
       });
-  const BatchProgress progress = runner.run(todo, stop, kReportPeriod, [&](const BatchProgress& p) {
-    print_progress(p, finished, engine.metrics().generated_tokens.value(), seconds_since(start));
-  });
+  BatchProgress progress;
+  try {
+    progress = runner.run(todo, stop, kReportPeriod, [&](const BatchProgress& p) {
+      print_progress(p, finished, engine.metrics().generated_tokens.value(), seconds_since(start));
+    });
+  } catch (const BatchOutputWriteError& e) {
+    std::fprintf(stderr,
+                 "pipeline batch: %s: writing a result failed: %s; the results written before it "
+                 "are kept: run the same command again, once the file can take more, for the "
+                 "rest\n",
+                 output_file.c_str(), e.what());
+    return 1;
+  }
   const size_t done = finished + progress.written;
   if (progress.interrupted) {
     std::fprintf(stderr,

@@ -1,6 +1,9 @@
 #include "server/batch_file.h"
 
+#include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -112,6 +115,18 @@ bool starts_like_a_result(std::string_view tail) {
   return false;
 }
 
+// Tries at opening the output before giving up on a path whose file keeps being removed.
+constexpr int kOutputOpenAttempts = 8;
+
+// Whether `fd` is still the file at `path`: a run that removed the empty output it created, or
+// a person, may have unlinked or replaced it since it was opened.
+bool still_at(int fd, const std::filesystem::path& path) {
+  struct stat opened {
+  }, named{};
+  return ::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &named) == 0 &&
+         opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
+}
+
 }  // namespace
 
 namespace {
@@ -151,7 +166,9 @@ BatchInput read_input_line(const std::filesystem::path& file, int number, const 
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
   check_readable_kind(file, /*pipe_allowed=*/true, "input");
   std::ifstream in(file);
-  if (!in) throw BatchFileError(file.string() + ": cannot open the batch input file");
+  if (!in)
+    throw BatchFileError(file.string() +
+                         ": cannot open the batch input file: " + std::strerror(errno));
   std::vector<BatchInput> inputs;
   std::map<std::string, int> first_line;  // custom_id -> its line
   std::string problems;
@@ -211,21 +228,52 @@ bool is_json(const std::string& text) {
 
 }  // namespace
 
-BatchOutput open_batch_output(const std::filesystem::path& file) {
+BatchOutput::BatchOutput(const std::filesystem::path& file) : path_(file) {
   check_readable_kind(file, /*pipe_allowed=*/false, "output");
-  BatchOutput output(std::fopen(file.c_str(), "a"), &std::fclose);
-  if (!output)
-    throw BatchFileError(file.string() +
-                         ": cannot open the batch output file: " + std::strerror(errno));
-  // A second run on the same output would find the same results and answer every missing
-  // request again beside this one: each line would be written twice.
-  if (flock(fileno(output.get()), LOCK_EX | LOCK_NB) != 0)
-    throw BatchFileError(
-        file.string() +
-        (errno == EWOULDBLOCK
-             ? ": another pipeline batch is writing this output file"
-             : ": cannot lock the batch output file: " + std::string(std::strerror(errno))));
-  return output;
+  // A run that opened the file just before its creator removed it (empty) gets the lock on a
+  // file no longer there once the creator closes it, and opens the path again.
+  for (int attempt = 0; attempt < kOutputOpenAttempts; ++attempt) {
+    int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    created_ = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0)
+      throw BatchFileError(file.string() +
+                           ": cannot open the batch output file: " + std::strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int why = errno;
+      ::close(fd);
+      throw BatchFileError(
+          file.string() +
+          (why == EWOULDBLOCK
+               ? ": another pipeline batch is writing this output file"
+               : ": cannot lock the batch output file: " + std::string(std::strerror(why))));
+    }
+    if (!still_at(fd, file)) {
+      ::close(fd);
+      continue;
+    }
+    file_ = ::fdopen(fd, "a");
+    if (file_ == nullptr) {
+      const int why = errno;
+      ::close(fd);
+      throw BatchFileError(file.string() +
+                           ": cannot open the batch output file: " + std::strerror(why));
+    }
+    return;
+  }
+  throw BatchFileError(file.string() +
+                       ": the batch output file was removed or replaced while "
+                       "this run opened it, " +
+                       std::to_string(kOutputOpenAttempts) + " times running");
+}
+
+BatchOutput::~BatchOutput() {
+  const int fd = ::fileno(file_);
+  struct stat opened {};
+  if (created_ && std::fflush(file_) == 0 && ::fstat(fd, &opened) == 0 && opened.st_size == 0 &&
+      still_at(fd, path_))
+    ::unlink(path_.c_str());
+  std::fclose(file_);
 }
 
 std::set<std::string> finished_in_output(const std::filesystem::path& file,

@@ -9,7 +9,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -40,14 +39,30 @@ struct BatchInput {
 // missing or wrong.
 std::vector<BatchInput> read_batch_input(const std::filesystem::path& file);
 
-// The output file, opened for appending (created if missing) and locked (flock) by this process
-// until it is closed. Throws BatchFileError when it is no regular file, cannot be opened, or
-// another process holds it (a second run on the same output would answer the same requests).
-using BatchOutput = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
-BatchOutput open_batch_output(const std::filesystem::path& file);
+// The output file, opened for appending (created if missing) and locked (flock) by this run for
+// as long as the object lives: a second run on the same output would answer the same requests.
+// A file this run created and left empty (a model that failed to load, a stop before the first
+// result) is removed on destruction, while still locked, so that no run that took the file
+// after this one can lose what it writes. Throws BatchFileError when the path is no regular
+// file, cannot be opened, or another run holds it.
+class BatchOutput {
+ public:
+  explicit BatchOutput(const std::filesystem::path& file);
+  ~BatchOutput();
+  BatchOutput(const BatchOutput&) = delete;
+  BatchOutput& operator=(const BatchOutput&) = delete;
+
+  std::FILE* get() const { return file_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::FILE* file_ = nullptr;
+  bool created_ = false;  // by this run
+};
 
 // The custom_ids that already have a line in the output file (none when it does not exist); read
-// while open_batch_output holds it.
+// while a BatchOutput holds it.
 // A last line with no newline at its end is a result like any other if it is whole JSON (its
 // newline is then added); if not, it was cut short by a run stopped while writing it, and is
 // removed from the file, once every other line has proved to be a result and it starts as one

@@ -277,8 +277,7 @@ void BatchRunner::write(const Finished& finished, BatchProgress& progress) {
   const std::string line =
       batch_output_line(input, finished.request_id, finished.status_code, finished.body);
   if (std::fwrite(line.data(), 1, line.size(), output_) != line.size() || std::fflush(output_) != 0)
-    throw std::runtime_error(std::string("writing the batch output failed: ") +
-                             std::strerror(errno));
+    throw BatchOutputWriteError(std::strerror(errno));
   ++progress.written;
 }
 

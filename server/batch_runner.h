@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ struct BatchProgress {
   bool interrupted = false;  // stopped before every request had its line
 };
 
+// The output file took no more lines (a full disk, say); those written before are whole.
+class BatchOutputWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class BatchRunner {
  public:
   // Lines go to `output` (open for appending), each flushed as it is written; `input_name`
@@ -38,8 +45,9 @@ class BatchRunner {
   // each line as its request finishes; calls `report` about every `period` and once at the end.
   // When `stop` turns true nothing more is submitted; the engine shuts down with its grace
   // (server.shutdown_grace_s), the requests that finished are written and those it cut short
-  // are not, so a rerun does them. Throws std::runtime_error when the output cannot be written,
-  // once the engine has failed every request still in flight, and when the engine fails for
+  // are not, so a rerun does them. Throws BatchOutputWriteError when the output cannot be
+  // written, once the engine has failed every request still in flight, and std::runtime_error
+  // when the engine fails for
   // good (Engine::failure: its model runner or scheduler), leaving the lines it failed
   // unwritten.
   BatchProgress run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,

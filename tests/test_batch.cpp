@@ -223,9 +223,9 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
 TEST_F(BatchTest, OneRunAtATimeHoldsTheOutput) {
   const auto out = dir_ / "out.jsonl";
   {
-    const BatchOutput first = open_batch_output(out);
+    const BatchOutput first(out);
     try {
-      open_batch_output(out);
+      const BatchOutput second(out);
       FAIL() << "a second run opened the output the first holds";
     } catch (const BatchFileError& e) {
       EXPECT_NE(std::string(e.what()).find("another pipeline batch is writing this output file"),
@@ -233,10 +233,10 @@ TEST_F(BatchTest, OneRunAtATimeHoldsTheOutput) {
           << e.what();
     }
   }
-  EXPECT_NO_THROW(open_batch_output(out));  // held until closed
+  EXPECT_NO_THROW(BatchOutput{out});  // held until closed
   const auto message = [&](const std::filesystem::path& file) {
     try {
-      open_batch_output(file);
+      const BatchOutput output(file);
     } catch (const BatchFileError& e) {
       return std::string(e.what());
     }
@@ -244,6 +244,25 @@ TEST_F(BatchTest, OneRunAtATimeHoldsTheOutput) {
   };
   EXPECT_NE(message(dir_ / "no-dir" / "out.jsonl").find("No such file or directory"),
             std::string::npos);
+}
+
+// Two runs started together on a new output: the one that does not get it leaves it alone, and
+// the file the other created is removed only if that one, still holding it, wrote nothing.
+TEST_F(BatchTest, TheRunThatLosesTheOutputLeavesItToTheOther) {
+  const auto out = dir_ / "new.jsonl";
+  {
+    const BatchOutput winner(out);
+    EXPECT_THROW(BatchOutput{out}, BatchFileError);
+    EXPECT_TRUE(std::filesystem::exists(out)) << "the losing run removed the winner's output";
+    std::fputs("{}\n", winner.get());
+  }
+  EXPECT_EQ(std::filesystem::file_size(out), 3u) << "the winner's line is kept";
+  std::filesystem::remove(out);
+  { const BatchOutput empty(out); }
+  EXPECT_FALSE(std::filesystem::exists(out)) << "a created output left empty is removed";
+  write("existing.jsonl", "");
+  { const BatchOutput existing(dir_ / "existing.jsonl"); }
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "existing.jsonl")) << "only a created one is removed";
 }
 
 // /dev/zero reads on without end: a read of it as the input, or as the output a rerun scans,
@@ -585,7 +604,7 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
 TEST_F(BatchCommandTest, AStopTheGraceOutlastsLeavesTheBatchComplete) {
   const auto in = write("in.jsonl", long_requests(4, 200));
   Engine engine(load_serve_config(config_));
-  const BatchOutput output = open_batch_output(dir_ / "out.jsonl");
+  const BatchOutput output(dir_ / "out.jsonl");
   BatchRunner runner(engine, in.string(), output.get());
   std::atomic<bool> stop{false};
   size_t written_at_stop = 0;
@@ -634,7 +653,10 @@ TEST_F(BatchCommandTest, AFailedWriteEndsTheRunWithItsErrorWhileRequestsAreInFli
   // 4 KiB: a few lines. SIGXFSZ ignored, so a write past the limit fails with EFBIG.
   const auto result =
       run_shell("ulimit -f 4; trap '' XFSZ; " + shell_command(in, out) + " 2>&1; echo \"exit $?\"");
-  EXPECT_NE(result.out.find("writing the batch output failed: File too large"), std::string::npos)
+  EXPECT_NE(
+      result.out.find(out.string() + ": writing a result failed: File too large; the results "
+                                     "written before it are kept: run the same command again"),
+      std::string::npos)
       << result.out;
   EXPECT_NE(result.out.find("exit 1\n"), std::string::npos) << result.out;
 
