@@ -44,6 +44,10 @@ constexpr std::chrono::milliseconds kDrainAfterGrace{250};
 // connections wait for a thread): a request's bytes arrive within milliseconds of each other,
 // and httplib may hold them unrouted meanwhile.
 constexpr std::chrono::milliseconds kRequestQuiet{500};
+// How long a connection may hold a thread sending one request while other connections wait for
+// a thread (httplib's own timeouts are 5 s): a client that trickles its headers is never
+// quiet, and enough of them would shut everyone else out for as long as they trickle.
+constexpr std::chrono::seconds kSlowRequestLimit{5};
 
 constexpr const char* kJson = "application/json";
 
@@ -471,7 +475,7 @@ class ConnectionsAnswering {
 // request, however slowly: clients that keep their connections open, as HTTP client pools do,
 // or that send a header line now and then, could take every thread, and a new connection, a
 // /health probe's too, would wait unanswered. While one waits, `relieve` ends the connections
-// that hold a thread without a request to answer.
+// that hold a thread without a request to answer: idle, or sending one for kSlowRequestLimit.
 class ConnectionThreads final : public httplib::TaskQueue {
  public:
   ConnectionThreads(size_t max_threads, std::function<void()> relieve)
@@ -500,7 +504,8 @@ struct HttpServer::Impl {
     const size_t threads =
         size_t(limits.scheduler.max_num_seqs) + size_t(limits.server.max_queue) + 16;
     server.new_task_queue = [this, threads] {
-      return new ConnectionThreads(threads, [this] { stop_reading_idle(kRequestQuiet); });
+      return new ConnectionThreads(threads,
+                                   [this] { stop_reading_idle(kRequestQuiet, &slow_senders); });
     };
     // Persistent connections no longer hold threads they do not use (above), so a client may
     // keep its connection for a million requests, without a bound in practice as with uvicorn
@@ -847,11 +852,15 @@ struct HttpServer::Impl {
   }
 
   // Ends the reading side of each connection that holds a thread without a request to answer
-  // and received nothing for `quiet`: its thread sees the end and closes it.
-  void stop_reading_idle(std::chrono::milliseconds quiet) {
-    stop_reading_idle_connections(port, quiet, [this](const std::string& host, int client_port) {
-      return answering.contains(host, client_port);
-    });
+  // and received nothing for `quiet` (or, with `slow`, has been sending one for its limit): its
+  // thread sees the end and closes it.
+  void stop_reading_idle(std::chrono::milliseconds quiet, SlowSenders* slow = nullptr) {
+    stop_reading_idle_connections(
+        port, quiet,
+        [this](const std::string& host, int client_port) {
+          return answering.contains(host, client_port);
+        },
+        slow);
   }
 
   static RequestError shutting_down_error() {
@@ -867,6 +876,7 @@ struct HttpServer::Impl {
   int port = 0;  // the port bound, which identifies a request's connection (PeerConnection)
   HttpCounters counters;
   ConnectionsAnswering answering;
+  SlowSenders slow_senders{kSlowRequestLimit, {}};  // the relieving thread's alone
   std::atomic<int64_t> active{0};
   std::atomic<bool> stopping{false};
   std::atomic<bool> grace_ended{false};

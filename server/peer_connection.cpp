@@ -63,30 +63,52 @@ void for_each_descriptor(Visit visit) {
   }
 }
 
-// No bytes wait to be read, and none arrived for `quiet` (the kernel counts from the connection's
-// start when none ever did).
-bool quiet_for(int fd, std::chrono::milliseconds quiet) {
+enum class Reading { kUnknown, kQuiet, kTakenAsItComes, kWaiting };
+
+// Whether no bytes wait to be read and none arrived for `quiet` (the kernel counts from the
+// connection's start when none ever did); or none wait, yet some arrived since (a thread reads
+// them as they come); or some wait (no thread reads the connection, or not yet).
+Reading reading_state(int fd, std::chrono::milliseconds quiet) {
   int unread = 0;
   tcp_info info{};
   socklen_t length = sizeof info;
-  return ioctl(fd, FIONREAD, &unread) == 0 && unread == 0 &&
-         getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
-         std::chrono::milliseconds(info.tcpi_last_data_recv) >= quiet;
+  if (ioctl(fd, FIONREAD, &unread) != 0 ||
+      getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0)
+    return Reading::kUnknown;
+  if (unread != 0) return Reading::kWaiting;
+  return std::chrono::milliseconds(info.tcpi_last_data_recv) >= quiet ? Reading::kQuiet
+                                                                      : Reading::kTakenAsItComes;
 }
 
 }  // namespace
 
 void stop_reading_idle_connections(
     int local_port, std::chrono::milliseconds quiet,
-    const std::function<bool(const std::string& host, int port)>& answering) {
+    const std::function<bool(const std::string& host, int port)>& answering, SlowSenders* slow) {
+  const auto now = std::chrono::steady_clock::now();
+  std::map<std::pair<std::string, int>, std::chrono::steady_clock::time_point> sending;
   for_each_descriptor([&](int fd) {
-    std::string host;
-    int port = 0;
-    if (peer_end(fd, host, port) && own_port_is(fd, local_port) && !answering(host, port) &&
-        quiet_for(fd, quiet))
+    std::pair<std::string, int> client;
+    if (!peer_end(fd, client.first, client.second) || !own_port_is(fd, local_port) ||
+        answering(client.first, client.second))
+      return false;
+    const Reading state = reading_state(fd, quiet);
+    if (state == Reading::kQuiet) {
       ::shutdown(fd, SHUT_RD);
+    } else if (slow != nullptr && state != Reading::kUnknown) {
+      // Waiting bytes keep a sender's time (a thread may not have taken them yet), but do not
+      // start it: a connection no thread has taken yet holds none.
+      const auto seen = slow->since.find(client);
+      if (seen != slow->since.end())
+        sending.insert(*seen);
+      else if (state == Reading::kTakenAsItComes)
+        sending.emplace(client, now);
+      const auto kept = sending.find(client);
+      if (kept != sending.end() && now - kept->second >= slow->limit) ::shutdown(fd, SHUT_RD);
+    }
     return false;
   });
+  if (slow != nullptr) slow->since = std::move(sending);
 }
 
 void end_every_connection(int local_port) {

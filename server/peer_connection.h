@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
 
 namespace pipeline {
 
@@ -20,9 +22,20 @@ namespace pipeline {
 // for a client gone and stops writing, so an answer would be cut), while a request's bytes wait
 // to be read, nor when it received bytes (or opened) less than `quiet` ago: httplib may hold a
 // request it read but has not routed yet. For shutdown, once the server was told to stop.
+//
+// With `slow`, also ends the connections that hold a thread while their client sends a request
+// (bytes arrive, and a thread takes them as they come) which slow has seen sending, call after
+// call, for slow->limit or longer: a client that trickles a header line more often than `quiet`
+// is never idle, and enough of them would hold every thread for as long as they trickle.
+struct SlowSenders {
+  std::chrono::milliseconds limit;
+  // The clients (host, port) seen sending, and since when; those not seen by a call are dropped.
+  std::map<std::pair<std::string, int>, std::chrono::steady_clock::time_point> since;
+};
 void stop_reading_idle_connections(
     int local_port, std::chrono::milliseconds quiet,
-    const std::function<bool(const std::string& host, int port)>& answering);
+    const std::function<bool(const std::string& host, int port)>& answering,
+    SlowSenders* slow = nullptr);
 
 // Shuts both directions of every connection accepted on local_port, answering or not: a thread
 // blocked writing to a client that stopped reading sees the write fail at once. For the end of

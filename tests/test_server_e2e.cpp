@@ -1998,9 +1998,11 @@ TEST_F(ServerE2E, AKeptAliveConnectionServesRequestAfterRequest) {
 
 // The server has a connection thread for each request the engine may hold and 16 more (here
 // 2 + 4 + 16). Clients that hold them all without a request to answer (sending a request a
-// header line a second, or keeping a connection open between requests, as client pools do) must
-// not shut a new client out: its /health is answered while they hold on.
-TEST(ServerE2EConnections, ClientsHoldingEveryThreadWithoutARequestDoNotShutOthersOut) {
+// header line every `period`, or keeping a connection open between requests, as client pools
+// do) must not shut a new client out: its /health is answered while they hold on, within
+// `within`.
+void expect_health_answered_beside_slow_clients(std::chrono::milliseconds period,
+                                                std::chrono::seconds within) {
   ServerProcess server(stories_config("  max_queue: 4\nscheduler:\n  max_num_seqs: 2\n"));
   constexpr int kThreads = 2 + 4 + 16;
   std::vector<int> slow;
@@ -2009,9 +2011,10 @@ TEST(ServerE2EConnections, ClientsHoldingEveryThreadWithoutARequestDoNotShutOthe
   std::atomic<bool> answered{false};
   std::thread trickle([&] {
     const std::string line = "X-Slow: 1\r\n";
-    for (int second = 0; second < 12 && !answered; ++second) {
-      for (int tenth = 0; tenth < 10 && !answered; ++tenth)
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto end = Clock::now() + 2 * within;
+    while (!answered && Clock::now() < end) {
+      for (auto next = Clock::now() + period; !answered && Clock::now() < next;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       // MSG_NOSIGNAL: the server may have closed the connection.
       for (int fd : slow) ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
     }
@@ -2024,7 +2027,20 @@ TEST(ServerE2EConnections, ClientsHoldingEveryThreadWithoutARequestDoNotShutOthe
   trickle.join();
   for (int fd : slow) close(fd);
   EXPECT_EQ(health.status, 200) << health.raw;
-  EXPECT_LT(waited, std::chrono::seconds(5)) << "the slow clients kept every thread";
+  EXPECT_LT(waited, within) << "the slow clients kept every thread";
+}
+
+// A header line a second: each connection is quiet for longer than a request's bytes take.
+TEST(ServerE2EConnections, ClientsHoldingEveryThreadWithoutARequestDoNotShutOthersOut) {
+  expect_health_answered_beside_slow_clients(std::chrono::milliseconds(1000),
+                                             std::chrono::seconds(5));
+}
+
+// A header line every 100 ms: never quiet, but sending one request for longer than the server
+// lets a connection hold a thread while others wait (5 s).
+TEST(ServerE2EConnections, ClientsTricklingRequestsIntoEveryThreadDoNotShutOthersOut) {
+  expect_health_answered_beside_slow_clients(std::chrono::milliseconds(100),
+                                             std::chrono::seconds(10));
 }
 
 // A stream of 400 tokens, and SIGTERM once the server's `metric_name` reaches `at_least`; the
