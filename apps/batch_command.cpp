@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -72,8 +73,8 @@ void print_progress(const BatchProgress& p, size_t earlier, uint64_t tokens, dou
 // The inputs whose custom_id has no line in the output file yet.
 std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
                                       const std::string& output_file) {
-  std::set<std::string> ids;
-  for (const auto& input : inputs) ids.insert(input.custom_id);
+  std::map<std::string, Endpoint> ids;
+  for (const auto& input : inputs) ids.emplace(input.custom_id, input.endpoint);
   const std::set<std::string> finished = finished_in_output(output_file, ids);
   std::vector<BatchInput> todo;
   for (const auto& input : inputs)

@@ -195,10 +195,19 @@ std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
 
 namespace {
 
+// An endpoint's url, and what its answers say they are (their "object").
+const char* endpoint_path(Endpoint endpoint) {
+  return endpoint == Endpoint::ChatCompletions ? "/v1/chat/completions" : "/v1/completions";
+}
+const char* answer_object(Endpoint endpoint) {
+  return endpoint == Endpoint::ChatCompletions ? "chat.completion" : "text_completion";
+}
+
 // The custom_id of a line of the output file, once the line has proved to be a result of this
-// batch (of `expected`) and the only one of its custom_id (`first_line` holds those seen).
+// batch (a custom_id of `expected`, an answer from the endpoint it names) and the only one of
+// its custom_id (`first_line` holds those seen).
 std::string result_id(const std::filesystem::path& file, int number, const std::string& text,
-                      const std::set<std::string>& expected,
+                      const std::map<std::string, Endpoint>& expected,
                       std::map<std::string, int>& first_line) {
   const json object = parse_object(file, number, text);
   const auto custom_id = object.find("custom_id");
@@ -206,10 +215,24 @@ std::string result_id(const std::filesystem::path& file, int number, const std::
     throw error_at(file, number, "not a result line: no custom_id string");
   if (!object.contains("response")) throw error_at(file, number, "not a result line: no response");
   const std::string id = custom_id->get<std::string>();
-  if (!expected.contains(id))
+  const auto endpoint = expected.find(id);
+  if (endpoint == expected.end())
     throw error_at(
         file, number,
         "custom_id: '" + id + "' is not in the batch input; is this the output of another batch?");
+  // An answer of the other endpoint was asked by another input that used the same custom_id.
+  const json& response = object.at("response");
+  if (response.is_object() && response.contains("body") && response.at("body").is_object()) {
+    const json& body = response.at("body");
+    const auto kind = body.find("object");
+    const char* wanted = answer_object(endpoint->second);
+    if (kind != body.end() && kind->is_string() && *kind != wanted)
+      throw error_at(file, number,
+                     "custom_id: '" + id + "' has a " + kind->get<std::string>() +
+                         " answer, where the batch input asks " +
+                         std::string(endpoint_path(endpoint->second)) + " for it (a " + wanted +
+                         "); is this the output of another batch?");
+  }
   if (const auto [at, added] = first_line.emplace(id, number); !added)
     throw error_at(
         file, number,
@@ -277,7 +300,7 @@ BatchOutput::~BatchOutput() {
 }
 
 std::set<std::string> finished_in_output(const std::filesystem::path& file,
-                                         const std::set<std::string>& expected) {
+                                         const std::map<std::string, Endpoint>& expected) {
   std::set<std::string> finished;
   if (!std::filesystem::exists(file)) return finished;
   check_readable_kind(file, /*pipe_allowed=*/false, "output");

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -67,9 +68,10 @@ class BatchOutput {
 // newline is then added); if not, it was cut short by a run stopped while writing it, and is
 // removed from the file, once every other line has proved to be a result and it starts as one
 // does. Throws BatchFileError, the file untouched, on any other line that is not a result, or
-// whose custom_id is not in `expected` (the output of another batch).
+// whose custom_id is not in `expected` or has an answer of another endpoint than `expected`
+// gives it (the output of another batch).
 std::set<std::string> finished_in_output(const std::filesystem::path& file,
-                                         const std::set<std::string>& expected);
+                                         const std::map<std::string, Endpoint>& expected);
 
 // One output line, newline included. `request_id` empty: null (the request never started).
 std::string batch_output_line(const BatchInput& input, const std::string& request_id,

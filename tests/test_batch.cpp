@@ -163,7 +163,8 @@ TEST_F(BatchTest, EveryBadLineIsNamedInOneReading) {
 }
 
 TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
-  const std::set<std::string> expected = {"a", "b", "c"};
+  const std::map<std::string, Endpoint> expected = {
+      {"a", Endpoint::Completions}, {"b", Endpoint::Completions}, {"c", Endpoint::Completions}};
   EXPECT_TRUE(finished_in_output(dir_ / "none.jsonl", expected).empty());
 
   BatchInput a{1, "a", Endpoint::Completions, {}}, b{2, "b", Endpoint::Completions, {}};
@@ -181,7 +182,7 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
 
   write("other.jsonl", complete);
   try {
-    finished_in_output(dir_ / "other.jsonl", {"a"});
+    finished_in_output(dir_ / "other.jsonl", {{"a", Endpoint::Completions}});
     FAIL() << "an output naming a custom_id the input lacks was accepted";
   } catch (const BatchFileError& e) {
     EXPECT_NE(std::string(e.what()).find("other.jsonl:2: custom_id: 'b' is not in the batch input"),
@@ -200,11 +201,11 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   // kept (and its newline added), another batch's is refused, the file untouched.
   const std::string whole = torn.substr(0, torn.size() - 1);
   const auto unterminated = write("unterminated.jsonl", complete + whole);
-  EXPECT_EQ(finished_in_output(unterminated, expected), expected);
+  EXPECT_EQ(finished_in_output(unterminated, expected), (std::set<std::string>{"a", "b", "c"}));
   EXPECT_EQ(contents(unterminated), complete + torn);
   const auto foreign = write("foreign.jsonl", whole);
   try {
-    finished_in_output(foreign, {"a"});
+    finished_in_output(foreign, {{"a", Endpoint::Completions}});
     FAIL() << "another batch's result with no newline was accepted";
   } catch (const BatchFileError& e) {
     EXPECT_NE(std::string(e.what()).find("foreign.jsonl:1: custom_id: 'c' is not in the batch"),
@@ -212,6 +213,20 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
         << e.what();
   }
   EXPECT_EQ(contents(foreign), whole);
+  // The same custom_ids asked of the other endpoint: another batch's answers.
+  const auto chat =
+      write("chat.jsonl", batch_output_line(a, "cmpl-1", 200, {{"object", "text_completion"}}));
+  try {
+    finished_in_output(chat, {{"a", Endpoint::ChatCompletions}});
+    FAIL() << "a completion was taken for the chat completion the input asks";
+  } catch (const BatchFileError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "chat.jsonl:1: custom_id: 'a' has a text_completion answer, where the batch "
+                  "input asks /v1/chat/completions for it (a chat.completion)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(finished_in_output(chat, expected), (std::set<std::string>{"a"}));
   write("bad.jsonl", "not json\n" + complete);
   EXPECT_THROW(finished_in_output(dir_ / "bad.jsonl", expected), BatchFileError);
   write("twice.jsonl", complete + batch_output_line(a, "cmpl-2", 200, {}));
@@ -278,13 +293,17 @@ TEST_F(BatchTest, ADeviceIsRefusedAsInputOrOutputAndAPipeAsOutput) {
   };
   EXPECT_EQ(message_of([] { read_batch_input("/dev/zero"); }),
             "/dev/zero: the batch input must be a regular file or a pipe");
-  EXPECT_EQ(message_of([] { finished_in_output("/dev/zero", {"a"}); }),
+  EXPECT_EQ(message_of([] {
+              finished_in_output("/dev/zero", {{"a", Endpoint::Completions}});
+            }),
             "/dev/zero: the batch output must be a regular file, which a rerun reads back to "
             "resume");
 
   const std::filesystem::path fifo = dir_ / "fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_EQ(message_of([&] { finished_in_output(fifo, {"a"}); }),
+  EXPECT_EQ(message_of([&] {
+              finished_in_output(fifo, {{"a", Endpoint::Completions}});
+            }),
             fifo.string() +
                 ": the batch output must be a regular file, which a rerun reads "
                 "back to resume");
