@@ -28,7 +28,7 @@ namespace pipeline {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: pipeline batch CONFIG --input FILE --output FILE [--model DIR]\n"
+    "usage: pipeline batch CONFIG --input FILE --output FILE [--retry-failed] [--model DIR]\n"
     "                      [--device cpu|cuda|auto] [--threads N] [--set section.key=value ...]\n"
     "Runs every request of an OpenAI batch input file through the model CONFIG describes and\n"
     "appends one result line per request to the output, as each finishes.\n"
@@ -37,6 +37,8 @@ constexpr const char* kUsage =
     "  --output FILE   JSONL, one {\"id\", \"custom_id\", \"response\": {\"status_code\",\n"
     "                  \"request_id\", \"body\"}, \"error\"} a request. Requests it already holds\n"
     "                  are skipped, so the same command resumes an interrupted batch.\n"
+    "  --retry-failed  answer again the requests whose line in the output carries an error\n"
+    "                  (after fixing their input lines, say): those lines are removed first\n"
     "  --model DIR     model.path: a Hugging Face model folder\n"
     "  --device D      device: cpu, cuda or auto\n"
     "  --threads N     threads: CPU kernel threads (0, the default: all cores; at most 1024)\n"
@@ -70,12 +72,17 @@ void print_progress(const BatchProgress& p, size_t earlier, uint64_t tokens, dou
                seconds > 0 ? double(tokens) / seconds : 0.0, seconds, eta.c_str());
 }
 
-// The inputs whose custom_id has no line in the output file yet.
-std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
-                                      const std::string& output_file) {
+// The results the output file already holds for `inputs`.
+OutputResults results_in_output(const std::vector<BatchInput>& inputs,
+                                const std::string& output_file) {
   std::map<std::string, Endpoint> ids;
   for (const auto& input : inputs) ids.emplace(input.custom_id, input.endpoint);
-  const std::set<std::string> finished = finished_in_output(output_file, ids);
+  return finished_in_output(output_file, ids);
+}
+
+// The inputs whose custom_id is not in `finished`.
+std::vector<BatchInput> not_in(const std::vector<BatchInput>& inputs,
+                               const std::set<std::string>& finished) {
   std::vector<BatchInput> todo;
   for (const auto& input : inputs)
     if (!finished.contains(input.custom_id)) todo.push_back(input);
@@ -85,7 +92,7 @@ std::vector<BatchInput> not_in_output(const std::vector<BatchInput>& inputs,
 }  // namespace
 
 int batch_command(int argc, char** argv) {
-  Options options(argc, argv, kUsage);
+  Options options(argc, argv, kUsage, {"--retry-failed"});
   if (options.help()) return 0;
   // From the start, so that a stop while the files are read (seconds, for a large batch) ends the
   // run as any other does, not the process without a word; and before the engine starts its
@@ -102,6 +109,7 @@ int batch_command(int argc, char** argv) {
       [](int) {});
   const std::string input_file = options.required("--input");
   const std::string output_file = options.required("--output");
+  const bool retry_failed = options.flag("--retry-failed");
   const std::vector<std::string> overrides = config_overrides(options);
   const std::string config_file = options.finish(1, 1)[0];
   ServeConfig config = load_serve_config(config_file, overrides);
@@ -116,26 +124,41 @@ int batch_command(int argc, char** argv) {
     throw UsageError("--output " + output_file + " is the input file: the results go to a file " +
                      "of their own");
   const std::vector<BatchInput> inputs = read_batch_input(input_file);
-  const BatchOutput output(output_file);  // locked before it is read
-  const std::vector<BatchInput> todo = not_in_output(inputs, output_file);
+  BatchOutput output(output_file);  // locked before it is read
+  OutputResults earlier = results_in_output(inputs, output_file);
   while_reading.reset();  // a signal from here on waits for the watcher below
   if (stop.load()) {
+    const size_t missing = inputs.size() - earlier.ids.size();
     std::fprintf(stderr,
                  "pipeline batch: interrupted before any request ran: %zu of %zu requests have "
                  "results in %s%s\n",
-                 inputs.size() - todo.size(), inputs.size(), output_file.c_str(),
-                 todo.empty() ? "" : "; run the same command again for the rest");
+                 earlier.ids.size(), inputs.size(), output_file.c_str(),
+                 missing == 0 ? "" : "; run the same command again for the rest");
     return 130;
   }
+  size_t retried = 0;
+  if (retry_failed && !earlier.failed.empty()) {
+    retried = output.drop_failed_results();
+    for (const std::string& id : earlier.failed) earlier.ids.erase(id);
+    earlier.failed.clear();
+  }
+  const std::vector<BatchInput> todo = not_in(inputs, earlier.ids);
   if (todo.empty()) {
-    std::fprintf(stderr, "pipeline batch: all %zu requests of %s already have results in %s\n",
-                 inputs.size(), input_file.c_str(), output_file.c_str());
+    const std::string failures = earlier.failed.empty()
+                                     ? ""
+                                     : "; " + std::to_string(earlier.failed.size()) +
+                                           " of them failed (--retry-failed answers those again)";
+    std::fprintf(stderr, "pipeline batch: all %zu requests of %s already have results in %s%s\n",
+                 inputs.size(), input_file.c_str(), output_file.c_str(), failures.c_str());
     return 0;
   }
   const size_t finished = inputs.size() - todo.size();
-  if (finished > 0)
-    std::fprintf(stderr, "pipeline batch: resuming: %zu of %zu requests already have results\n",
-                 finished, inputs.size());
+  const std::string retrying = retried == 0 ? ""
+                                            : "; answering again the " + std::to_string(retried) +
+                                                  " whose results were errors";
+  if (finished > 0 || retried > 0)
+    std::fprintf(stderr, "pipeline batch: resuming: %zu of %zu requests already have results%s\n",
+                 finished, inputs.size(), retrying.c_str());
 
   Engine engine(config);
   const auto start = std::chrono::steady_clock::now();

@@ -203,12 +203,20 @@ const char* answer_object(Endpoint endpoint) {
   return endpoint == Endpoint::ChatCompletions ? "chat.completion" : "text_completion";
 }
 
-// The custom_id of a line of the output file, once the line has proved to be a result of this
+// Whether a result line carries an error: a status other than 200.
+bool failed_result(const json& object) {
+  const auto response = object.find("response");
+  if (response == object.end() || !response->is_object()) return false;
+  const auto status = response->find("status_code");
+  return status != response->end() && status->is_number_integer() && *status != 200;
+}
+
+// Adds a line of the output file to `results`, once the line has proved to be a result of this
 // batch (a custom_id of `expected`, an answer from the endpoint it names) and the only one of
 // its custom_id (`first_line` holds those seen).
-std::string result_id(const std::filesystem::path& file, int number, const std::string& text,
-                      const std::map<std::string, Endpoint>& expected,
-                      std::map<std::string, int>& first_line) {
+void record_result(const std::filesystem::path& file, int number, const std::string& text,
+                   const std::map<std::string, Endpoint>& expected,
+                   std::map<std::string, int>& first_line, OutputResults& results) {
   const json object = parse_object(file, number, text);
   const auto custom_id = object.find("custom_id");
   if (custom_id == object.end() || !custom_id->is_string())
@@ -237,7 +245,8 @@ std::string result_id(const std::filesystem::path& file, int number, const std::
     throw error_at(
         file, number,
         "custom_id: '" + id + "' already has a result on line " + std::to_string(at->second));
-  return id;
+  results.ids.insert(id);
+  if (failed_result(object)) results.failed.insert(id);
 }
 
 bool is_json(const std::string& text) {
@@ -299,9 +308,50 @@ BatchOutput::~BatchOutput() {
   std::fclose(file_);
 }
 
-std::set<std::string> finished_in_output(const std::filesystem::path& file,
-                                         const std::map<std::string, Endpoint>& expected) {
-  std::set<std::string> finished;
+size_t BatchOutput::drop_failed_results() {
+  std::string kept;
+  size_t dropped = 0;
+  {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) throw BatchFileError(path_.string() + ": cannot read the batch output file back");
+    for (std::string text; std::getline(in, text);) {
+      if (blank(text)) continue;
+      if (failed_result(read_json_body(text))) {
+        ++dropped;
+      } else {
+        kept += text;
+        kept += '\n';
+      }
+    }
+  }
+  if (dropped == 0) return 0;
+  // The kept lines go to a new file beside the output, locked before it takes the output's
+  // name: a run that opens the name from then on finds it held, and one that opened the old
+  // file finds, once it gets its lock, that the name is another file's (BatchOutput's check).
+  const std::filesystem::path next = path_.string() + ".retry-" + std::to_string(::getpid());
+  const int fd = ::open(next.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  auto fail = [&](const char* what) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    std::error_code ignored;
+    std::filesystem::remove(next, ignored);
+    return BatchFileError(next.string() + ": " + what + ": " + why);
+  };
+  if (fd < 0) throw fail("cannot create the output without its failed results");
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) throw fail("cannot lock it");
+  if (::write(fd, kept.data(), kept.size()) != ssize_t(kept.size()) || ::fsync(fd) != 0)
+    throw fail("cannot write it");
+  if (::rename(next.c_str(), path_.c_str()) != 0) throw fail("cannot rename it to the output");
+  std::FILE* replaced = ::fdopen(fd, "a");
+  if (replaced == nullptr) throw fail("cannot open it");
+  std::fclose(file_);
+  file_ = replaced;
+  return dropped;
+}
+
+OutputResults finished_in_output(const std::filesystem::path& file,
+                                 const std::map<std::string, Endpoint>& expected) {
+  OutputResults finished;
   if (!std::filesystem::exists(file)) return finished;
   check_readable_kind(file, /*pipe_allowed=*/false, "output");
   std::string contents;
@@ -323,11 +373,11 @@ std::set<std::string> finished_in_output(const std::filesystem::path& file,
   std::string text;
   int number = 1;
   for (; std::getline(lines, text); ++number)
-    if (!blank(text)) finished.insert(result_id(file, number, text, expected, first_line));
+    if (!blank(text)) record_result(file, number, text, expected, first_line, finished);
   if (torn.empty() || blank(torn)) return finished;
   if (is_json(torn)) {
     // A whole line whose newline was not written: a result like any other, or a refusal.
-    finished.insert(result_id(file, number, torn, expected, first_line));
+    record_result(file, number, torn, expected, first_line, finished);
     std::ofstream(file, std::ios::app | std::ios::binary) << '\n';
   } else if (starts_like_a_result(torn)) {
     std::filesystem::resize_file(file, complete);  // cut off while it was written

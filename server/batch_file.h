@@ -7,6 +7,7 @@
 // output is also the batch's record of what is done: a rerun skips every custom_id it holds.
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -53,6 +54,12 @@ class BatchOutput {
   BatchOutput(const BatchOutput&) = delete;
   BatchOutput& operator=(const BatchOutput&) = delete;
 
+  // Removes the lines of failed requests (a status other than 200), once finished_in_output
+  // has checked every line, so that this run answers those requests again; returns how many.
+  // The file is replaced whole (a new one renamed over it, locked first), so that a stop
+  // meanwhile leaves the old lines or the kept ones, never a part.
+  size_t drop_failed_results();
+
   std::FILE* get() const { return file_; }
   const std::filesystem::path& path() const { return path_; }
 
@@ -62,16 +69,23 @@ class BatchOutput {
   bool created_ = false;  // by this run
 };
 
-// The custom_ids that already have a line in the output file (none when it does not exist); read
-// while a BatchOutput holds it.
+// The custom_ids that have a line in an output file, and of them those whose line carries an
+// error.
+struct OutputResults {
+  std::set<std::string> ids;
+  std::set<std::string> failed;
+};
+
+// The results already in the output file (none when it does not exist); read while a
+// BatchOutput holds it.
 // A last line with no newline at its end is a result like any other if it is whole JSON (its
 // newline is then added); if not, it was cut short by a run stopped while writing it, and is
 // removed from the file, once every other line has proved to be a result and it starts as one
 // does. Throws BatchFileError, the file untouched, on any other line that is not a result, or
 // whose custom_id is not in `expected` or has an answer of another endpoint than `expected`
 // gives it (the output of another batch).
-std::set<std::string> finished_in_output(const std::filesystem::path& file,
-                                         const std::map<std::string, Endpoint>& expected);
+OutputResults finished_in_output(const std::filesystem::path& file,
+                                 const std::map<std::string, Endpoint>& expected);
 
 // One output line, newline included. `request_id` empty: null (the request never started).
 std::string batch_output_line(const BatchInput& input, const std::string& request_id,

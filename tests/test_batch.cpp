@@ -165,7 +165,7 @@ TEST_F(BatchTest, EveryBadLineIsNamedInOneReading) {
 TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   const std::map<std::string, Endpoint> expected = {
       {"a", Endpoint::Completions}, {"b", Endpoint::Completions}, {"c", Endpoint::Completions}};
-  EXPECT_TRUE(finished_in_output(dir_ / "none.jsonl", expected).empty());
+  EXPECT_TRUE(finished_in_output(dir_ / "none.jsonl", expected).ids.empty());
 
   BatchInput a{1, "a", Endpoint::Completions, {}}, b{2, "b", Endpoint::Completions, {}};
   const std::string complete = batch_output_line(a, "cmpl-1", 200, {{"x", 1}}) +
@@ -173,11 +173,13 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   BatchInput c{3, "c", Endpoint::Completions, {}};
   const std::string torn = batch_output_line(c, "cmpl-3", 200, {{"x", 1}});
   const auto out = write("out.jsonl", complete + torn.substr(0, torn.size() / 2));
-  EXPECT_EQ(finished_in_output(out, expected), (std::set<std::string>{"a", "b"}));
+  const OutputResults results = finished_in_output(out, expected);
+  EXPECT_EQ(results.ids, (std::set<std::string>{"a", "b"}));
+  EXPECT_EQ(results.failed, (std::set<std::string>{"b"}));
   EXPECT_EQ(contents(out), complete);  // the torn line is gone, the rest kept byte for byte
   // Earlier versions wrote custom_id first: their torn lines are known too.
   const auto earlier = write("earlier.jsonl", complete + R"({"custom_id":"c","id":"batch_r)");
-  EXPECT_EQ(finished_in_output(earlier, expected), (std::set<std::string>{"a", "b"}));
+  EXPECT_EQ(finished_in_output(earlier, expected).ids, (std::set<std::string>{"a", "b"}));
   EXPECT_EQ(contents(earlier), complete);
 
   write("other.jsonl", complete);
@@ -201,7 +203,7 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
   // kept (and its newline added), another batch's is refused, the file untouched.
   const std::string whole = torn.substr(0, torn.size() - 1);
   const auto unterminated = write("unterminated.jsonl", complete + whole);
-  EXPECT_EQ(finished_in_output(unterminated, expected), (std::set<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(finished_in_output(unterminated, expected).ids, (std::set<std::string>{"a", "b", "c"}));
   EXPECT_EQ(contents(unterminated), complete + torn);
   const auto foreign = write("foreign.jsonl", whole);
   try {
@@ -226,7 +228,7 @@ TEST_F(BatchTest, OutputIsTheRecordOfWhatIsDoneAndATornLastLineIsDropped) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(finished_in_output(chat, expected), (std::set<std::string>{"a"}));
+  EXPECT_EQ(finished_in_output(chat, expected).ids, (std::set<std::string>{"a"}));
   write("bad.jsonl", "not json\n" + complete);
   EXPECT_THROW(finished_in_output(dir_ / "bad.jsonl", expected), BatchFileError);
   write("twice.jsonl", complete + batch_output_line(a, "cmpl-2", 200, {}));
@@ -259,6 +261,30 @@ TEST_F(BatchTest, OneRunAtATimeHoldsTheOutput) {
   };
   EXPECT_NE(message(dir_ / "no-dir" / "out.jsonl").find("No such file or directory"),
             std::string::npos);
+}
+
+// The failed requests' lines are removed, the others kept byte for byte, in a file that is held
+// as the old one was.
+TEST_F(BatchTest, DroppingFailedResultsKeepsTheRestAndTheLock) {
+  BatchInput a{1, "a", Endpoint::Completions, {}}, b{2, "b", Endpoint::Completions, {}},
+      c{3, "c", Endpoint::Completions, {}};
+  const std::string ok_a = batch_output_line(a, "cmpl-1", 200, {{"x", 1}});
+  const std::string ok_c = batch_output_line(c, "cmpl-3", 200, {{"x", 3}});
+  const auto out =
+      write("out.jsonl", ok_a + batch_output_line(b, "", 400, {{"error", {{"message", "no"}}}}) +
+                             ok_c + batch_output_line(b, "cmpl-2", 500, {{"error", {}}}));
+  BatchOutput output(out);
+  EXPECT_EQ(output.drop_failed_results(), 2u);
+  EXPECT_EQ(contents(out), ok_a + ok_c);
+  EXPECT_EQ(output.drop_failed_results(), 0u);
+  EXPECT_THROW(BatchOutput{out}, BatchFileError) << "the new file is not held";
+  std::fputs("{}\n", output.get());
+  std::fflush(output.get());
+  EXPECT_EQ(contents(out), ok_a + ok_c + "{}\n") << "lines go to the new file";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_),
+                          std::filesystem::directory_iterator()),
+            1)
+      << "a file was left beside the output";
 }
 
 // Two runs started together on a new output: the one that does not get it leaves it alone, and
@@ -530,6 +556,42 @@ TEST_F(BatchCommandTest, ResumesWithOnlyWhatIsMissing) {
                   .value("content", ""))
         << id;
   }
+}
+
+// A request refused for a bad field, fixed in the input: a rerun keeps the error (and says how
+// to answer it again), one with --retry-failed answers it, and the output holds one line per
+// request.
+TEST_F(BatchCommandTest, RetryFailedAnswersAgainTheRequestsWhoseLinesAreErrors) {
+  json bad = completion("Once upon a time", 8);
+  bad["temperature"] = -1;
+  const std::string good_line = request_line("good", "/v1/completions", completion("Hi", 8));
+  const auto in = write("in.jsonl", good_line + request_line("fixed", "/v1/completions", bad));
+  const auto out = dir_ / "out.jsonl";
+  ASSERT_EQ(batch(in, out).exit_code, 0);
+  const std::string good_result = by_custom_id(lines_of(out)).at("good").dump();
+  EXPECT_EQ(by_custom_id(lines_of(out)).at("fixed")["response"]["status_code"], 400);
+
+  write("in.jsonl",
+        good_line + request_line("fixed", "/v1/completions", completion("Once upon a time", 8)));
+  const auto kept = batch(in, out);
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_NE(kept.err.find("all 2 requests of " + in.string() + " already have results in " +
+                          out.string() + "; 1 of them failed (--retry-failed answers those again)"),
+            std::string::npos)
+      << kept.err;
+
+  const auto retried = batch(in, out, {"--retry-failed"});
+  ASSERT_EQ(retried.exit_code, 0) << retried.err;
+  EXPECT_NE(retried.err.find("resuming: 1 of 2 requests already have results; answering again "
+                             "the 1 whose results were errors"),
+            std::string::npos)
+      << retried.err;
+  const auto after = lines_of(out);
+  ASSERT_EQ(after.size(), 2u);
+  const auto results = by_custom_id(after);
+  EXPECT_EQ(results.at("good").dump(), good_result);
+  EXPECT_EQ(results.at("fixed")["response"]["status_code"], 200);
+  EXPECT_EQ(results.at("fixed")["response"]["body"]["usage"]["completion_tokens"], 8);
 }
 
 TEST_F(BatchCommandTest, UsageAndInputErrorsStopBeforeTheModelLoads) {
