@@ -121,8 +121,8 @@ constexpr int kOutputOpenAttempts = 8;
 // Whether `fd` is still the file at `path`: a run that removed the empty output it created, or
 // a person, may have unlinked or replaced it since it was opened.
 bool still_at(int fd, const std::filesystem::path& path) {
-  struct stat opened {
-  }, named{};
+  struct stat opened {};
+  struct stat named {};
   return ::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &named) == 0 &&
          opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
 }
@@ -338,6 +338,9 @@ size_t BatchOutput::drop_failed_results() {
     return BatchFileError(next.string() + ": " + what + ": " + why);
   };
   if (fd < 0) throw fail("cannot create the output without its failed results");
+  struct stat old {};
+  if (::fstat(::fileno(file_), &old) != 0 || ::fchmod(fd, old.st_mode & 07777) != 0)
+    throw fail("cannot give it the output's permissions");
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) throw fail("cannot lock it");
   if (::write(fd, kept.data(), kept.size()) != ssize_t(kept.size()) || ::fsync(fd) != 0)
     throw fail("cannot write it");

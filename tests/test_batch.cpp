@@ -273,9 +273,13 @@ TEST_F(BatchTest, DroppingFailedResultsKeepsTheRestAndTheLock) {
   const auto out =
       write("out.jsonl", ok_a + batch_output_line(b, "", 400, {{"error", {{"message", "no"}}}}) +
                              ok_c + batch_output_line(b, "cmpl-2", 500, {{"error", {}}}));
+  using std::filesystem::perms;
+  const perms mode = perms::owner_read | perms::owner_write | perms::group_read;
+  std::filesystem::permissions(out, mode);
   BatchOutput output(out);
   EXPECT_EQ(output.drop_failed_results(), 2u);
   EXPECT_EQ(contents(out), ok_a + ok_c);
+  EXPECT_EQ(std::filesystem::status(out).permissions(), mode);
   EXPECT_EQ(output.drop_failed_results(), 0u);
   EXPECT_THROW(BatchOutput{out}, BatchFileError) << "the new file is not held";
   std::fputs("{}\n", output.get());
