@@ -241,6 +241,17 @@ std::shared_ptr<const JsonSchema> compile_schema(const JsonBody& schema, const s
   }
 }
 
+// A member of the object at `param` other than `known` (null ones aside) is refused: a typo in
+// a constraint's field would otherwise drop the constraint without a word.
+void refuse_unknown_members(const JsonBody& object, const std::string& param,
+                            std::initializer_list<std::string_view> known) {
+  for (const auto& [name, value] : object.items()) {
+    if (value.is_null() || std::ranges::find(known, name) != known.end()) continue;
+    const std::string member = param + "." + name;
+    throw invalid(member, member + " is not a field of " + param);
+  }
+}
+
 // json_schema.name, which OpenAI and vLLM require: up to 64 of a-z, A-Z, 0-9, '_' and '-'.
 // Nothing else reads it; a name OpenAI would refuse is refused here too, so that a request
 // works against either server or neither.
@@ -267,6 +278,8 @@ std::shared_ptr<const JsonSchema> read_json_schema(const JsonBody& format) {
     throw invalid("response_format.json_schema",
                   "response_format json_schema needs json_schema: {\"name\", \"schema\"}");
   if (!spec->is_object()) throw wrong_type("response_format.json_schema", "an object", *spec);
+  refuse_unknown_members(*spec, "response_format.json_schema",
+                         {"name", "schema", "strict", "description"});
   read_schema_name(*spec);
   // strict: the answer is held to the schema either way; read so that a value that is not a
   // boolean is refused.
@@ -294,10 +307,14 @@ std::shared_ptr<const JsonSchema> read_response_format(const JsonBody& body) {
   const auto& name = type->get_ref<const std::string&>();
   if (name == "text") return nullptr;
   if (name == "json_object") {
+    refuse_unknown_members(*value, "response_format", {"type", "schema"});
     const JsonBody* schema = find_field(*value, "schema");
     return schema ? compile_schema(*schema, "response_format.schema") : JsonSchema::any_object();
   }
-  if (name == "json_schema") return read_json_schema(*value);
+  if (name == "json_schema") {
+    refuse_unknown_members(*value, "response_format", {"type", "json_schema"});
+    return read_json_schema(*value);
+  }
   throw invalid("response_format.type", "unknown response_format type '" + name + "': " + kTypes);
 }
 
@@ -410,7 +427,10 @@ std::vector<std::string> guides_asked(const JsonBody& body) {
   // Any response_format but {"type": "text"} is read as a guide (a malformed one fails there).
   if (const JsonBody* format = find_field(body, "response_format")) {
     const JsonBody* type = format->is_object() ? find_field(*format, "type") : nullptr;
-    if (!(type && type->is_string() && *type == "text")) asked.push_back("response_format");
+    if (type && type->is_string() && *type == "text")
+      refuse_unknown_members(*format, "response_format", {"type"});  // a schema beside it, say
+    else
+      asked.push_back("response_format");
   }
   for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"})
     if (find_field(body, name)) asked.push_back(name);
