@@ -34,7 +34,8 @@ std::string type_name(const JsonBody& value) {
   return "an object";
 }
 
-// A message's content: a string, or OpenAI's list of parts when every part is text.
+// A message's content: a string, or OpenAI's list of parts when every part is text, joined by
+// newlines as vLLM joins them (a prompt sent to either server is the same prompt).
 std::string read_content(const JsonBody& message, const std::string& param) {
   auto it = message.find("content");
   if (it == message.end() || it->is_null()) throw invalid(param, param + " is missing");
@@ -49,6 +50,7 @@ std::string read_content(const JsonBody& message, const std::string& param) {
       throw invalid(part_param, part_param +
                                     " must be {\"type\": \"text\", \"text\": string}; "
                                     "only text content is supported");
+    if (i > 0) content += '\n';
     content += part["text"].get<std::string>();
   }
   return content;

@@ -125,7 +125,7 @@ TEST(ParseRequest, ChatContentMayBeTextParts) {
   json body = chat_body();
   body["messages"][0]["content"] = {{{"type", "text"}, {"text", "Hello "}},
                                     {{"type", "text"}, {"text", "there"}}};
-  EXPECT_EQ(parse_chat(body).request->messages[0].content, "Hello there");
+  EXPECT_EQ(parse_chat(body).request->messages[0].content, "Hello \nthere");  // as vLLM joins
 }
 
 TEST(ParseRequest, ContinueFinalMessageEndsThePromptInsideTheLastMessage) {
