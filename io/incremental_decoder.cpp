@@ -5,13 +5,21 @@
 namespace pipeline {
 
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> prompt)
-    : tokenizer_(tokenizer), text_started_(!prompt.empty() && !tokenizer.decode(prompt).empty()) {}
+    : tokenizer_(tokenizer), text_started_(!prompt.empty() && !tokenizer.decode(prompt).empty()) {
+  // A prompt of no text may still have spent sentencepiece's leading-space strip (a lone "▁"):
+  // the first pieces are decoded after it.
+  if (!text_started_) leading_ids_.assign(prompt.begin(), prompt.end());
+}
 
 std::string IncrementalDecoder::push(int32_t token) {
-  // Checkpoints may pad their embedding beyond the tokenizer's pieces; padding ids, which a
-  // sampler can still draw, carry no text.
-  if (token >= tokenizer_.vocab_size()) return "";
   std::string text;
+  // Checkpoints may pad their embedding beyond the tokenizer's pieces; padding ids, which a
+  // sampler can still draw, carry no text, and end a run of byte pieces as any other does.
+  if (token >= tokenizer_.vocab_size()) {
+    take_characters(text, /*run_ended=*/true);
+    text_started_ = text_started_ || !text.empty();
+    return text;
+  }
   if (const int byte = tokenizer_.byte_value(token); byte >= 0) {
     pending_bytes_ += static_cast<char>(byte);
     take_characters(text, /*run_ended=*/false);

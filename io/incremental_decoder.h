@@ -22,7 +22,8 @@ class IncrementalDecoder {
   explicit IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> prompt = {});
 
   // Appends a token; returns the text it completes (possibly empty). Ids beyond the
-  // tokenizer's vocabulary (embedding padding) add nothing; a negative id throws std::out_of_range.
+  // tokenizer's vocabulary (embedding padding) add no text of their own, and end a run of byte
+  // pieces as a control token does; a negative id throws std::out_of_range.
   std::string push(int32_t token);
   // At the end of the stream: bytes of an unfinished character, as U+FFFD.
   std::string flush();
@@ -39,7 +40,8 @@ class IncrementalDecoder {
   const Tokenizer& tokenizer_;
   std::string pending_bytes_;  // byte-piece values not yet forming a whole character
   // Until the first text appears, sentencepiece strips the "▁" of leading pieces; these are
-  // the (textless) ids seen so far, decoded together with the next one by sentencepiece itself.
+  // the (textless) ids seen so far, the prompt's included, decoded together with the next one
+  // by sentencepiece itself.
   std::vector<int32_t> leading_ids_;
   bool text_started_ = false;
 };

@@ -47,6 +47,13 @@ std::string replacing_invalid_utf8(std::string_view bytes) {
 }
 
 size_t CharacterOffsets::add(std::string_view piece) {
+  if (piece.empty() && !unfinished_.empty()) {
+    // A piece of no text (a control token) ends a run of byte pieces: the unfinished
+    // character's bytes after the first are a U+FFFD each, as is the first.
+    count_ += unfinished_.size() - 1;
+    unfinished_.clear();
+    return count_;
+  }
   const std::string bytes = unfinished_ + std::string(piece);
   size_t at = 0;  // the first byte not counted yet
   if (!unfinished_.empty()) {

@@ -28,7 +28,8 @@ std::string replacing_invalid_utf8(std::string_view bytes);
 // Where each piece of a text that arrives in pieces of bytes (an answer's tokens) starts, in the
 // characters of the text IncrementalDecoder makes of them (OpenAI's text_offset counts as
 // Python's len does): a well-formed character counts in the piece of its first byte, and every
-// other byte is a U+FFFD of its own.
+// other byte is a U+FFFD of its own. A piece of no text (a control token's, a padding id's) ends
+// an unfinished character, as it ends IncrementalDecoder's run of byte pieces.
 class CharacterOffsets {
  public:
   explicit CharacterOffsets(size_t start = 0) : count_(start) {}

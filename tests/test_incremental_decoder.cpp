@@ -7,6 +7,7 @@
 #include <random>
 
 #include "io/incremental_decoder.h"
+#include "io/utf8.h"
 #include "tests/support/shared_data.h"
 
 namespace pipeline {
@@ -119,6 +120,26 @@ TEST(IncrementalDecoder, AfterAPromptTheFirstSpaceStays) {
   }
 }
 
+// A prompt of no text may still end in a lone "▁", whose strip sentencepiece has spent: the
+// answer's first piece keeps its space, as the whole sequence decodes it.
+TEST(IncrementalDecoder, AfterAPromptOfNoTextTheAnswerIsWhatTheWholeDecodeAdds) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  const int32_t the = piece_id(tokenizer, "\u2581the");
+  for (const std::vector<int32_t>& prompt :
+       {std::vector<int32_t>{29871}, {1, 29871}, {1}, {1, 1}, {29871, 29871}}) {
+    SCOPED_TRACE(::testing::PrintToString(prompt));
+    IncrementalDecoder decoder(tokenizer, prompt);
+    std::string text = decoder.push(the);
+    text += decoder.push(the);
+    text += decoder.flush();
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), {the, the});
+    EXPECT_EQ(tokenizer.decode(prompt) + text, tokenizer.decode(all));
+  }
+  IncrementalDecoder after_space(tokenizer, std::vector<int32_t>{29871});
+  EXPECT_EQ(after_space.push(the), " the");
+}
+
 TEST(IncrementalDecoder, InvalidBytesBecomeReplacementCharactersAsInSentencepiece) {
   const Tokenizer tokenizer = llama2_tokenizer();
   const auto byte = [](int value) { return int32_t(3 + value); };
@@ -224,6 +245,40 @@ TEST(IncrementalDecoder, PaddingIdsBeyondTheTokenizerAddNoText) {
   }
   text += decoder.flush();
   EXPECT_EQ(text, tokenizer.decode(ids));
+}
+
+// A padding id inside a run of byte pieces ends it, as a control token does: the bytes on
+// either side of it never form one character.
+TEST(IncrementalDecoder, APaddingIdEndsARunOfBytePieces) {
+  const Tokenizer tokenizer = llama2_tokenizer();
+  const auto byte = [](int value) { return int32_t(3 + value); };
+  const std::string replacement(kReplacementCharacter);
+  for (const int32_t between : {2, 32000}) {  // </s>, then a padded embedding row
+    IncrementalDecoder decoder(tokenizer);
+    std::string text = decoder.push(byte(0xE6));
+    text += decoder.push(byte(0x97));
+    text += decoder.push(between);
+    text += decoder.push(byte(0xA5));
+    text += decoder.flush();
+    EXPECT_EQ(text, replacement + replacement + replacement) << between;
+  }
+}
+
+// text_offset: each piece starts where the decoded text has come to, in characters. A piece of
+// no text ends an unfinished character, so bytes after it start characters of their own.
+TEST(CharacterOffsets, APieceOfNoTextEndsAnUnfinishedCharacter) {
+  CharacterOffsets offsets;
+  std::vector<size_t> starts;
+  for (std::string_view piece : {"Hi", "\xE6", "\x97", "", "\xA5", " x"})
+    starts.push_back(offsets.add(piece));
+  // "Hi", then U+FFFD three times (E6 and 97 cut off by the empty piece, A5 alone), then " x".
+  EXPECT_EQ(starts, (std::vector<size_t>{0, 2, 3, 4, 4, 5}));
+  // Whole characters across pieces count where they start.
+  CharacterOffsets whole(10);
+  std::vector<size_t> whole_starts;
+  for (std::string_view piece : {"\xE6", "\x97", "\xA5", "a"})
+    whole_starts.push_back(whole.add(piece));
+  EXPECT_EQ(whole_starts, (std::vector<size_t>{10, 11, 11, 11}));
 }
 
 TEST(IncrementalDecoder, NegativeIdThrows) {
