@@ -4,27 +4,39 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace pipeline {
 
 namespace {
 
-// A socket listening on one of host's addresses (the first that takes it), or -1.
-int listen_on(const std::string& host, int port) {
+// A socket listening on one of host's addresses (the first that takes it); -1 with `why` set
+// when none does.
+int listen_on(const std::string& host, int port, std::string& why) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* addresses = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return -1;
+  if (const int error =
+          getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses)) {
+    why = std::string("the host does not resolve to an address (") + gai_strerror(error) + ")";
+    return -1;
+  }
   int sock = -1;
   for (const addrinfo* a = addresses; a && sock < 0; a = a->ai_next) {
     sock = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (sock < 0) continue;
+    if (sock < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
     const int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     if (::bind(sock, a->ai_addr, a->ai_addrlen) != 0 || ::listen(sock, 1) != 0) {
+      why = std::strerror(errno);
       ::close(sock);
       sock = -1;
     }
@@ -36,11 +48,12 @@ int listen_on(const std::string& host, int port) {
 }  // namespace
 
 PortClaim::PortClaim(const std::string& host, int port) {
-  if (port == 0) return;
-  socket_ = listen_on(host, port);
+  std::string why;
+  socket_ = listen_on(host, port, why);
   if (socket_ < 0)
-    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) +
-                             " (address in use or not available)");
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + why);
+  // Any free port will do later: the host is known to take one, and none need be held.
+  if (port == 0) release();
 }
 
 PortClaim::~PortClaim() {

@@ -11,7 +11,9 @@ namespace pipeline {
 class PortClaim {
  public:
   // Listens on host:port as the HTTP server will (SO_REUSEADDR, no SO_REUSEPORT). Throws
-  // std::runtime_error naming them when it cannot. Port 0 (any free port) claims nothing.
+  // std::runtime_error naming them and why when it cannot (a host that does not resolve, an
+  // address in use or not this machine's). Port 0 (any free port) claims nothing once the host
+  // has proved to take one.
   PortClaim(const std::string& host, int port);
   ~PortClaim();
   PortClaim(const PortClaim&) = delete;

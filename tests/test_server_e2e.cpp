@@ -2069,7 +2069,8 @@ TEST(ServerE2EStartup, ASecondServerOnAPortInUseStopsBeforeLoadingTheModel) {
                              std::to_string(first.port()), "--device", "cpu"});
   std::filesystem::remove_all(dir);
   EXPECT_EQ(second.exit_code, 1);
-  EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:" + std::to_string(first.port())),
+  EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:" + std::to_string(first.port()) +
+                            ": Address already in use"),
             std::string::npos)
       << second.err;
   EXPECT_EQ(second.err.find("engine: model"), std::string::npos) << "it loaded the model first";
@@ -2077,6 +2078,31 @@ TEST(ServerE2EStartup, ASecondServerOnAPortInUseStopsBeforeLoadingTheModel) {
   const auto health = client.Get("/health");
   ASSERT_TRUE(health) << httplib::to_string(health.error());
   EXPECT_EQ(health->status, 200);
+}
+
+// A host that is no address of this machine's, or no address at all, is refused before the
+// model loads, saying which, with a fixed port or with any free one (--port 0).
+TEST(ServerE2EStartup, AHostItCannotListenOnStopsBeforeLoadingTheModel) {
+  const auto dir = testing::make_temp_dir("bad-host");
+  std::ofstream(dir / "serve.yaml") << stories_config();
+  for (const char* port : {"0", "18231"}) {
+    const testing::CommandResult unresolved = testing::run_pipeline(
+        {"run", (dir / "serve.yaml").string(), "--host", "no such host!", "--port", port});
+    EXPECT_EQ(unresolved.exit_code, 1);
+    EXPECT_NE(unresolved.err.find("cannot listen on no such host!:" + std::string(port) +
+                                  ": the host does not resolve to an address"),
+              std::string::npos)
+        << unresolved.err;
+    EXPECT_EQ(unresolved.err.find("engine: model"), std::string::npos) << "it loaded the model";
+    const testing::CommandResult foreign = testing::run_pipeline(
+        {"run", (dir / "serve.yaml").string(), "--host", "192.0.2.1", "--port", port});
+    EXPECT_EQ(foreign.exit_code, 1);
+    EXPECT_NE(foreign.err.find("cannot listen on 192.0.2.1:" + std::string(port) +
+                               ": Cannot assign requested address"),
+              std::string::npos)
+        << foreign.err;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServerE2EShutdown, SigtermFinishesTheStreamInFlightAndExitsZero) {
