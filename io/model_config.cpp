@@ -1,8 +1,12 @@
 #include "io/model_config.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <ios>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -21,12 +25,17 @@ using nlohmann::json;
 }
 
 json read_json(const std::filesystem::path& path) {
+  // A folder opens, and fails only as it is read, with the stream's words alone.
+  if (!std::filesystem::is_regular_file(path))
+    throw CheckpointError(path.string() + ": not a regular file");
   std::ifstream in(path);
-  if (!in) throw CheckpointError(path.string() + ": cannot open");
+  if (!in) throw CheckpointError(path.string() + ": cannot open: " + std::strerror(errno));
   try {
     return json::parse(in);
   } catch (const json::exception& e) {  // a syntax error, or a number past a double (1e400)
     throw CheckpointError(path.string() + ": bad JSON: " + e.what());
+  } catch (const std::ios_base::failure& e) {
+    throw CheckpointError(path.string() + ": read error: " + e.what());
   }
 }
 

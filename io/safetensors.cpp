@@ -115,6 +115,10 @@ MappedFile::MappedFile(const std::filesystem::path& path) {
     ::close(fd);
     fail(path, std::strerror(err));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
   size_ = size_t(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

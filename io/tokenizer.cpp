@@ -40,7 +40,9 @@ bool spans_a_word_start(std::string_view piece) {
 Tokenizer::Tokenizer(const std::filesystem::path& model_file)
     : model_file_(model_file), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   if (!std::filesystem::is_regular_file(model_file))
-    throw CheckpointError("tokenizer model " + model_file.string() + ": no such file");
+    throw CheckpointError(
+        "tokenizer model " + model_file.string() +
+        (std::filesystem::exists(model_file) ? ": not a regular file" : ": no such file"));
   const auto status = sp_->Load(model_file.string());
   if (!status.ok())
     throw CheckpointError("tokenizer model " + model_file.string() +

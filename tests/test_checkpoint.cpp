@@ -9,6 +9,7 @@
 
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "model/llama_weights.h"
 #include "tests/support/shared_data.h"
 
@@ -173,6 +174,35 @@ TEST_F(BrokenCheckpointTest, MissingFolderAndMissingFile) {
       CheckpointError);
   const auto error = load_error();  // nothing written yet
   EXPECT_NE(error.find("no model.safetensors"), std::string::npos) << error;
+}
+
+// A folder where a file should be opens, and then fails as it is read with the standard
+// library's words alone ("Is a directory", "No such device"): each is named as what it is.
+TEST_F(BrokenCheckpointTest, AFolderWhereAFileShouldBeIsNamed) {
+  write();
+  const auto folder_instead = [&](const char* name) {
+    fs::rename(dir_ / name, dir_ / (std::string(name) + ".moved"));
+    fs::create_directory(dir_ / name);
+    const std::string error = load_error();
+    fs::remove(dir_ / name);
+    fs::rename(dir_ / (std::string(name) + ".moved"), dir_ / name);
+    return error;
+  };
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors"}) {
+    const std::string error = folder_instead(name);
+    EXPECT_NE(error.find((dir_ / name).string() + ": not a regular file"), std::string::npos)
+        << error;
+  }
+  EXPECT_EQ(load_error(), "");
+  fs::remove(dir_ / "tokenizer.model");
+  fs::create_directory(dir_ / "tokenizer.model");
+  try {
+    Tokenizer tokenizer(dir_ / "tokenizer.model");
+    FAIL() << "a folder was loaded as a tokenizer";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "tokenizer model " + (dir_ / "tokenizer.model").string() + ": not a regular file");
+  }
 }
 
 TEST_F(BrokenCheckpointTest, TruncatedFile) {
