@@ -21,6 +21,7 @@
 
 #include "graph/runner_factory.h"
 #include "io/chat_template.h"
+#include "io/utf8.h"
 
 namespace pipeline {
 namespace {
@@ -227,7 +228,16 @@ void read_model(const FieldReader& r, const YAML::Node& node, const std::filesys
   if (node["chat_template"]) {
     model.chat_template = r.one_of(node["chat_template"], "model.chat_template", {"llama2", "raw"});
   }
-  if (node["name"]) model.name = r.string(node["name"], "model.name");
+  if (node["name"]) {
+    model.name = r.string(node["name"], "model.name");
+    // The id clients send back in every request's `model`, and that /v1/models lists.
+    const bool printable = std::ranges::none_of(
+        model.name, [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; });
+    if (model.name.empty() || !printable || replacing_invalid_utf8(model.name) != model.name)
+      r.fail(node["name"], "model.name",
+             "must be a non-empty UTF-8 string without control characters (the id clients "
+             "send as `model`); leave it out for the model folder's name");
+  }
   if (node["matmul_activations"]) {
     model.matmul_activations = parse_dtype(r.one_of(node["matmul_activations"],
                                                     "model.matmul_activations", {"bf16", "f32"}))
@@ -265,8 +275,13 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
   if (server.host.empty())
     r.fail(node["host"], "server.host", "must not be empty (" + std::string(kHostChoices) + ")");
   if (node["port"]) server.port = r.integer(node["port"], "server.port", 0, 65535);
-  if (node["api_key"] && !node["api_key"].IsNull())
+  if (node["api_key"] && !node["api_key"].IsNull()) {
     server.api_key = r.string(node["api_key"], "server.api_key");
+    // An empty key would read as none: the API open to anyone, which a key was set to prevent.
+    if (server.api_key.empty())
+      r.fail(node["api_key"], "server.api_key",
+             "must not be empty (null, or leaving it out, serves without a key)");
+  }
   // Each waiting or running request holds an HTTP connection thread (server/http_server.cpp).
   if (node["max_queue"])
     server.max_queue = r.integer(node["max_queue"], "server.max_queue", 1, kMaxRequests,

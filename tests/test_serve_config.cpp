@@ -166,6 +166,16 @@ TEST_F(ServeConfigTest, ErrorsNameFileLineAndField) {
             file +
                 ":3: field 'server.host': must not be empty (0.0.0.0 listens on every interface, "
                 "127.0.0.1 on this machine alone)");
+  EXPECT_EQ(error_of("model: {path: m}\nserver:\n  api_key: ''\n"),
+            file +
+                ":3: field 'server.api_key': must not be empty (null, or leaving it out, serves "
+                "without a key)");
+  const std::string name_error =
+      ": field 'model.name': must be a non-empty UTF-8 string without control characters (the "
+      "id clients send as `model`); leave it out for the model folder's name";
+  EXPECT_EQ(error_of("model: {path: m, name: ''}\n"), file + ":1" + name_error);
+  EXPECT_EQ(error_of("model: {path: m, name: \"a\\nb\"}\n"), file + ":1" + name_error);
+  EXPECT_EQ(error_of("model:\n  path: m\n  name: a\xFF\n"), file + ":3" + name_error);
   EXPECT_EQ(error_of("model: {path: m}\nthreads: 100000\n"),
             file +
                 ":2: field 'threads': must be at most 1024 (more threads than a machine's cores "
