@@ -12,13 +12,18 @@
 namespace pipeline {
 namespace {
 
-// Builds "FILE:LINE: field 'F': WHAT".
+// Builds "AT: field 'F': WHAT", AT being where the node or edge was given (FILE:LINE, or the
+// override that wrote it).
 class Errors {
  public:
   explicit Errors(std::string file) : file_(std::move(file)) {}
-  [[noreturn]] void fail(int line, const std::string& field, const std::string& what) const {
-    const std::string at = line > 0 ? file_ + ":" + std::to_string(line) : file_;
-    throw ConfigError(at + ": field '" + field + "': " + what);
+  [[noreturn]] void fail(const std::string& at, const std::string& field,
+                         const std::string& what) const {
+    throw ConfigError((at.empty() ? file_ : at) + ": field '" + field + "': " + what);
+  }
+  // Where a node's parameter was given: its own line when the file wrote the node.
+  std::string param_at(const GraphNodeSpec& node, const YAML::Node& param) const {
+    return node.in_file ? file_ + ":" + std::to_string(param.Mark().line + 1) : node.at;
   }
 
  private:
@@ -63,15 +68,15 @@ void check_params(const Errors& errors, size_t index, const PlannedNode& node) {
                            [&](const StageParam& p) { return p.name == key; });
     const auto field = node_field(index) + "." + key;
     if (it == stage.params.end())
-      errors.fail(entry.first.Mark().line + 1, field,
+      errors.fail(errors.param_at(node.spec, entry.first), field,
                   "unknown parameter for stage '" + stage.name + "'");
     if (!has_type(entry.second, it->type))
-      errors.fail(entry.second.Mark().line + 1, field,
+      errors.fail(errors.param_at(node.spec, entry.second), field,
                   std::string("expected ") + param_type_name(it->type));
   }
   for (const auto& param : stage.params)
     if (param.required && !node.spec.params[param.name])
-      errors.fail(node.spec.line, node_field(index) + "." + param.name,
+      errors.fail(node.spec.at, node_field(index) + "." + param.name,
                   "stage '" + stage.name + "' requires this parameter (" +
                       param_type_name(param.type) + ")");
 }
@@ -102,7 +107,7 @@ void check_flow(const Errors& errors, const GraphPlan& plan,
       std::any_of(plan.nodes.begin(), plan.nodes.end(),
                   [](const PlannedNode& node) { return !node.stage->produces; });
   if (!has_output)
-    errors.fail(plan.nodes.front().spec.line, "graph.nodes",
+    errors.fail(plan.nodes.front().spec.at, "graph.nodes",
                 "the graph has no output: no node's stage delivers results (an emit stage)");
   const auto from_input = reachable(n, plan.input, next);
   std::vector<bool> to_output(n, false);
@@ -113,7 +118,7 @@ void check_flow(const Errors& errors, const GraphPlan& plan,
   }
   for (size_t i = 0; i < n; ++i)
     if (!from_input[i] || !to_output[i])
-      errors.fail(plan.nodes[i].spec.line, node_field(i),
+      errors.fail(plan.nodes[i].spec.at, node_field(i),
                   "node " + name(i) + " is not on a path from the input " + name(plan.input) +
                       " to an output");
 
@@ -121,7 +126,7 @@ void check_flow(const Errors& errors, const GraphPlan& plan,
     const auto [from, to] = plan.edges[e];
     const auto carried = plan.nodes[from].stage->produces & plan.nodes[to].stage->accepts;
     if (!carried)
-      errors.fail(edge_specs[e].line, edge_field(e),
+      errors.fail(edge_specs[e].at, edge_field(e),
                   "edge " + name(from) + "->" + name(to) + " carries nothing: " + name(to) +
                       " accepts " + describe_kinds(plan.nodes[to].stage->accepts) + ", " +
                       name(from) + " produces " + describe_kinds(plan.nodes[from].stage->produces));
@@ -131,7 +136,7 @@ void check_flow(const Errors& errors, const GraphPlan& plan,
     for (size_t b : next[a]) delivered |= plan.nodes[b].stage->accepts;
     const KindSet lost = plan.nodes[a].stage->produces & ~delivered;
     if (lost)
-      errors.fail(plan.nodes[a].spec.line, node_field(a),
+      errors.fail(plan.nodes[a].spec.at, node_field(a),
                   "node " + name(a) + " produces " + describe_kinds(lost) +
                       " but no edge takes them to a node that accepts them");
   }
@@ -139,7 +144,7 @@ void check_flow(const Errors& errors, const GraphPlan& plan,
     for (size_t a = 0; a < n; ++a) {
       const KindSet needed = plan.nodes[b].stage->needs_every & plan.nodes[a].stage->produces;
       if (!needed || std::find(next[a].begin(), next[a].end(), b) != next[a].end()) continue;
-      errors.fail(plan.nodes[a].spec.line, node_field(a),
+      errors.fail(plan.nodes[a].spec.at, node_field(a),
                   "node " + name(a) + " produces " + describe_kinds(needed) + ", which " + name(b) +
                       " (stage " + plan.nodes[b].stage->name +
                       ") needs from every producer, but there is no edge " +
@@ -159,28 +164,28 @@ GraphPlan plan_graph(const ServeConfig& config, const StageRegistry& registry) {
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const auto& node = spec.nodes[i];
     if (auto it = by_name.find(node.name); it != by_name.end())
-      errors.fail(node.line, node_field(i) + ".name",
-                  "duplicate node '" + node.name + "' (first defined at line " +
-                      std::to_string(spec.nodes[it->second].line) + ")");
+      errors.fail(node.at, node_field(i) + ".name",
+                  "duplicate node '" + node.name + "' (first defined at " +
+                      spec.nodes[it->second].at + ")");
     const StageInfo* stage = registry.find(node.stage);
     if (!stage) {
       std::string known;
       for (const auto& n : registry.names()) known += (known.empty() ? "" : ", ") + n;
-      errors.fail(node.line, node_field(i) + ".stage",
+      errors.fail(node.at, node_field(i) + ".stage",
                   "unknown stage '" + node.stage + "' (known: " + known + ")");
     }
     if (stage->serial && node.concurrency != 1)
-      errors.fail(node.line, node_field(i) + ".concurrency",
+      errors.fail(node.at, node_field(i) + ".concurrency",
                   "stage '" + stage->name + "' runs one message at a time; it must be serial");
     // The scheduler and the model steps own the runner and the KV blocks, detokenize and emit
     // each request's text and event order: a second node of one of them would run every
     // message twice (the graph hands a message to each node that accepts it).
     if (stage->serial || stage->needs_every) {
       if (const auto [first, added] = single.emplace(stage, i); !added)
-        errors.fail(node.line, node_field(i) + ".stage",
+        errors.fail(node.at, node_field(i) + ".stage",
                     "stage '" + stage->name + "' may appear once; node '" + node.name +
-                        "' repeats node '" + spec.nodes[first->second].name + "' (line " +
-                        std::to_string(spec.nodes[first->second].line) + ")");
+                        "' repeats node '" + spec.nodes[first->second].name + "' (" +
+                        spec.nodes[first->second].at + ")");
     }
     by_name.emplace(node.name, i);
     plan.nodes.push_back({node, stage});
@@ -193,13 +198,13 @@ GraphPlan plan_graph(const ServeConfig& config, const StageRegistry& registry) {
     auto lookup = [&](const std::string& n) {
       auto it = by_name.find(n);
       if (it == by_name.end())
-        errors.fail(edge.line, edge_field(e),
+        errors.fail(edge.at, edge_field(e),
                     "unknown node '" + n + "' in edge " + edge.from + "->" + edge.to);
       return it->second;
     };
     const auto pair = std::make_pair(lookup(edge.from), lookup(edge.to));
     if (!seen.insert(pair).second)
-      errors.fail(edge.line, edge_field(e),
+      errors.fail(edge.at, edge_field(e),
                   "edge " + edge.from + "->" + edge.to + " is listed twice");
     plan.edges.push_back(pair);
   }
@@ -208,7 +213,7 @@ GraphPlan plan_graph(const ServeConfig& config, const StageRegistry& registry) {
   for (size_t i = 0; i < plan.nodes.size(); ++i)
     if (plan.nodes[i].stage->accepts & kind_of<Submitted>()) inputs.push_back(i);
   if (inputs.size() != 1)
-    errors.fail(spec.nodes.empty() ? 0 : spec.nodes.front().line, "graph.nodes",
+    errors.fail(spec.nodes.empty() ? "" : spec.nodes.front().at, "graph.nodes",
                 "the graph needs exactly one node that takes submitted requests (a tokenize "
                 "stage); it has " +
                     std::to_string(inputs.size()));

@@ -89,6 +89,11 @@ class FieldReader {
 
   int line(const YAML::Node& node) const { return node ? node.Mark().line + 1 : 0; }
 
+  // Whether the file wrote `key` (an override's keys have no line of it).
+  bool in_file(const YAML::Node& key, const std::string& field) const {
+    return key.Mark().line >= 0 && !enclosing_override(field);
+  }
+
   void require_map(const YAML::Node& node, const std::string& field) const {
     if (!node.IsMap()) fail(node, field, "expected a mapping");
   }
@@ -190,11 +195,6 @@ class FieldReader {
         return &applied;
     }
     return nullptr;
-  }
-
-  // Whether the file wrote `key` (an override's keys have no line of it).
-  bool in_file(const YAML::Node& key, const std::string& field) const {
-    return key.Mark().line >= 0 && !enclosing_override(field);
   }
 
   static std::string field_in(const std::string& section, const std::string& key) {
@@ -384,7 +384,7 @@ int read_concurrency(const FieldReader& r, const YAML::Node& node, const std::st
 
 GraphEdgeSpec read_edge(const FieldReader& r, const YAML::Node& node, const std::string& field) {
   GraphEdgeSpec edge;
-  edge.line = r.line(node);
+  edge.at = r.where(node, field);
   if (node.IsMap()) {
     r.check_keys(node, field, {"from", "to"});
     if (!node["from"] || !node["to"]) r.fail(node, field, "an edge needs 'from' and 'to'");
@@ -422,7 +422,8 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
     r.require_map(n, field);
     r.check_unique_keys(n, field);  // which keys a stage takes, graph_builder checks
     GraphNodeSpec out;
-    out.line = r.line(n);
+    out.at = r.where(n, field);
+    out.in_file = r.in_file(n, field);
     if (!n["name"]) r.fail(n, field + ".name", "is required");
     out.name = r.string(n["name"], field + ".name");
     if (!is_node_name(out.name))

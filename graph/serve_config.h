@@ -89,13 +89,16 @@ struct GraphNodeSpec {
   std::string stage;
   int concurrency = 1;  // 0 = unlimited
   YAML::Node params;    // the whole node, for the stage's own parameters
-  int line = 0;         // 1-based line in the config file, for errors
+  // Where it was given, for errors: "FILE:LINE", or "FILE: override '...'" for a node an
+  // override wrote (whose parameters then have no line of the file either).
+  std::string at;
+  bool in_file = false;
 };
 
 struct GraphEdgeSpec {
   std::string from;
   std::string to;
-  int line = 0;
+  std::string at;  // as GraphNodeSpec::at
 };
 
 struct GraphSpec {

@@ -166,9 +166,37 @@ TEST_F(GraphBuilderTest, UnknownStage) {
 
 TEST_F(GraphBuilderTest, DuplicateNode) {
   EXPECT_EQ(error_of(six_nodes("{ name: detok, stage: emit }")),
-            file() +
-                ":12: field 'graph.nodes[5].name': duplicate node 'detok' (first defined at "
-                "line 11)");
+            file() + ":12: field 'graph.nodes[5].name': duplicate node 'detok' (first defined at " +
+                file() + ":11)");
+}
+
+// A graph written by --set overrides has no line of the file: its errors name the override.
+TEST_F(GraphBuilderTest, ErrorsInAGraphAnOverrideWroteNameTheOverride) {
+  const auto base = write("");
+  const std::string nodes =
+      "graph.nodes=[{name: tokenize, stage: tokenize}, {name: batch, stage: batch_window}, "
+      "{name: prefill, stage: prefill}, {name: decode, stage: decode_step}, "
+      "{name: detok, stage: detokenize}, {name: emit, stage: emitx}]";
+  const std::string edges =
+      "graph.edges=[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
+      "prefill->batch, decode->batch, prefill->detok, decode->detok, detok->emit, detok->nowhere]";
+  const auto error = [&](const std::vector<std::string>& overrides) {
+    try {
+      plan_graph(load_serve_config(base, overrides));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string unknown_stage = error({nodes, edges});
+  EXPECT_EQ(unknown_stage.substr(0, unknown_stage.find(" (known")),
+            base.string() + ": override '" + nodes +
+                "': field 'graph.nodes[5].stage': unknown stage 'emitx'");
+  std::string good_nodes = nodes;
+  good_nodes.replace(good_nodes.find("emitx"), 5, "emit");
+  EXPECT_EQ(error({good_nodes, edges}),
+            base.string() + ": override '" + edges +
+                "': field 'graph.edges[9]': unknown node 'nowhere' in edge detok->nowhere");
 }
 
 TEST_F(GraphBuilderTest, UnknownNodeInAnEdge) {
@@ -229,7 +257,8 @@ TEST_F(GraphBuilderTest, StatefulStagesAppearOnce) {
   graph.insert(graph.find("  edges:"), "    - { name: emit2, stage: emit }\n");
   EXPECT_EQ(error_of(graph), file() +
                                  ":13: field 'graph.nodes[6].stage': stage 'emit' may appear "
-                                 "once; node 'emit2' repeats node 'emit' (line 12)");
+                                 "once; node 'emit2' repeats node 'emit' (" +
+                                 file() + ":12)");
   for (const char* stage : {"batch_window", "prefill", "decode_step", "detokenize"}) {
     std::string twice = six_nodes();
     twice.insert(twice.find("  edges:"),

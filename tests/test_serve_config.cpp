@@ -105,7 +105,8 @@ graph:
   EXPECT_EQ(config.sampling.max_tokens, 99);
   ASSERT_EQ(config.graph.nodes.size(), 2u);
   EXPECT_EQ(config.graph.nodes[0].concurrency, 3);
-  EXPECT_EQ(config.graph.nodes[0].line, 10);
+  EXPECT_EQ(config.graph.nodes[0].at, (dir_ / "serve.yaml").string() + ":10");
+  EXPECT_TRUE(config.graph.nodes[0].in_file);
   EXPECT_EQ(config.graph.nodes[1].concurrency, 1);
   ASSERT_EQ(config.graph.edges.size(), 2u);
   EXPECT_EQ(config.graph.edges[0].from, "t");
