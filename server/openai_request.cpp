@@ -332,6 +332,9 @@ std::shared_ptr<const JsonSchema> read_schema_or_text(const JsonBody& value,
   JsonBody schema;
   try {
     schema = read_json_body(value.get_ref<const std::string&>());
+  } catch (const nlohmann::json::other_error&) {
+    throw invalid(param, param + "'s text nests arrays and objects deeper than " +
+                             std::to_string(kMaxJsonDepth) + " levels");
   } catch (const nlohmann::json::exception&) {
     throw invalid(param, param + "'s text is not JSON");
   }
@@ -792,6 +795,9 @@ JsonBody parse_json_body(std::string_view body) {
   JsonBody value;
   try {
     value = read_json_body(body);
+  } catch (const nlohmann::json::other_error&) {
+    throw invalid("", "The JSON body of your request nests arrays and objects deeper than " +
+                          std::to_string(kMaxJsonDepth) + " levels.");
   } catch (const nlohmann::json::exception&) {  // not JSON, or a number beyond a double
     throw invalid("",
                   "We could not parse the JSON body of your request. The body must be a "
