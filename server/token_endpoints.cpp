@@ -51,10 +51,13 @@ std::vector<int32_t> input_tokens(const JsonBody& body, const Tokenizer& tokeniz
   throw invalid("prompt", "you must provide a prompt or a messages parameter");
 }
 
-json token_texts(const std::vector<int32_t>& tokens, const Tokenizer& tokenizer) {
-  json texts = json::array();
-  for (const int32_t token : tokens) texts.push_back(tokenizer.token_text(token));
-  return texts;
+// Each token's piece as the vocabulary spells it ("▁the", "<0xE6>", "<s>"), as vLLM's
+// token_strs give them (convert_ids_to_tokens): a byte piece's text alone would be a broken
+// character, and a control token's none.
+json token_pieces(const std::vector<int32_t>& tokens, const Tokenizer& tokenizer) {
+  json pieces = json::array();
+  for (const int32_t token : tokens) pieces.push_back(tokenizer.piece(token));
+  return pieces;
 }
 
 }  // namespace
@@ -63,11 +66,11 @@ json tokenize_response(const JsonBody& body, const ServedModel& model,
                        const TokenizeSettings& settings) {
   check_object(body);
   check_model(body, model);
-  const bool with_texts = read_bool(body, "return_token_strs", false);
+  const bool with_pieces = read_bool(body, "return_token_strs", false);
   const std::vector<int32_t> tokens = input_tokens(body, *model.tokenizer, settings.chat_template);
   json response = {
       {"count", tokens.size()}, {"max_model_len", settings.max_model_len}, {"tokens", tokens}};
-  if (with_texts) response["token_strs"] = token_texts(tokens, *model.tokenizer);
+  if (with_pieces) response["token_strs"] = token_pieces(tokens, *model.tokenizer);
   return response;
 }
 

@@ -122,14 +122,16 @@ TEST(Tokenize, ContinueFinalMessageEndsInsideTheAssistantsMessage) {
                                        PromptEnd::ContinueFinalMessage)));
 }
 
-TEST(Tokenize, TokenStrsAreEachTokensTextWhenAskedFor) {
+// As vLLM gives them: each token's piece ("▁the", "<0x0A>", "<s>"), not its text.
+TEST(Tokenize, TokenStrsAreEachTokensPieceWhenAskedFor) {
   for (const json& body : {prompt_body("Once upon a time\n"), messages_body()}) {
     const json answer = tokenize(with(body, "return_token_strs", true));
     ASSERT_EQ(answer["token_strs"].size(), answer["tokens"].size()) << answer.dump();
     for (size_t i = 0; i < answer["tokens"].size(); ++i)
       EXPECT_EQ(answer["token_strs"][i],
-                stories_tokenizer().token_text(answer["tokens"][i].get<int32_t>()))
+                stories_tokenizer().piece(answer["tokens"][i].get<int32_t>()))
           << "token " << i;
+    EXPECT_EQ(answer["token_strs"][0], "<s>");
     EXPECT_FALSE(tokenize(with(body, "return_token_strs", false)).contains("token_strs"));
   }
 }
