@@ -95,16 +95,14 @@ void stop_reading_idle_connections(
     const Reading state = reading_state(fd, quiet);
     if (state == Reading::kQuiet) {
       ::shutdown(fd, SHUT_RD);
-    } else if (slow != nullptr && state != Reading::kUnknown) {
-      // Waiting bytes keep a sender's time (a thread may not have taken them yet), but do not
-      // start it: a connection no thread has taken yet holds none.
+    } else if (slow != nullptr && state == Reading::kTakenAsItComes) {
+      // Bytes that wait unread mean no thread reads the connection: one queued for a thread,
+      // whose first scan may have come before its request did (and found it just as a sender
+      // whose bytes a thread takes), holds none, and starts no time.
       const auto seen = slow->since.find(client);
-      if (seen != slow->since.end())
-        sending.insert(*seen);
-      else if (state == Reading::kTakenAsItComes)
-        sending.emplace(client, now);
-      const auto kept = sending.find(client);
-      if (kept != sending.end() && now - kept->second >= slow->limit) ::shutdown(fd, SHUT_RD);
+      const auto since = seen != slow->since.end() ? seen->second : now;
+      sending.emplace(client, since);
+      if (now - since >= slow->limit) ::shutdown(fd, SHUT_RD);
     }
     return false;
   });

@@ -25,8 +25,9 @@ namespace pipeline {
 //
 // With `slow`, also ends the connections that hold a thread while their client sends a request
 // (bytes arrive, and a thread takes them as they come) which slow has seen sending, call after
-// call, for slow->limit or longer: a client that trickles a header line more often than `quiet`
-// is never idle, and enough of them would hold every thread for as long as they trickle.
+// call, for slow->limit or longer (a call that finds bytes waiting unread starts it again): a
+// client that trickles a header line more often than `quiet` is never idle, and enough of them
+// would hold every thread for as long as they trickle.
 struct SlowSenders {
   std::chrono::milliseconds limit;
   // The clients (host, port) seen sending, and since when; those not seen by a call are dropped.

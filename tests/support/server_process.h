@@ -60,18 +60,15 @@ class ServerProcess {
       throw std::runtime_error("cannot start " + command[0]);
     }
     reader_ = std::thread([this, fd = fds[0]] { collect_stderr(fd); });
-    wait_until_listening();
+    try {
+      wait_until_listening();
+    } catch (...) {
+      stop();  // a joinable thread left to the unwinding would end the test process
+      throw;
+    }
   }
 
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (reader_.joinable()) reader_.join();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
+  ~ServerProcess() { stop(); }
 
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -126,6 +123,18 @@ class ServerProcess {
     std::lock_guard lock(mutex_);
     stderr_closed_ = true;
     changed_.notify_all();
+  }
+
+  // Kills the server if it runs, waits for its stderr to close, and removes its folder.
+  void stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+    if (reader_.joinable()) reader_.join();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
 
   void wait_until_listening() {
