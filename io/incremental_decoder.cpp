@@ -12,14 +12,11 @@ IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<con
 }
 
 std::string IncrementalDecoder::push(int32_t token) {
-  std::string text;
   // Checkpoints may pad their embedding beyond the tokenizer's pieces; padding ids, which a
-  // sampler can still draw, carry no text, and end a run of byte pieces as any other does.
-  if (token >= tokenizer_.vocab_size()) {
-    take_characters(text, /*run_ended=*/true);
-    text_started_ = text_started_ || !text.empty();
-    return text;
-  }
+  // sampler can still draw, carry no text, and end a run of byte pieces as any other does: all
+  // they add is what flush() decides.
+  if (token >= tokenizer_.vocab_size()) return flush();
+  std::string text;
   if (const int byte = tokenizer_.byte_value(token); byte >= 0) {
     pending_bytes_ += static_cast<char>(byte);
     take_characters(text, /*run_ended=*/false);

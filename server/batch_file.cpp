@@ -115,6 +115,11 @@ bool starts_like_a_result(std::string_view tail) {
   return false;
 }
 
+// The url a batch line names an endpoint by.
+const char* endpoint_path(Endpoint endpoint) {
+  return endpoint == Endpoint::ChatCompletions ? "/v1/chat/completions" : "/v1/completions";
+}
+
 // Tries at opening the output before giving up on a path whose file keeps being removed.
 constexpr int kOutputOpenAttempts = 8;
 
@@ -145,9 +150,9 @@ BatchInput read_input_line(const std::filesystem::path& file, int number, const 
   if (required_string(file, number, object, "method") != "POST")
     throw error_at(file, number, "method: must be \"POST\"");
   const std::string url = required_string(file, number, object, "url");
-  if (url == "/v1/chat/completions")
+  if (url == endpoint_path(Endpoint::ChatCompletions))
     input.endpoint = Endpoint::ChatCompletions;
-  else if (url == "/v1/completions")
+  else if (url == endpoint_path(Endpoint::Completions))
     input.endpoint = Endpoint::Completions;
   else
     throw error_at(file, number,
@@ -195,14 +200,6 @@ std::vector<BatchInput> read_batch_input(const std::filesystem::path& file) {
 
 namespace {
 
-// An endpoint's url, and what its answers say they are (their "object").
-const char* endpoint_path(Endpoint endpoint) {
-  return endpoint == Endpoint::ChatCompletions ? "/v1/chat/completions" : "/v1/completions";
-}
-const char* answer_object(Endpoint endpoint) {
-  return endpoint == Endpoint::ChatCompletions ? "chat.completion" : "text_completion";
-}
-
 // Whether a result line carries an error: a status other than 200.
 bool failed_result(const json& object) {
   const auto response = object.find("response");
@@ -233,7 +230,7 @@ void record_result(const std::filesystem::path& file, int number, const std::str
   if (response.is_object() && response.contains("body") && response.at("body").is_object()) {
     const json& body = response.at("body");
     const auto kind = body.find("object");
-    const char* wanted = answer_object(endpoint->second);
+    const char* wanted = answer_object(endpoint->second == Endpoint::ChatCompletions);
     if (kind != body.end() && kind->is_string() && *kind != wanted)
       throw error_at(file, number,
                      "custom_id: '" + id + "' has a " + kind->get<std::string>() +

@@ -61,7 +61,6 @@ class BatchOutput {
   size_t drop_failed_results();
 
   std::FILE* get() const { return file_; }
-  const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;

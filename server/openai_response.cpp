@@ -10,6 +10,10 @@ namespace pipeline {
 
 using json = ResponseJson;
 
+const char* answer_object(bool chat) {
+  return chat ? "chat.completion" : "text_completion";
+}
+
 json error_body(const RequestError& error) {
   auto or_null = [](const std::string& s) { return s.empty() ? json() : json(s); };
   return {{"error",
@@ -222,12 +226,8 @@ json ResponseBuilder::whole_response(std::span<const Completion> choices) const 
     entry["stop_reason"] = shown_stop_reason(choices[i]);
     entries.push_back(std::move(entry));
   }
-  return {{"id", id_},
-          {"object", chat_ ? "chat.completion" : "text_completion"},
-          {"created", created_},
-          {"model", model_},
-          {"choices", std::move(entries)},
-          {"usage", usage(choices)}};
+  return {{"id", id_},       {"object", answer_object(chat_)}, {"created", created_},
+          {"model", model_}, {"choices", std::move(entries)},  {"usage", usage(choices)}};
 }
 
 json ResponseBuilder::usage(std::span<const Completion> choices) const {

@@ -42,6 +42,10 @@ using ResponseJson = nlohmann::ordered_json;
 // any of its choices found: what the cache held before the call), every choice's tokens.
 Completion total_usage(std::span<const Completion> choices, int per_prompt);
 
+// The "object" a whole (not streamed) answer names itself by: a chat completion's, or a text
+// completion's.
+const char* answer_object(bool chat);
+
 // {"error": {"message", "type", "param", "code"}}, empty strings as null.
 ResponseJson error_body(const RequestError& error);
 
