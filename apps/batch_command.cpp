@@ -1,6 +1,8 @@
 // `pipeline batch CONFIG --input FILE --output FILE`: offline generation over an OpenAI batch
 // file with the engine a config describes. Resumable: the output is appended to, and every
 // request that already has a line there is skipped. Progress goes to stderr.
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -43,7 +45,7 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --threads N     threads: CPU kernel threads (0, the default: all cores; at most 1024)\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_num_seqs=32 (repeatable)\n"
-    "SIGINT or SIGTERM: submit nothing more, finish the requests in flight\n"
+    "SIGINT, SIGTERM or SIGHUP: submit nothing more, finish the requests in flight\n"
     "(server.shutdown_grace_s), write their lines and exit 130 (saying whether any request\n"
     "is left for the next run); a second one fails those still in flight at once (they have\n"
     "no line, so the next run does them).";
@@ -98,6 +100,9 @@ int batch_command(int argc, char** argv) {
   // run as any other does, not the process without a word; and before the engine starts its
   // threads, so that they inherit it.
   block_stop_signals();
+  // Progress goes to stderr, often a pipe (`2>&1 | tee log`): a reader gone must not end the run
+  // with SIGPIPE; the write fails instead, and the results still go to the output file.
+  signal(SIGPIPE, SIG_IGN);
   std::atomic<bool> stop{false};
   std::optional<StopSignalWatcher> while_reading(
       std::in_place,

@@ -1,5 +1,6 @@
 // `pipeline run CONFIG`: loads the engine a config describes and serves it over the
-// OpenAI-compatible HTTP API until SIGINT or SIGTERM, then shuts down gracefully and exits 0.
+// OpenAI-compatible HTTP API until SIGINT, SIGTERM or SIGHUP, then shuts down gracefully and exits
+// 0.
 #include <signal.h>
 
 #include <atomic>
@@ -38,7 +39,8 @@ constexpr const char* kUsage =
     "  --device D      device: cpu, cuda or auto\n"
     "  --threads N     threads: CPU kernel threads (0, the default: all cores; at most 1024)\n"
     "  --set K=V       any config field, e.g. --set scheduler.max_batch=8 (repeatable)\n"
-    "SIGINT or SIGTERM: stop taking requests, finish those in flight (server.shutdown_grace_s)\n"
+    "SIGINT, SIGTERM or SIGHUP: stop taking requests, finish those in flight "
+    "(server.shutdown_grace_s)\n"
     "and exit 0; a second one fails those still in flight at once, a third exits at once (as\n"
     "one does while the model loads). Exits 1 if the model runner fails for good (a device\n"
     "error), having failed each request in flight with a 503.";

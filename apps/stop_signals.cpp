@@ -17,10 +17,13 @@ sigset_t stop_signal_set() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  // The terminal that started a long batch or a server closing asks for the same stop: by default
+  // it would end the process with requests in flight.
+  sigaddset(&signals, SIGHUP);
   return signals;
 }
 
-// Waits for SIGINT or SIGTERM and returns its number, or returns 0 once `done` turns true.
+// Waits for a stop signal and returns its number, or returns 0 once `done` turns true.
 int wait_for_stop_signal(const std::atomic<bool>& done) {
   const sigset_t signals = stop_signal_set();
   const timespec poll{0, 200'000'000};
@@ -39,7 +42,14 @@ void block_stop_signals() {
 }
 
 const char* stop_signal_name(int signal_number) {
-  return signal_number == SIGINT ? "SIGINT" : "SIGTERM";
+  switch (signal_number) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "SIGTERM";
+  }
 }
 
 StopSignalWatcher::StopSignalWatcher(std::function<void(int)> on_first,

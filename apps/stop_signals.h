@@ -1,7 +1,7 @@
-// SIGINT and SIGTERM for the commands that stop gracefully (`pipeline run`, `pipeline batch`):
-// the first asks them to finish what is in flight, a second to fail it at once. The signals are
-// blocked in every thread and taken by one thread that waits for them, so what they set off
-// may lock and allocate, as no signal handler could.
+// SIGINT, SIGTERM and SIGHUP for the commands that stop gracefully (`pipeline run`, `pipeline
+// batch`): the first asks them to finish what is in flight, a second to fail it at once. The
+// signals are blocked in every thread and taken by one thread that waits for them, so what they set
+// off may lock and allocate, as no signal handler could.
 #pragma once
 
 #include <atomic>
@@ -10,11 +10,11 @@
 
 namespace pipeline {
 
-// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts afterwards: call
-// before any thread starts.
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts afterwards:
+// call before any thread starts.
 void block_stop_signals();
 
-// "SIGINT" or "SIGTERM".
+// "SIGINT", "SIGTERM" or "SIGHUP".
 const char* stop_signal_name(int signal_number);
 
 // Waits for stop signals on a thread of its own while it lives (it checks five times a second

@@ -684,6 +684,34 @@ TEST_F(BatchCommandTest, SigintLeavesABatchTheSameCommandCompletes) {
     EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 64) << line["custom_id"];
 }
 
+// SIGHUP (the terminal that started the run closing) stops the run as SIGINT does, rather than
+// ending the process with requests in flight.
+TEST_F(BatchCommandTest, SighupStopsTheRunAsSigintDoes) {
+  const auto in = write("in.jsonl", long_requests(300, 64));
+  const auto out = dir_ / "out.jsonl";
+  const auto interrupted = run_shell(
+      shell_command(in, out) + " 2>&1 & pid=$!; while [ ! -s " + shell_quoted(out.string()) +
+      " ]; do sleep 0.02; done; kill -HUP $pid; wait $pid; " + "echo \"exit $?\"");
+  EXPECT_NE(interrupted.out.find("SIGHUP received, submitting nothing more"), std::string::npos)
+      << interrupted.out;
+  EXPECT_NE(interrupted.out.find("exit 130"), std::string::npos) << interrupted.out;
+  const auto partial = lines_of(out);  // every line parses: none was cut
+  EXPECT_GT(partial.size(), 0u);
+  EXPECT_LT(partial.size(), 300u);
+}
+
+// Progress piped to a reader that is gone (`2>&1 | head`) does not end the run with SIGPIPE: its
+// writes fail, and every result still reaches the output. The reader here exits at once, before
+// the batch (started 0.3 s later) writes anything.
+TEST_F(BatchCommandTest, AProgressReaderGoneDoesNotEndTheRun) {
+  const auto in = write("in.jsonl", long_requests(6, 8));
+  const auto out = dir_ / "out.jsonl";
+  const auto result = run_shell("exec 3>&1; { sleep 0.3; " + shell_command(in, out) +
+                                " 2>&1; echo \"exit $?\" >&3; } | true");
+  EXPECT_NE(result.out.find("exit 0"), std::string::npos) << result.out;
+  EXPECT_EQ(by_custom_id(lines_of(out)).size(), 6u);
+}
+
 // A stop that comes once every request is in flight cuts nothing short when the grace finishes
 // them all: the batch is complete, not interrupted (the run said to rerun it for the rest).
 TEST_F(BatchCommandTest, AStopTheGraceOutlastsLeavesTheBatchComplete) {
