@@ -489,16 +489,12 @@ class DocumentStarts final : public YAML::EventHandler {
   void OnMapEnd() override {}
 };
 
-// The config's one YAML document (empty: null). yaml-cpp 0.7's LoadAll never returns on some
+// The one YAML document of `text` (empty: null). yaml-cpp 0.7's LoadAll never returns on some
 // malformed texts, a stray ',' or '%' where a document begins: its parser reports document
 // after document at that place, reading nothing, and LoadAll keeps them all until memory runs
 // out. So the documents are counted first, at most three: one that begins where the one before
 // it did is that place. Throws YAML::ParserException for YAML it refuses.
-YAML::Node read_one_document(const std::string& name) {
-  std::ifstream file(name, std::ios::binary);
-  if (!file) throw ConfigError(name + ": cannot read the config file");
-  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  if (file.bad()) throw ConfigError(name + ": cannot read the config file");
+YAML::Node parse_one_document(const std::string& name, const std::string& text) {
   std::istringstream in(text);
   YAML::Parser parser(in);
   DocumentStarts starts;
@@ -519,6 +515,36 @@ YAML::Node read_one_document(const std::string& name) {
   return YAML::Load(text);
 }
 
+// Whether line `line` (0-based) of `text` is indented with a tab, which YAML forbids: yaml-cpp
+// then says only "illegal map value" or the like.
+bool indented_with_tab(const std::string& text, int line) {
+  size_t begin = 0;
+  for (int i = 0; i < line && begin != std::string::npos; ++i) {
+    begin = text.find('\n', begin);
+    if (begin != std::string::npos) ++begin;
+  }
+  if (begin == std::string::npos) return false;
+  const size_t indent_end = text.find_first_not_of(" \t", begin);
+  const size_t tab = text.find('\t', begin);
+  return tab != std::string::npos && (indent_end == std::string::npos || tab < indent_end);
+}
+
+// The config file's one YAML document (empty: null), its errors named by file and line.
+YAML::Node read_one_document(const std::string& name) {
+  std::ifstream file(name, std::ios::binary);
+  if (!file) throw ConfigError(name + ": cannot read the config file");
+  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (file.bad()) throw ConfigError(name + ": cannot read the config file");
+  try {
+    return parse_one_document(name, text);
+  } catch (const YAML::ParserException& e) {
+    const std::string at = name + ":" + std::to_string(e.mark.line + 1) + ": ";
+    if (indented_with_tab(text, e.mark.line))
+      throw ConfigError(at + "indented with a tab; YAML indents with spaces only");
+    throw ConfigError(at + yaml_problem(e));
+  }
+}
+
 }  // namespace
 
 void check_model_folder(const ModelSection& model) {
@@ -535,12 +561,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   const std::string name = file.string();
   if (std::filesystem::is_directory(file))
     throw ConfigError(name + ": is a folder, not a config file");
-  YAML::Node root;
-  try {
-    root = read_one_document(name);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": " + yaml_problem(e));
-  }
+  YAML::Node root = read_one_document(name);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw ConfigError(name + ": expected a mapping of sections");
 

@@ -239,6 +239,18 @@ TEST_F(ServeConfigTest, OneDocumentInAFile) {
   }
 }
 
+// yaml-cpp words a tab in the indentation as "illegal map value"; the error says what it is. A
+// tab inside a value, or after the indent, is no indentation.
+TEST_F(ServeConfigTest, ATabIndentIsNamed) {
+  const std::string file = (dir_ / "serve.yaml").string();
+  EXPECT_EQ(error_of("model:\n\tpath: m\n"),
+            file + ":2: indented with a tab; YAML indents with spaces only");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  \twindow_ms: 5\n"),
+            file + ":3: indented with a tab; YAML indents with spaces only");
+  EXPECT_EQ(error_of("model: {path: m}\nscheduler:\n  window_ms:\t[5\n"),
+            file + ":4: end of sequence flow not found");
+}
+
 TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
   const std::string file = (dir_ / "serve.yaml").string();
   EXPECT_NE(error_of("model: {path: m}\nschedular: {}\n")
