@@ -1,5 +1,6 @@
 #include "server/json_body.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -83,12 +84,34 @@ class JsonBodyBuilder {
   std::string key_;
 };
 
+// The parse error of a NUL byte at `at`, where JSON allows none outside a string.
+JsonBody::parse_error nul_byte_error(std::string_view text, size_t at) {
+  nlohmann::detail::position_t position;
+  position.chars_read_total = at + 1;
+  const size_t line_start = text.rfind('\n', at) == text.npos ? 0 : text.rfind('\n', at) + 1;
+  position.chars_read_current_line = at - line_start + 1;
+  position.lines_read = size_t(std::count(text.begin(), text.begin() + long(at), '\n'));
+  return JsonBody::parse_error::create(101, position,
+                                       "syntax error while parsing value - unexpected NUL byte",
+                                       static_cast<const JsonBody*>(nullptr));
+}
+
 }  // namespace
 
 JsonBody read_json_body(std::string_view text, int max_depth) {
   JsonBody root;
   JsonBodyBuilder builder(root, max_depth);
-  JsonBody::sax_parse(text, &builder);
+  // nlohmann's lexer takes a NUL byte outside a string for the text's end, so `{"a": 1}`, a NUL
+  // and anything after it would read as `{"a": 1}`. (One inside a string it refuses itself.)
+  const size_t nul = text.find('\0');
+  try {
+    JsonBody::sax_parse(text, &builder);
+  } catch (const JsonBody::parse_error& e) {
+    const bool in_a_string = std::string_view(e.what()).find("U+0000") != std::string_view::npos;
+    if (nul != text.npos && e.byte == nul + 1 && !in_a_string) throw nul_byte_error(text, nul);
+    throw;
+  }
+  if (nul != text.npos) throw nul_byte_error(text, nul);
   return root;
 }
 

@@ -113,6 +113,9 @@ TEST_F(BatchTest, EveryInputProblemNamesFileLineAndField) {
               "\n",
        ":2: custom_id: must be a non-empty string, not a number"},
       {good + "\"Hi \xff\n", ":2: not JSON: "},
+      {good + std::string("{\"custom_id\": \"b\"}\0junk\n", 24),
+       ":2: not JSON: parse error at column 19: syntax error while parsing value - unexpected "
+       "NUL byte"},
       {good + good, ":2: custom_id: 'a' is already on line 1"},
       {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {}})"
        "\n",

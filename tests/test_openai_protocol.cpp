@@ -361,6 +361,29 @@ TEST(ParseRequest, BodiesNestAtMostAThousandDeep) {
   }
 }
 
+// nlohmann's lexer takes a NUL byte outside a string for the end of the text: a body with one
+// after its object was read as that object. A NUL byte is refused wherever it is, and named.
+TEST(ParseRequest, ANulByteIsRefusedWhereverItIs) {
+  using namespace std::string_literals;
+  const auto message_of = [](const std::string& text) {
+    try {
+      read_json_body(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("read");
+  };
+  const std::string nul = "syntax error while parsing value - unexpected NUL byte";
+  EXPECT_NE(message_of("{\"a\": 1}\0{\"b\": 2}"s).find("line 1, column 9: " + nul),
+            std::string::npos);
+  EXPECT_NE(message_of("{\n\"a\": \0 1}"s).find("line 2, column 6: " + nul), std::string::npos);
+  EXPECT_NE(message_of("\0"s).find("column 1: " + nul), std::string::npos);
+  // Inside a string nlohmann names it itself.
+  EXPECT_NE(message_of("{\"a\": \"x\0\"}"s).find("U+0000 (NUL) must be escaped"),
+            std::string::npos);
+  EXPECT_THROW(parse_json_body("{\"prompt\": \"x\"}\0junk"s), ApiError);
+}
+
 // One bad input per row: the parameter the 400 must name and a word its message must hold.
 struct BadInput {
   Endpoint endpoint;
