@@ -407,17 +407,11 @@ GraphEdgeSpec read_edge(const FieldReader& r, const YAML::Node& node, const std:
   return edge;
 }
 
-GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
-  r.require_map(node, "graph");
-  r.check_keys(node, "graph", {"nodes", "edges"});
-  if (!node["nodes"] || !node["nodes"].IsSequence() || node["nodes"].size() == 0)
-    r.fail(node["nodes"] ? node["nodes"] : node, "graph.nodes",
-           "expected a list of at least one node");
-  if (!node["edges"] || !node["edges"].IsSequence())
-    r.fail(node["edges"] ? node["edges"] : node, "graph.edges", "expected a list of edges");
-  GraphSpec spec;
-  for (size_t i = 0; i < node["nodes"].size(); ++i) {
-    const auto& n = node["nodes"][i];
+// A graph's `nodes` list, read by `r`.
+std::vector<GraphNodeSpec> read_nodes(const FieldReader& r, const YAML::Node& list) {
+  std::vector<GraphNodeSpec> nodes;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& n = list[i];
     const auto field = "graph.nodes[" + std::to_string(i) + "]";
     r.require_map(n, field);
     r.check_unique_keys(n, field);  // which keys a stage takes, graph_builder checks
@@ -433,10 +427,36 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node) {
     if (n["concurrency"])
       out.concurrency = read_concurrency(r, n["concurrency"], field + ".concurrency");
     out.params = n;  // the stage checks its own parameters (graph_builder)
-    spec.nodes.push_back(std::move(out));
+    nodes.push_back(std::move(out));
   }
-  for (size_t i = 0; i < node["edges"].size(); ++i)
-    spec.edges.push_back(read_edge(r, node["edges"][i], "graph.edges[" + std::to_string(i) + "]"));
+  return nodes;
+}
+
+// The config's graph: its `graph` section, which names both `nodes` and `edges`. A config without
+// one has the default graph, and an override of its `graph.nodes` or `graph.edges` replaces that
+// half of the default (the other is the default's, its errors named "<default graph>").
+GraphSpec read_graph(const FieldReader& r, const YAML::Node& node, bool in_file) {
+  const FieldReader builtin("<default graph>", {});
+  const YAML::Node defaults = YAML::Load(kDefaultGraph);
+  if (node) {
+    r.require_map(node, "graph");
+    r.check_keys(node, "graph", {"nodes", "edges"});
+  }
+  const auto half = [&](const char* key) -> std::pair<const FieldReader*, YAML::Node> {
+    if (!in_file && !(node && node[key])) return {&builtin, defaults[key]};
+    return {&r, node[key]};
+  };
+  const auto [nodes_reader, nodes] = half("nodes");
+  const auto [edges_reader, edges] = half("edges");
+  if (!nodes || !nodes.IsSequence() || nodes.size() == 0)
+    r.fail(nodes ? nodes : node, "graph.nodes", "expected a list of at least one node");
+  if (!edges || !edges.IsSequence())
+    r.fail(edges ? edges : node, "graph.edges", "expected a list of edges");
+  GraphSpec spec;
+  spec.nodes = read_nodes(*nodes_reader, nodes);
+  for (size_t i = 0; i < edges.size(); ++i)
+    spec.edges.push_back(
+        read_edge(*edges_reader, edges[i], "graph.edges[" + std::to_string(i) + "]"));
   return spec;
 }
 
@@ -566,6 +586,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   if (!root.IsMap()) throw ConfigError(name + ": expected a mapping of sections");
 
   std::map<std::string, std::string> applied;
+  const bool graph_in_file = bool(root["graph"]);
   for (const auto& text : overrides) apply_override(root, text, name, applied);
   const FieldReader r(name, applied);
   r.check_keys(root, "",
@@ -585,12 +606,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   if (root["server"]) read_server(r, root["server"], config.server);
   if (root["scheduler"]) read_scheduler(r, root["scheduler"], config.scheduler);
   if (root["sampling"]) read_sampling(r, root["sampling"], config.sampling);
-  if (root["graph"]) {
-    config.graph = read_graph(r, root["graph"]);
-  } else {
-    const FieldReader builtin("<default graph>", {});
-    config.graph = read_graph(builtin, YAML::Load(kDefaultGraph));
-  }
+  config.graph = read_graph(r, root["graph"], graph_in_file);
   return config;
 }
 

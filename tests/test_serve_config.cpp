@@ -123,6 +123,26 @@ TEST_F(ServeConfigTest, OverridesApplyBeforeValidation) {
   EXPECT_EQ(config.model.path, "/x/y");
 }
 
+// A config without a graph section has the default graph; an override of its nodes or its edges
+// alone replaces that half (it failed: "graph.nodes: expected a list of at least one node"). A
+// graph section in the file still names both.
+TEST_F(ServeConfigTest, AnOverrideReplacesOneHalfOfTheDefaultGraph) {
+  const auto file = write("model: {path: m}\n");
+  const auto edges = load_serve_config(file, {"graph.edges=[tokenize->batch, batch->emit]"});
+  ASSERT_EQ(edges.graph.nodes.size(), 6u);
+  EXPECT_EQ(edges.graph.nodes[5].at, "<default graph>:8");
+  ASSERT_EQ(edges.graph.edges.size(), 2u);
+  EXPECT_EQ(edges.graph.edges[1].to, "emit");
+  EXPECT_EQ(edges.graph.edges[1].at,
+            file.string() + ": override 'graph.edges=[tokenize->batch, batch->emit]'");
+  const auto nodes = load_serve_config(file, {"graph.nodes=[{name: tokenize, concurrency: 3}]"});
+  ASSERT_EQ(nodes.graph.nodes.size(), 1u);
+  EXPECT_EQ(nodes.graph.nodes[0].concurrency, 3);
+  EXPECT_EQ(nodes.graph.edges.size(), 9u);  // the default's: graph_builder finds their nodes gone
+  EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes: [{name: t, stage: tokenize}]\n"),
+            (dir_ / "serve.yaml").string() + ":3: field 'graph.edges': expected a list of edges");
+}
+
 // YAML 1.2 reads 037061 as decimal, as --port does; yaml-cpp's conversion took it for octal
 // (a server on 15921). Every integer field, from the file or an override, reads it so.
 TEST_F(ServeConfigTest, ALeadingZeroIsDecimal) {
