@@ -146,18 +146,7 @@ DType checked_matmul_activations(const RunnerOptions& options) {
 
 KvCacheShape derive_kv_shape(const LlamaWeights& weights, const RunnerOptions& options) {
   const LlamaConfig& c = weights.config;
-  if (options.kv_block_size <= 0) {
-    throw std::invalid_argument("RunnerOptions: kv_block_size must be positive, got " +
-                                std::to_string(options.kv_block_size));
-  }
-  if (options.kv_cache_blocks < 0) {
-    throw std::invalid_argument("RunnerOptions: kv_cache_blocks must be >= 0, got " +
-                                std::to_string(options.kv_cache_blocks));
-  }
-  if (options.threads < 0) {
-    throw std::invalid_argument("RunnerOptions: threads must be >= 0, got " +
-                                std::to_string(options.threads));
-  }
+  check_runner_options(options);
   KvCacheShape shape;
   shape.num_layers = c.num_layers;
   shape.num_kv_heads = c.num_kv_heads;

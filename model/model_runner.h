@@ -37,6 +37,10 @@ struct RunnerOptions {
   int max_pass_logit_rows = 0;
 };
 
+// Throws std::invalid_argument naming the first field out of its range; every runner checks its
+// options with it before its own device-specific checks.
+void check_runner_options(const RunnerOptions& options);
+
 // What forward() throws when the runner can run nothing more: a device error that outlives the
 // pass (CUDA's "sticky" errors, an illegal address say, leave the context unusable until the
 // process exits). The engine then fails every request and stops taking new ones. Anything else

@@ -189,15 +189,7 @@ class CudaRunner final : public ModelRunner {
 };
 
 void check_options(const RunnerOptions& o) {
-  if (o.kv_block_size <= 0)
-    throw std::invalid_argument("RunnerOptions.kv_block_size must be positive, got " +
-                                std::to_string(o.kv_block_size));
-  if (o.kv_cache_blocks < 0)
-    throw std::invalid_argument("RunnerOptions.kv_cache_blocks must be >= 0, got " +
-                                std::to_string(o.kv_cache_blocks));
-  if (!(o.kv_cache_fraction > 0.0 && o.kv_cache_fraction <= 1.0))
-    throw std::invalid_argument("RunnerOptions.kv_cache_fraction must be in (0, 1], got " +
-                                std::to_string(o.kv_cache_fraction));
+  check_runner_options(o);
   if (o.kv_cache_dtype && *o.kv_cache_dtype != DType::BF16)
     throw std::invalid_argument(std::string("the CUDA backend keeps its KV cache in BF16, not ") +
                                 dtype_name(*o.kv_cache_dtype) +
@@ -309,7 +301,8 @@ void CudaRunner::warm_up(int max_num_seqs) {
   // cuBLAS where it was faster); more: cuBLAS.
   for (int seqs : {1, 2, 9, 17, 33, kSkinnyMaxRows + 1}) {
     if (seqs > max_num_seqs) break;
-    // Each sequence writes its token into a block of its own, so no two write one slot.
+    // Each sequence writes its token into a block of its own where the pool has enough (else
+    // some share one, writing the same bits: token 0 at position 0).
     std::vector<SequenceChunk> step;
     for (int s = 0; s < seqs; ++s)
       step.push_back(SequenceChunk{{0}, 0, {s % kv_shape_.num_blocks}, false});
