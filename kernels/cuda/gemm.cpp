@@ -1,6 +1,8 @@
 #include "kernels/cuda/gemm.h"
 
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_objects.h"
@@ -101,7 +103,18 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       return time_call(
           [&](int i) { project(product, cublas, x, matrix(i), y, gate_up, rows, in, out); });
     };
-    const float skinny_ms = time_path(false), cublas_ms = time_path(true);
+    float skinny_ms = 0.0f, cublas_ms = 0.0f;
+    try {
+      skinny_ms = time_path(false);
+      cublas_ms = time_path(true);
+    } catch (const std::runtime_error& e) {
+      // A timing that cannot run (its graph capture failed, say) leaves this row count untuned,
+      // on SkinnyGemm, as a decode step whose capture fails runs eagerly: the runner still
+      // serves. A sticky device error fails the next pass instead.
+      report += std::string(report.empty() ? "" : "; ") + std::to_string(rows) +
+                " rows: not timed (" + e.what() + ") -> SkinnyGemm";
+      continue;
+    }
     const bool cublas = cublas_ms < skinny_ms;
     cublas_faster_[{product, in, out, rows}] = cublas;
     char clause[128];
