@@ -252,6 +252,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   {
     std::unique_lock lock(m.live_mutex);
     m.accepting = false;
+    m.scheduler->close_windows();  // no newcomer can join one now: those waiting start at once
     if (!m.live.empty()) log_line("shutting down: %zu requests in flight", m.live.size());
     m.live_changed.wait_for(lock, grace, [&] { return m.live.empty() || m.grace_ended; });
     for (auto& [number, weak] : m.live)

@@ -43,6 +43,14 @@ void Scheduler::post(Message message, const Emit& emit) {
   wake_.notify_one();
 }
 
+void Scheduler::close_windows() {
+  {
+    std::lock_guard lock(mutex_);
+    windows_closed_ = true;
+  }
+  wake_.notify_one();
+}
+
 void Scheduler::stop() {
   {
     std::lock_guard lock(mutex_);
@@ -73,7 +81,7 @@ void Scheduler::fail(const std::string& what) {
 void Scheduler::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    auto ready = [&] { return stopping_ || !inbox_.empty(); };
+    auto ready = [&] { return stopping_ || !inbox_.empty() || (windows_closed_ && windows_open_); };
     if (wake_at_ && !busy_)
       wake_.wait_until(lock, *wake_at_, ready);
     else
@@ -81,8 +89,11 @@ void Scheduler::loop() {
     if (stopping_) return;
     std::deque<Message> messages;
     messages.swap(inbox_);
+    windows_open_ = !windows_closed_;
     lock.unlock();
     for (auto& m : messages) apply(m);
+    if (!windows_open_)
+      for (const auto& s : waiting_) s->window_closed = true;
     if (!busy_) schedule_next(Clock::now());
     update_gauges();
     lock.lock();

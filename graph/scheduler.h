@@ -48,6 +48,10 @@ class Scheduler {
   // From the batch_window node: a Tokenized sequence or a StepResult. `emit` (the node's
   // gateway) carries the batches out; the first call's is kept.
   void post(Message message, const Emit& emit);
+  // No sequence waits for a batch window from now on, those waiting now and those still to
+  // come: the engine calls it when it stops accepting requests (shutdown), after which no
+  // newcomer could join a window, and the grace should go to computing.
+  void close_windows();
   // Ends the thread; later posts are ignored. Sequences still held are left to their owner
   // (the engine fails them).
   void stop();
@@ -102,13 +106,15 @@ class Scheduler {
   Metrics& metrics_;
   FailureListener on_failure_;
 
-  std::mutex mutex_;  // guards the inbox, emit_ and stopping_
+  std::mutex mutex_;  // guards the inbox, emit_, stopping_ and windows_closed_
   std::condition_variable wake_;
   std::deque<Message> inbox_;
   Emit emit_;
   bool stopping_ = false;
+  bool windows_closed_ = false;  // close_windows() was called
 
   // Scheduler thread only.
+  bool windows_open_ = true;  // windows_closed_ not yet seen
   BlockManager blocks_;
   std::deque<SequencePtr> waiting_;
   // Admitted (decoding, or with a prompt still to compute), by arrival: the order the policy

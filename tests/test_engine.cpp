@@ -677,7 +677,7 @@ TEST(Engine, AFullQueueRefusesAndShutdownFailsWhatIsLeft) {
   EXPECT_EQ(engine.submit(a), SubmitStatus::Accepted);
   EXPECT_EQ(engine.submit(b), SubmitStatus::Accepted);
   EXPECT_EQ(engine.submit(c), SubmitStatus::QueueFull);
-  engine.shutdown(50ms);
+  engine.shutdown(0ms);  // no grace: a shutdown closes the window, and they would finish
   for (const auto& r : {a, b}) {
     ASSERT_TRUE(sink_of(r).wait(1s));
     ASSERT_TRUE(sink_of(r).error().has_value());
@@ -711,6 +711,19 @@ TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
   engine.shutdown(10s);
   expect_finished_with(a, solo().text(kPrompts[5], 32));
   expect_finished_with(b, solo().text(kPrompts[6], 32));
+}
+
+// Once the engine stops accepting, no newcomer can join a batch window, so requests waiting for
+// one start at once: they waited out the window (here a minute, past the grace) and failed.
+TEST(Engine, ShutdownClosesTheBatchWindow) {
+  Engine engine(make_config("{window_ms: 60000}"));
+  auto a = make_request(kPrompts[5], 16);
+  auto b = make_request(kPrompts[6], 16);
+  ASSERT_EQ(engine.submit(a), SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(b), SubmitStatus::Accepted);
+  engine.shutdown(5s);
+  expect_finished_with(a, solo().text(kPrompts[5], 16));
+  expect_finished_with(b, solo().text(kPrompts[6], 16));
 }
 
 // A shutdown whose grace ends with a request in flight fails it, and the pass in progress,

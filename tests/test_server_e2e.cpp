@@ -2200,14 +2200,17 @@ TEST(ServerE2EShutdown, StreamsWhoseClientsStoppedReadingDoNotHoldTheExitPastThe
   for (const int fd : clients) close(fd);
 }
 
-// A second SIGTERM ends the grace at once: a request still waiting (here in a long batch
-// window) fails with a 503 and the server exits 0 without waiting the grace out.
+// A second SIGTERM ends the grace at once: a request still in flight (here 128 choices of 400
+// tokens, one at a time, seconds of work) fails with a 503 and the server exits 0 without
+// waiting the grace out.
 TEST(ServerE2EShutdown, ASecondSigtermFailsWhatIsStillInFlightAtOnce) {
-  ServerProcess server(
-      stories_config("  shutdown_grace_s: 60\nscheduler:\n  window_ms: 30000\n  max_batch: 16\n"));
-  auto waiting = std::async(std::launch::async, [&] {
-    return post(server.port(), "/v1/completions", completion_body("Once upon a time", 8));
-  });
+  ServerProcess server(stories_config(
+      "  shutdown_grace_s: 60\nscheduler:\n  window_ms: 30000\n  max_num_seqs: 1\n"));
+  json body = completion_body("Once upon a time", 400);
+  body["n"] = 128;
+  body["ignore_eos"] = true;
+  auto waiting =
+      std::async(std::launch::async, [&] { return post(server.port(), "/v1/completions", body); });
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   while (metric(server.port(), "pipeline_waiting_sequences") < 1 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
