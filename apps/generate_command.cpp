@@ -9,6 +9,7 @@
 #include "apps/commands.h"
 #include "apps/options.h"
 #include "graph/runner_factory.h"
+#include "graph/serve_config.h"
 #include "io/dtype.h"
 #include "io/incremental_decoder.h"
 #include "io/tokenizer.h"
@@ -51,9 +52,6 @@ SamplingParams sampling_from(Options& options) {
   return p;
 }
 
-constexpr std::string_view kKvCacheDtypes[] = {"auto", "bf16", "f32"};
-constexpr std::string_view kMatmulActivations[] = {"bf16", "f32"};
-
 // The element type `name` names, one of `choices` ("auto" stands for none), or `fallback`.
 std::optional<DType> dtype_option(Options& options, const std::string& name,
                                   std::span<const std::string_view> choices,
@@ -80,9 +78,9 @@ int generate_command(int argc, char** argv) {
   runner_options.threads = options.int_value("--threads", 0, 0, kMaxThreads);
   runner_options.max_num_seqs = 1;
   runner_options.kv_cache_dtype =
-      dtype_option(options, "--kv-cache-dtype", kKvCacheDtypes, std::nullopt);
+      dtype_option(options, "--kv-cache-dtype", kKvCacheDtypeNames, std::nullopt);
   runner_options.matmul_activations =
-      *dtype_option(options, "--matmul-activations", kMatmulActivations, DType::BF16);
+      *dtype_option(options, "--matmul-activations", kMatmulActivationNames, DType::BF16);
   options.finish();
 
   auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::load(model_dir));

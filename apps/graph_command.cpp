@@ -19,6 +19,9 @@ constexpr const char* kUsage =
     "                      [--set section.key=value ...]\n"
     "Checks CONFIG's flow graph and prints its nodes and edges.\n"
     "  --dot           Graphviz DOT instead of text (| dot -Tsvg > graph.svg)\n"
+    "  --model DIR     model.path (the graph does not load it)\n"
+    "  --device D      device: cpu, cuda or auto\n"
+    "  --threads N     threads: CPU kernel threads\n"
     "  --set K=V       any config field, as for `pipeline run` (repeatable)";
 
 }  // namespace

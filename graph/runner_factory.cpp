@@ -1,5 +1,7 @@
 #include "graph/runner_factory.h"
 
+#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 #include "model/cpu_runner.h"
@@ -12,7 +14,7 @@ namespace pipeline {
 std::unique_ptr<ModelRunner> make_runner(const std::string& device,
                                          std::shared_ptr<const LlamaWeights> weights,
                                          const RunnerOptions& options) {
-  if (device != "auto" && device != "cpu" && device != "cuda")
+  if (std::find(std::begin(kDeviceNames), std::end(kDeviceNames), device) == std::end(kDeviceNames))
     throw std::invalid_argument("device '" + device + "': expected auto, cpu or cuda");
   if (device == "cpu") return make_cpu_runner(std::move(weights), options);
 #ifdef PIPELINE_HAVE_CUDA

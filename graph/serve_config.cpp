@@ -239,9 +239,11 @@ void read_model(const FieldReader& r, const YAML::Node& node, const std::filesys
              "send as `model`); leave it out for the model folder's name");
   }
   if (node["matmul_activations"]) {
-    model.matmul_activations = parse_dtype(r.one_of(node["matmul_activations"],
-                                                    "model.matmul_activations", {"bf16", "f32"}))
-                                   .value();
+    model.matmul_activations =
+        parse_dtype(
+            r.one_of(node["matmul_activations"], "model.matmul_activations",
+                     {std::begin(kMatmulActivationNames), std::end(kMatmulActivationNames)}))
+            .value();
   }
 }
 
@@ -326,7 +328,8 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
     s.kv_cache_blocks = r.integer(node["kv_cache_blocks"], "scheduler.kv_cache_blocks", 0);
   if (node["kv_cache_dtype"]) {
     const std::string dtype =
-        r.one_of(node["kv_cache_dtype"], "scheduler.kv_cache_dtype", {"auto", "bf16", "f32"});
+        r.one_of(node["kv_cache_dtype"], "scheduler.kv_cache_dtype",
+                 {std::begin(kKvCacheDtypeNames), std::end(kKvCacheDtypeNames)});
     s.kv_cache_dtype = dtype == "auto" ? std::nullopt : parse_dtype(dtype);
   }
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -56,6 +57,11 @@ inline constexpr int kGpuPrefillTokens = 2048, kCpuPrefillTokens = 512;
 inline int prefill_tokens_for(const std::string& device_name) {
   return device_name == "cpu" ? kCpuPrefillTokens : kGpuPrefillTokens;
 }
+
+// The values of scheduler.kv_cache_dtype and model.matmul_activations (and of the commands'
+// --kv-cache-dtype and --matmul-activations): "auto" is none, the others name a DType.
+inline constexpr std::string_view kKvCacheDtypeNames[] = {"auto", "bf16", "f32"};
+inline constexpr std::string_view kMatmulActivationNames[] = {"bf16", "f32"};
 
 struct SchedulerSection {
   int window_ms = 200;  // batch window for new requests; 0 = no wait

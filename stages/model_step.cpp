@@ -18,7 +18,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start, Clock::time_point end) {
+double seconds_between(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double>(end - start).count();
 }
 
@@ -172,7 +172,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   }
   const auto now = Clock::now();
   (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)
-      .observe(seconds_since(start, now));
+      .observe(seconds_between(start, now));
   // Each sequence samples from its own row (a chunk's last) with its own sampler: in parallel,
   // since a large batch's sampling would otherwise stall the device between steps.
   const std::vector<int> first_row = first_rows(batch);
@@ -213,16 +213,16 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
     else if (seq.generated() >= seq.max_tokens)
       finish = FinishReason::Length;
     if (index == 0)
-      ctx.metrics.time_to_first_token.observe(seconds_since(seq.request->arrival, now));
+      ctx.metrics.time_to_first_token.observe(seconds_between(seq.request->arrival, now));
     else
-      ctx.metrics.inter_token_latency.observe(seconds_since(seq.last_token_at, now));
+      ctx.metrics.inter_token_latency.observe(seconds_between(seq.last_token_at, now));
     seq.last_token_at = now;
     // The prompt's scores go out with its first token (empty unless asked for).
     std::vector<SampledToken> scores;
     if (index == 0) scores = std::move(seq.prompt_scores);
     result.outputs.push_back({seqs[i], index, std::move(sampled[i]), finish, std::move(scores)});
   }
-  result.seconds = seconds_since(start, Clock::now());
+  result.seconds = seconds_between(start, Clock::now());
   return result;
 }
 

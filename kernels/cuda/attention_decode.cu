@@ -30,8 +30,8 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kUnroll = 4;  // K/V rows each thread has in flight before using them
 constexpr float kLog2e = 1.4426950408889634f;
 
-// A thread group of `group_threads` lanes (a power of two, at most 32) covers one cached row
-// of head_dim bf16 with one 16-byte load per lane.
+// The lanes that cover one cached row of head_dim bf16 with one 16-byte load each (a power of
+// two, at most 32): a row group.
 __device__ __forceinline__ int threads_per_row(int head_dim) {
   int t = 1;
   while (t * 8 < head_dim) t <<= 1;
