@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -288,6 +289,7 @@ BatchOutput::BatchOutput(const std::filesystem::path& file) : path_(file) {
       throw BatchFileError(file.string() +
                            ": cannot open the batch output file: " + std::strerror(why));
     }
+    remove_unfinished_rewrites();
     return;
   }
   throw BatchFileError(file.string() +
@@ -303,6 +305,24 @@ BatchOutput::~BatchOutput() {
       still_at(fd, path_))
     ::unlink(path_.c_str());
   std::fclose(file_);
+}
+
+// A rewrite's file is made while its run holds the output's lock, and renamed over the output
+// before the lock goes: one that is still there, seen under the lock, was left by a run killed
+// in between.
+void BatchOutput::remove_unfinished_rewrites() const {
+  const std::string prefix = path_.filename().string() + kRewriteSuffix;
+  std::error_code error;
+  const auto folder = path_.has_parent_path() ? path_.parent_path() : ".";
+  std::error_code ignored;  // a cleanup that cannot see or remove a file leaves it
+  for (std::filesystem::directory_iterator it(folder, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > prefix.size() && name.starts_with(prefix) &&
+        std::all_of(name.begin() + long(prefix.size()), name.end(),
+                    [](unsigned char c) { return std::isdigit(c); }))
+      std::filesystem::remove(it->path(), ignored);
+  }
 }
 
 size_t BatchOutput::drop_failed_results() {
@@ -325,7 +345,7 @@ size_t BatchOutput::drop_failed_results() {
   // The kept lines go to a new file beside the output, locked before it takes the output's
   // name: a run that opens the name from then on finds it held, and one that opened the old
   // file finds, once it gets its lock, that the name is another file's (BatchOutput's check).
-  const std::filesystem::path next = path_.string() + ".retry-" + std::to_string(::getpid());
+  const std::filesystem::path next = path_.string() + kRewriteSuffix + std::to_string(::getpid());
   const int fd = ::open(next.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   auto fail = [&](const char* what) {
     const std::string why = std::strerror(errno);

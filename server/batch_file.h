@@ -63,6 +63,11 @@ class BatchOutput {
   std::FILE* get() const { return file_; }
 
  private:
+  // drop_failed_results writes the kept lines to the output's name with this and its process id
+  // appended, then renames that over the output.
+  static constexpr const char* kRewriteSuffix = ".retry-";
+  void remove_unfinished_rewrites() const;
+
   std::filesystem::path path_;
   std::FILE* file_ = nullptr;
   bool created_ = false;  // by this run

@@ -601,6 +601,21 @@ TEST_F(BatchCommandTest, RetryFailedAnswersAgainTheRequestsWhoseLinesAreErrors) 
   EXPECT_EQ(results.at("fixed")["response"]["body"]["usage"]["completion_tokens"], 8);
 }
 
+// A --retry-failed run killed between writing the kept lines and renaming them over the output
+// left that file (OUT.retry-PID) behind; the next run on the output removes it, and nothing
+// else beside it.
+TEST_F(BatchCommandTest, ARewriteAKilledRunLeftIsRemovedByTheNext) {
+  const auto in = write("in.jsonl", request_line("a", "/v1/completions", completion("Hi", 2)));
+  const auto out = dir_ / "out.jsonl";
+  const auto left = write("out.jsonl.retry-4242", "{}\n");
+  const auto others = {write("out.jsonl.retry-", "x"), write("out.jsonl.retry-12a", "x"),
+                       write("other.jsonl.retry-4242", "x")};
+  const auto result = batch(in, out);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_FALSE(std::filesystem::exists(left));
+  for (const auto& other : others) EXPECT_TRUE(std::filesystem::exists(other)) << other;
+}
+
 TEST_F(BatchCommandTest, UsageAndInputErrorsStopBeforeTheModelLoads) {
   auto result = run_pipeline({"batch", config_.string(), "--output", (dir_ / "o").string()});
   EXPECT_EQ(result.exit_code, 2);
