@@ -3,6 +3,8 @@
 // read from the paged cache, and keeps a running max, sum and output per query (online
 // softmax), so no [queries x keys] matrix is ever stored. Four threads share each query row:
 // they split the tile's keys for the scores and the head dimension for the output.
+#include <atomic>
+
 #include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.h"
@@ -153,8 +155,14 @@ void prefill_attention(const bf16* q, int q_stride, const PagedKv& kv, const int
                        const int32_t* start_positions, int num_heads, bf16* out,
                        cudaStream_t stream) {
   const size_t shared = shared_bytes(kv.head_dim);
-  PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(
-      prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+  // The limit is the kernel's own (in this process's one device context): raised once to the
+  // largest size asked for, not on every call, each a driver call.
+  static std::atomic<size_t> allowed{0};
+  if (shared > allowed.load()) {
+    PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(
+        prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    allowed.store(shared);
+  }
   prefill_attention_kernel<<<dim3(num_tiles, num_heads), kThreads, shared, stream>>>(
       q, q_stride, kv, tiles, q_offsets, q_lens, start_positions, num_heads, out);
   PIPELINE_CUDA_CHECK_LAUNCH();
