@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_runner.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/batch.h"
@@ -541,6 +542,17 @@ TEST(CudaKernels, AFailedAllocationIsNotReportedAgainByTheNextLaunch) {
   EXPECT_NO_THROW(
       convert_to_bf16(src_d.data(), DType::F32, dst_d.data(), ones.size(), stream.get()));
   for (bf16 x : download(dst_d)) ASSERT_EQ(__bfloat162float(x), 1.0f);
+}
+
+// A GEMV with no output columns would launch an empty grid, an error the next kernel's check
+// would report as its own; it is refused before anything reaches the device (so this runs
+// without one).
+TEST(CudaKernels, AGemvOfNoColumnsIsRefusedBeforeItLaunches) {
+  EXPECT_THROW(gemv(nullptr, nullptr, static_cast<bf16*>(nullptr), 64, 0, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(gemv(nullptr, nullptr, static_cast<float*>(nullptr), 64, 0, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(gemv_silu_mul(nullptr, nullptr, nullptr, 64, 0, nullptr), std::invalid_argument);
 }
 
 // 7B's intermediate size and sizes that take the kernel's 4-, 2- and 1-wide builds.

@@ -3,6 +3,8 @@
 // output column, each streaming its slice of the weight row with 16-byte loads, kUnroll in flight
 // per lane; the slices are small and many, so the last wave of blocks leaves little of the
 // device idle.
+#include <stdexcept>
+
 #include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dependent_launch.cuh"
@@ -105,6 +107,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename Out, bool kSiluMul = false>
 void launch(const bf16* x, const bf16* w, Out* y, int in, int out, cudaStream_t stream) {
+  // An empty grid is a launch error, reported as a later kernel's otherwise.
+  if (out <= 0) throw std::invalid_argument("gemv: no output columns");
   const int blocks = (out + kColumnsPerBlock - 1) / kColumnsPerBlock;
   launch_dependent(gemv_kernel<Out, kSiluMul>, blocks, kThreads, 0, stream, x, w, y, in, out);
 }
