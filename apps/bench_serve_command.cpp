@@ -2,17 +2,20 @@
 // streaming completions to a running OpenAI-compatible server, at most C in flight, all
 // starting together; each request must generate exactly --max-tokens tokens (ignore_eos), so
 // every run does the same work. Reports aggregate output tokens/s, request throughput, time to
-// first token (TTFT), inter-token latency (ITL: the gaps between chunks carrying output) and
-// each request's own tokens/s.
+// first token (TTFT), inter-token latency (ITL: the gaps between a choice's chunks carrying
+// output) and each request's own tokens/s. Failed requests are counted and left out of the
+// figures, and make the command exit 1.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <latch>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -33,7 +36,8 @@ constexpr const char* kUsage =
     "usage: pipeline bench-serve --url http://HOST:PORT [options]\n"
     "Sends streaming completions to a running server and reports its throughput and latency.\n"
     "  --requests N        requests in all (default 16)\n"
-    "  --concurrency C     most requests in flight at once (default N: all together)\n"
+    "  --concurrency C     most requests in flight at once, a thread each (default N, all\n"
+    "                      together, up to 1024; at most 1024)\n"
     "  --max-tokens T      tokens every request generates; ignore_eos makes it exact (1024)\n"
     "  --n N               choices per request, each generating --max-tokens (default 1); a\n"
     "                      request's TTFT is its first choice's first token\n"
@@ -48,6 +52,10 @@ constexpr const char* kUsage =
     "  --api-key KEY       sent as 'Authorization: Bearer KEY'\n"
     "  --timeout S         longest wait, in seconds, for a connection or the next bytes (300)\n"
     "  --json              print one JSON object instead of a table";
+
+// Requests in flight at once: a thread each (a default of all 40,000 requests failed to start
+// its threads and aborted).
+constexpr int kMaxConcurrency = 1024;
 
 struct BenchSettings {
   std::string url;
@@ -69,7 +77,7 @@ struct RequestResult {
   std::string error;  // empty: it succeeded
   double ttft = 0;
   double total = 0;
-  std::vector<double> inter_token;  // gaps between consecutive output chunks
+  std::vector<double> inter_token;  // gaps between a choice's consecutive output chunks
   int prompt_tokens = 0;
   int completion_tokens = 0;
   Clock::time_point sent, finished;
@@ -80,7 +88,9 @@ BenchSettings settings_from(Options& options) {
   s.url = options.required("--url");
   if (s.url.ends_with('/')) s.url.pop_back();  // the root; paths are appended with their slash
   s.requests = options.int_value("--requests", s.requests, 1);
-  s.concurrency = std::min(options.int_value("--concurrency", s.requests, 1), s.requests);
+  s.concurrency = std::min(
+      options.int_value("--concurrency", std::min(s.requests, kMaxConcurrency), 1, kMaxConcurrency),
+      s.requests);
   s.max_tokens = options.int_value("--max-tokens", s.max_tokens, 1);
   s.choices = options.int_value("--n", s.choices, 1);
   const auto prompt = options.find("--prompt");
@@ -98,7 +108,7 @@ BenchSettings settings_from(Options& options) {
   if (s.temperature < 0) throw UsageError("--temperature must be 0 or more");
   s.client.api_key = options.get("--api-key", "");
   const int timeout = options.int_value("--timeout", 300, 1);
-  s.client.connect_timeout = std::chrono::seconds(std::min(timeout, 10));
+  s.client.connect_timeout = std::chrono::seconds(timeout);
   s.client.read_timeout = std::chrono::seconds(timeout);
   s.json_output = options.flag("--json");
   return s;
@@ -148,19 +158,21 @@ json request_body(const BenchSettings& s, int number) {
   return body;
 }
 
-// True when a chunk's choice adds generated output: text, or the empty string a server sends
-// for a token whose text it holds back (a character not finished yet, a possible stop string's
-// start). Not the chat stream's opening {"role": "assistant"} chunk, nor a finish chunk.
-bool carries_output(const json& chunk) {
-  if (!chunk.contains("choices") || !chunk["choices"].is_array()) return false;
+// The indices of a chunk's choices that add generated output: text, or the empty string a
+// server sends for a token whose text it holds back (a character not finished yet, a possible
+// stop string's start). Not the chat stream's opening {"role": "assistant"} chunk, nor a finish
+// chunk.
+std::vector<int> choices_with_output(const json& chunk) {
+  std::vector<int> indices;
+  if (!chunk.contains("choices") || !chunk["choices"].is_array()) return indices;
   for (const json& choice : chunk["choices"]) {
     if (choice.contains("finish_reason") && !choice["finish_reason"].is_null()) continue;
-    if (choice.contains("text") && choice["text"].is_string()) return true;
-    if (choice.contains("delta") && choice["delta"].is_object() &&
-        !choice["delta"].contains("role") && choice["delta"].contains("content"))
-      return true;
+    const bool text = choice.contains("text") && choice["text"].is_string();
+    const bool delta = choice.contains("delta") && choice["delta"].is_object() &&
+                       !choice["delta"].contains("role") && choice["delta"].contains("content");
+    if (text || delta) indices.push_back(choice.value("index", 0));
   }
-  return false;
+  return indices;
 }
 
 // Reads one request's stream: every chunk's arrival, the usage chunk, the closing [DONE].
@@ -186,13 +198,16 @@ class StreamMeter {
       result_.completion_tokens = chunk["usage"].value("completion_tokens", 0);
       has_usage_ = true;
     }
-    if (!carries_output(chunk)) return;
-    const double since_sent = std::chrono::duration<double>(now - result_.sent).count();
-    if (!last_output_)
-      result_.ttft = since_sent;
-    else
-      result_.inter_token.push_back(std::chrono::duration<double>(now - *last_output_).count());
-    last_output_ = now;
+    // The gaps are each choice's own: with n > 1 the choices' tokens of one step arrive
+    // microseconds apart, which are no latency between tokens.
+    for (const int index : choices_with_output(chunk)) {
+      const auto last = last_output_.find(index);
+      if (last != last_output_.end())
+        result_.inter_token.push_back(std::chrono::duration<double>(now - last->second).count());
+      else if (index == 0)
+        result_.ttft = std::chrono::duration<double>(now - result_.sent).count();
+      last_output_[index] = now;
+    }
   }
 
   // After the stream closed.
@@ -200,14 +215,15 @@ class StreamMeter {
     if (!done_) throw SseClientError("the stream closed without data: [DONE]");
     if (!has_usage_)
       throw SseClientError("the stream has no usage chunk (stream_options.include_usage)");
-    if (!last_output_) throw SseClientError("the stream carried no generated output");
+    if (!last_output_.contains(0))
+      throw SseClientError("the stream carried no generated output for choice 0");
   }
 
  private:
   RequestResult& result_;
   bool done_ = false;
   bool has_usage_ = false;
-  std::optional<Clock::time_point> last_output_;
+  std::map<int, Clock::time_point> last_output_;  // by choice index
 };
 
 RequestResult run_request(const SseClient& client, const BenchSettings& s,
@@ -226,18 +242,31 @@ RequestResult run_request(const SseClient& client, const BenchSettings& s,
   return result;
 }
 
-// All requests, at most s.concurrency in flight: one thread each, released together.
-std::vector<RequestResult> run_all(const SseClient& client, const BenchSettings& s) {
+// All requests, at most s.concurrency in flight: one thread each, released together. Where the
+// system starts fewer threads, the concurrency is what it started (s.concurrency says so).
+std::vector<RequestResult> run_all(const SseClient& client, BenchSettings& s) {
   std::vector<RequestResult> results(size_t(s.requests));
   std::atomic<int> next{0};
   std::latch start(1);
   std::vector<std::thread> workers;
-  for (int w = 0; w < s.concurrency; ++w)
-    workers.emplace_back([&] {
-      start.wait();
-      for (int i; (i = next.fetch_add(1)) < s.requests;)
-        results[size_t(i)] = run_request(client, s, request_body(s, i).dump());
-    });
+  for (int w = 0; w < s.concurrency; ++w) {
+    try {
+      workers.emplace_back([&] {
+        start.wait();
+        for (int i; (i = next.fetch_add(1)) < s.requests;)
+          results[size_t(i)] = run_request(client, s, request_body(s, i).dump());
+      });
+    } catch (const std::system_error& e) {
+      if (workers.empty())
+        throw std::runtime_error(std::string("cannot start a thread: ") + e.what());
+      std::fprintf(stderr,
+                   "pipeline bench-serve: warning: %zu of %d request threads started (%s); the "
+                   "concurrency is %zu\n",
+                   workers.size(), s.concurrency, e.what(), workers.size());
+      s.concurrency = int(workers.size());
+      break;
+    }
+  }
   start.count_down();
   for (auto& worker : workers) worker.join();
   return results;
@@ -260,10 +289,12 @@ struct Summary {
   std::vector<double> ttft, inter_token, request_tokens_per_s;
 };
 
+// The figures of the requests that succeeded (at least one).
 Summary summarize(const std::vector<RequestResult>& results) {
   Summary sum;
-  Clock::time_point first = results.front().sent, last = results.front().finished;
+  Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
   for (const RequestResult& r : results) {
+    if (!r.error.empty()) continue;
     first = std::min(first, r.sent);
     last = std::max(last, r.finished);
     sum.prompt_tokens += r.prompt_tokens;
@@ -277,17 +308,22 @@ Summary summarize(const std::vector<RequestResult>& results) {
 }
 
 json report_json(const BenchSettings& s, const std::vector<RequestResult>& results,
-                 const Summary& sum) {
+                 const Summary& sum, size_t failed) {
   json per_request = json::array();
   for (const RequestResult& r : results)
-    per_request.push_back({{"ttft_ms", r.ttft * 1e3},
-                           {"total_ms", r.total * 1e3},
-                           {"prompt_tokens", r.prompt_tokens},
-                           {"completion_tokens", r.completion_tokens}});
+    if (r.error.empty())
+      per_request.push_back({{"ttft_ms", r.ttft * 1e3},
+                             {"total_ms", r.total * 1e3},
+                             {"prompt_tokens", r.prompt_tokens},
+                             {"completion_tokens", r.completion_tokens}});
+    else
+      per_request.push_back({{"error", r.error}});
+  const size_t succeeded = results.size() - failed;
   return {{"url", s.url},
           {"endpoint", endpoint(s)},
           {"model", s.model},
           {"requests", results.size()},
+          {"failed", failed},
           {"concurrency", s.concurrency},
           {"max_tokens", s.max_tokens},
           {"n", s.choices},
@@ -295,7 +331,7 @@ json report_json(const BenchSettings& s, const std::vector<RequestResult>& resul
           {"completion_tokens", sum.completion_tokens},
           {"duration_s", sum.duration},
           {"output_tokens_per_s", double(sum.completion_tokens) / sum.duration},
-          {"requests_per_s", double(results.size()) / sum.duration},
+          {"requests_per_s", double(succeeded) / sum.duration},
           {"ttft_ms",
            {{"median", percentile(sum.ttft, 50) * 1e3}, {"p99", percentile(sum.ttft, 99) * 1e3}}},
           {"itl_ms",
@@ -320,6 +356,8 @@ void print_table(const json& report) {
               report["model"].get<std::string>().c_str());
   row("requests / concurrency", std::to_string(report["requests"].get<int>()) + " / " +
                                     std::to_string(report["concurrency"].get<int>()));
+  if (report["failed"].get<size_t>() > 0)
+    row("failed (not in the figures)", std::to_string(report["failed"].get<size_t>()));
   row("max tokens per choice / n", std::to_string(report["max_tokens"].get<int>()) + " / " +
                                        std::to_string(report["n"].get<int>()));
   row("prompt tokens (all)", std::to_string(report["prompt_tokens"].get<int64_t>()));
@@ -335,8 +373,9 @@ void print_table(const json& report) {
   row("per-request tok/s median", fixed(report["request_tokens_per_s"]["median"], 1));
 }
 
-// Every failure on stderr (once per distinct message), then an exception naming the count.
-void fail_on_errors(const std::vector<RequestResult>& results) {
+// Every failure on stderr (once per distinct message) and how many requests failed; an
+// exception when all did, as there are no figures to give.
+size_t report_errors(const std::vector<RequestResult>& results) {
   std::vector<std::string> messages;
   size_t failed = 0;
   for (const RequestResult& r : results) {
@@ -345,18 +384,24 @@ void fail_on_errors(const std::vector<RequestResult>& results) {
     if (std::find(messages.begin(), messages.end(), r.error) == messages.end())
       messages.push_back(r.error);
   }
-  if (failed == 0) return;
   for (const std::string& message : messages)
     std::fprintf(stderr, "pipeline bench-serve: %s\n", message.c_str());
-  throw std::runtime_error(std::to_string(failed) + " of " + std::to_string(results.size()) +
-                           " requests failed");
+  if (failed == results.size())
+    throw std::runtime_error("all " + std::to_string(failed) + " requests failed");
+  if (failed > 0)
+    std::fprintf(stderr,
+                 "pipeline bench-serve: %zu of %zu requests failed; the figures are the other "
+                 "%zu's\n",
+                 failed, results.size(), results.size() - failed);
+  return failed;
 }
 
 // A request that generated other than --max-tokens tokens did other work than asked (a server
 // that ignores ignore_eos, or a context too short): the figures still hold, but say so.
 void warn_on_short_answers(const BenchSettings& s, const std::vector<RequestResult>& results) {
   size_t off = 0;
-  for (const RequestResult& r : results) off += r.completion_tokens != s.max_tokens * s.choices;
+  for (const RequestResult& r : results)
+    off += r.error.empty() && r.completion_tokens != s.max_tokens * s.choices;
   if (off > 0)
     std::fprintf(stderr,
                  "pipeline bench-serve: warning: %zu of %zu requests generated other than %d "
@@ -381,14 +426,14 @@ int bench_serve_command(int argc, char** argv) {
   if (s.model.empty()) s.model = served_model(*client);
 
   const std::vector<RequestResult> results = run_all(*client, s);
-  fail_on_errors(results);
+  const size_t failed = report_errors(results);
   warn_on_short_answers(s, results);
-  const json report = report_json(s, results, summarize(results));
+  const json report = report_json(s, results, summarize(results), failed);
   if (s.json_output)
     std::printf("%s\n", report.dump().c_str());
   else
     print_table(report);
-  return 0;
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace pipeline

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -163,7 +164,7 @@ void expect_failure(const httplib::Server::Handler& answer, const std::string& m
   const CommandResult run = bench_serve(args);
   EXPECT_EQ(run.exit_code, 1) << run.out;
   EXPECT_NE(run.err.find(message), std::string::npos) << run.err;
-  EXPECT_NE(run.err.find("2 of 2 requests failed"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("all 2 requests failed"), std::string::npos) << run.err;
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
 }
 
@@ -260,6 +261,79 @@ TEST(BenchServe, AWellFormedFakeStreamIsMeasured) {
   EXPECT_EQ(report["completion_tokens"], 12);
   EXPECT_EQ(report["prompt_tokens"], 9);
   EXPECT_EQ(report["url"], server.url()) << "the root, without the trailing slash";
+}
+
+// With n > 1 the choices' chunks of one step arrive together: the inter-token latency is the
+// gap between one choice's chunks (here the 50 ms between steps), not between two choices' (its
+// median was about 0). TTFT is the first choice's first chunk.
+TEST(BenchServe, InterTokenLatencyIsMeasuredWithinEachChoice) {
+  FakeServer server([](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream", [](size_t, httplib::DataSink& sink) {
+      for (int step = 0; step < 4; ++step) {
+        if (step > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int choice : {1, 0}) {
+          const std::string event = R"(data: {"choices":[{"index":)" + std::to_string(choice) +
+                                    R"(,"text":"x","finish_reason":null}]})" + "\n\n";
+          sink.write(event.data(), event.size());
+        }
+      }
+      const std::string end =
+          R"(data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":8}})"
+          "\n\ndata: [DONE]\n\n";
+      sink.write(end.data(), end.size());
+      sink.done();
+      return true;
+    });
+  });
+  const CommandResult run = bench_serve(
+      {"--url", server.url(), "--requests", "1", "--max-tokens", "4", "--n", "2", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json report = json::parse(run.out);
+  EXPECT_GE(report["itl_ms"]["median"].get<double>(), 45.0) << run.out;
+  EXPECT_GE(report["itl_ms"]["max"].get<double>(), report["itl_ms"]["median"].get<double>());
+}
+
+// Requests that fail are counted and left out of the figures, which the others still give; the
+// command exits 1. (One failure discarded every figure.)
+TEST(BenchServe, TheFiguresOfTheRequestsThatSucceededAreKept) {
+  std::atomic<int> served{0};
+  FakeServer server([&](const httplib::Request&, httplib::Response& res) {
+    if (served++ % 2 == 1) {
+      res.status = 503;
+      res.set_content(R"({"error":{"message":"queue full"}})", "application/json");
+      return;
+    }
+    answer_stream(res, kChunk + kChunk + kChunk + kChunk + kUsage + "data: [DONE]\n\n");
+  });
+  const CommandResult run = bench_serve({"--url", server.url(), "--requests", "4", "--concurrency",
+                                         "1", "--max-tokens", "4", "--json"});
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_NE(run.err.find("HTTP 503"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("2 of 4 requests failed; the figures are the other 2's"),
+            std::string::npos)
+      << run.err;
+  const json report = json::parse(run.out);
+  EXPECT_EQ(report["failed"], 2);
+  EXPECT_EQ(report["completion_tokens"], 8);
+  EXPECT_NEAR(report["requests_per_s"].get<double>(), 2 / report["duration_s"].get<double>(), 1e-6);
+  ASSERT_EQ(report["per_request"].size(), 4u);
+  EXPECT_NE(report["per_request"][1]["error"].get<std::string>().find("HTTP 503"),
+            std::string::npos)
+      << report["per_request"][1];
+
+  const CommandResult table = bench_serve(
+      {"--url", server.url(), "--requests", "2", "--concurrency", "1", "--max-tokens", "4"});
+  EXPECT_EQ(table.exit_code, 1) << table.err;
+  EXPECT_NE(table.out.find("failed (not in the figures)  1"), std::string::npos) << table.out;
+}
+
+// A request in flight is a thread: at most 1024 of them.
+TEST(BenchServe, ConcurrencyIsAtMostAThousandAndTwentyFour) {
+  const CommandResult run =
+      bench_serve({"--url", "http://127.0.0.1:1", "--requests", "5000", "--concurrency", "5000"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.err.find("--concurrency"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("1024"), std::string::npos) << run.err;
 }
 
 // ---- SseParser
