@@ -123,6 +123,7 @@ int generate_command(int argc, char** argv) {
     std::cout << out.dump() << std::endl;
   } else {
     std::printf("%s\n", tail.c_str());
+    std::fflush(stdout);  // the text, then the statistics, even where both go to one pipe
     std::fprintf(stderr,
                  "[%zu prompt tokens prefilled in %.3f s; %zu tokens generated, decode %.1f tok/s "
                  "on %s; finish: %s]\n",

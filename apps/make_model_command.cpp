@@ -252,6 +252,7 @@ int make_model_command(int argc, char** argv) {
   // A copy: GCC 13 takes a reference bound to find_shape's temporary argument for a dangling one.
   const ModelShape shape = find_shape(options.required("--shape"));
   const std::filesystem::path out = options.required("--out");
+  if (out.empty()) throw UsageError("--out must name a folder");
   const uint64_t seed = options.integer("--seed", 0, 0);
   const auto dtype = parse_dtype(options.get("--dtype", "bf16"));
   if (!dtype) throw UsageError("--dtype: expected bf16, f16 or f32");

@@ -83,6 +83,8 @@ int64_t Options::integer(const std::string& name, int64_t fallback) {
   try {
     const int64_t n = std::stoll(*value, &used);
     if (used == value->size()) return n;
+  } catch (const std::out_of_range&) {
+    throw UsageError(name + ": " + *value + " is out of range (a 64-bit signed integer)");
   } catch (const std::exception&) {
   }
   throw UsageError(name + ": expected an integer, got '" + *value + "'");

@@ -75,7 +75,8 @@ std::vector<std::string> overrides_from(Options& options) {
 
 int run_command(int argc, char** argv) {
   // First, before any thread starts, so all of them inherit it: the stop signals (SIGINT, SIGTERM,
-  // SIGHUP) go to the one thread that waits for them. A client that hangs up must not kill the server with SIGPIPE.
+  // SIGHUP) go to the one thread that waits for them. A client that hangs up must not kill the
+  // server with SIGPIPE.
   block_stop_signals();
   signal(SIGPIPE, SIG_IGN);
   // Until the server listens nothing was accepted, so a stop signal ends the process at once:

@@ -104,6 +104,16 @@ bool LlamaConfig::is_eos(int32_t token) const {
 }
 
 LlamaConfig load_llama_config(const std::filesystem::path& model_dir) {
+  // A file given as the folder (its config.json, say) was reported as "config.json/config.json:
+  // no such file".
+  std::error_code error;
+  const auto status = std::filesystem::status(model_dir, error);
+  if (!std::filesystem::is_directory(status))
+    throw CheckpointError(model_dir.string() + (std::filesystem::exists(status)
+                                                    ? ": not a folder (a model folder holds "
+                                                      "config.json, *.safetensors and "
+                                                      "tokenizer.model)"
+                                                    : ": no such folder"));
   const auto file = model_dir / "config.json";
   if (!std::filesystem::exists(file)) throw CheckpointError(file.string() + ": no such file");
   const json j = read_json(file);

@@ -176,7 +176,12 @@ TEST(GenerateCommand, UsageErrorsNameTheOption) {
   EXPECT_NE(result.err.find("unknown option --temprature"), std::string::npos) << result.err;
   result = run_pipeline({"generate", "--model", "/nonexistent", "--prompt", "x"});
   EXPECT_EQ(result.exit_code, 1);
-  EXPECT_NE(result.err.find("/nonexistent"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("/nonexistent: no such folder"), std::string::npos) << result.err;
+  // A model's file for its folder was "config.json/config.json: no such file".
+  const auto config = testing::shared_path("models/stories260K/config.json").string();
+  result = run_pipeline({"generate", "--model", config, "--prompt", "x"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find(config + ": not a folder"), std::string::npos) << result.err;
 }
 
 // What a mistyped command line gets: each mistake named, exit 2, nothing run.
@@ -192,6 +197,10 @@ TEST(Commands, MistakesOnTheCommandLineAreNamed) {
       {{"generate", "--model", "m", "--prompt", "x", "extra"}, "unexpected argument 'extra'"},
       {{"generate", "--model", "m", "--prompt", "x", "--seed", "-3"},
        "--seed: expected an integer of at least 0, got -3"},
+      // An integer, only too large: it was "expected an integer".
+      {{"generate", "--model", "m", "--prompt", "x", "--seed", "18446744073709551615"},
+       "--seed: 18446744073709551615 is out of range (a 64-bit signed integer)"},
+      {{"make-model", "--shape", "tiny", "--out", ""}, "--out must name a folder"},
       {{"generate", "--model", "m", "--prompt", "x", "--threads", "-1"},
        "--threads: expected an integer of at least 0, got -1"},
       // A thread count no machine has only exhausts memory (1073741824 crashed).
