@@ -1,6 +1,7 @@
 // `pipeline bench-serve`: the serving benchmark (after vLLM's benchmark_serving). Sends N
 // streaming completions to a running OpenAI-compatible server, at most C in flight, all
-// starting together; each request must generate exactly --max-tokens tokens (ignore_eos), so
+// starting together or arriving as a Poisson process of --request-rate requests a second;
+// each request must generate exactly --max-tokens tokens (ignore_eos), so
 // every run does the same work. Reports aggregate output tokens/s, request throughput, time to
 // first token (TTFT), inter-token latency (ITL: the gaps between a choice's chunks carrying
 // output) and each request's own tokens/s. Failed requests are counted and left out of the
@@ -13,6 +14,7 @@
 #include <latch>
 #include <map>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -38,6 +40,9 @@ constexpr const char* kUsage =
     "  --requests N        requests in all (default 16)\n"
     "  --concurrency C     most requests in flight at once, a thread each (default N, all\n"
     "                      together, up to 1024; at most 1024)\n"
+    "  --request-rate R    requests a second, sent at the times of a Poisson process (seeded,\n"
+    "                      so every run sends at the same times), as vLLM's benchmark does;\n"
+    "                      default: all at once\n"
     "  --max-tokens T      tokens every request generates; ignore_eos makes it exact (1024)\n"
     "  --n N               choices per request, each generating --max-tokens (default 1); a\n"
     "                      request's TTFT is its first choice's first token\n"
@@ -61,6 +66,7 @@ struct BenchSettings {
   std::string url;
   int requests = 16;
   int concurrency = 16;
+  double request_rate = 0;  // requests a second; 0: all at once
   int max_tokens = 1024;
   int choices = 1;           // n
   std::string prompt;        // every request's, or
@@ -91,6 +97,9 @@ BenchSettings settings_from(Options& options) {
   s.concurrency = std::min(
       options.int_value("--concurrency", std::min(s.requests, kMaxConcurrency), 1, kMaxConcurrency),
       s.requests);
+  s.request_rate = options.number("--request-rate", 0.0);
+  if (options.find("--request-rate") && s.request_rate <= 0)
+    throw UsageError("--request-rate must be more than 0 requests a second");
   s.max_tokens = options.int_value("--max-tokens", s.max_tokens, 1);
   s.choices = options.int_value("--n", s.choices, 1);
   const auto prompt = options.find("--prompt");
@@ -242,19 +251,40 @@ RequestResult run_request(const SseClient& client, const BenchSettings& s,
   return result;
 }
 
-// All requests, at most s.concurrency in flight: one thread each, released together. Where the
-// system starts fewer threads, the concurrency is what it started (s.concurrency says so).
+// When each request is due, from the start: all at once, or the arrivals of a Poisson process
+// of s.request_rate a second (exponential gaps, from a fixed seed as vLLM's benchmark draws
+// them, so that runs compare).
+std::vector<Clock::duration> send_times(const BenchSettings& s) {
+  std::vector<Clock::duration> times(size_t(s.requests), Clock::duration::zero());
+  if (s.request_rate <= 0) return times;
+  std::mt19937_64 random(0);
+  std::exponential_distribution<double> gap(s.request_rate);
+  double at = 0;
+  for (auto& time : times) {
+    time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at));
+    at += gap(random);
+  }
+  return times;
+}
+
+// All requests, at most s.concurrency in flight: one thread each, released together, each
+// request sent when it is due (send_times) and a thread is free. Where the system starts fewer
+// threads, the concurrency is what it started (s.concurrency says so).
 std::vector<RequestResult> run_all(const SseClient& client, BenchSettings& s) {
   std::vector<RequestResult> results(size_t(s.requests));
+  const std::vector<Clock::duration> due = send_times(s);
   std::atomic<int> next{0};
   std::latch start(1);
+  Clock::time_point started;
   std::vector<std::thread> workers;
   for (int w = 0; w < s.concurrency; ++w) {
     try {
       workers.emplace_back([&] {
         start.wait();
-        for (int i; (i = next.fetch_add(1)) < s.requests;)
+        for (int i; (i = next.fetch_add(1)) < s.requests;) {
+          std::this_thread::sleep_until(started + due[size_t(i)]);
           results[size_t(i)] = run_request(client, s, request_body(s, i).dump());
+        }
       });
     } catch (const std::system_error& e) {
       if (workers.empty())
@@ -267,7 +297,8 @@ std::vector<RequestResult> run_all(const SseClient& client, BenchSettings& s) {
       break;
     }
   }
-  start.count_down();
+  started = Clock::now();
+  start.count_down();  // a release: the workers read `started` after it
   for (auto& worker : workers) worker.join();
   return results;
 }
@@ -309,15 +340,20 @@ Summary summarize(const std::vector<RequestResult>& results) {
 
 json report_json(const BenchSettings& s, const std::vector<RequestResult>& results,
                  const Summary& sum, size_t failed) {
+  Clock::time_point first = results.front().sent;
+  for (const RequestResult& r : results) first = std::min(first, r.sent);
   json per_request = json::array();
-  for (const RequestResult& r : results)
+  for (const RequestResult& r : results) {
+    json request = {{"sent_ms", std::chrono::duration<double, std::milli>(r.sent - first).count()}};
     if (r.error.empty())
-      per_request.push_back({{"ttft_ms", r.ttft * 1e3},
-                             {"total_ms", r.total * 1e3},
-                             {"prompt_tokens", r.prompt_tokens},
-                             {"completion_tokens", r.completion_tokens}});
+      request.update({{"ttft_ms", r.ttft * 1e3},
+                      {"total_ms", r.total * 1e3},
+                      {"prompt_tokens", r.prompt_tokens},
+                      {"completion_tokens", r.completion_tokens}});
     else
-      per_request.push_back({{"error", r.error}});
+      request["error"] = r.error;
+    per_request.push_back(std::move(request));
+  }
   const size_t succeeded = results.size() - failed;
   return {{"url", s.url},
           {"endpoint", endpoint(s)},
@@ -325,6 +361,7 @@ json report_json(const BenchSettings& s, const std::vector<RequestResult>& resul
           {"requests", results.size()},
           {"failed", failed},
           {"concurrency", s.concurrency},
+          {"request_rate", s.request_rate > 0 ? json(s.request_rate) : json("inf")},
           {"max_tokens", s.max_tokens},
           {"n", s.choices},
           {"prompt_tokens", sum.prompt_tokens},
@@ -358,6 +395,9 @@ void print_table(const json& report) {
                                     std::to_string(report["concurrency"].get<int>()));
   if (report["failed"].get<size_t>() > 0)
     row("failed (not in the figures)", std::to_string(report["failed"].get<size_t>()));
+  row("request rate", report["request_rate"].is_number()
+                          ? fixed(report["request_rate"], 2) + " req/s (Poisson)"
+                          : "all at once");
   row("max tokens per choice / n", std::to_string(report["max_tokens"].get<int>()) + " / " +
                                        std::to_string(report["n"].get<int>()));
   row("prompt tokens (all)", std::to_string(report["prompt_tokens"].get<int64_t>()));

@@ -327,6 +327,39 @@ TEST(BenchServe, TheFiguresOfTheRequestsThatSucceededAreKept) {
   EXPECT_NE(table.out.find("failed (not in the figures)  1"), std::string::npos) << table.out;
 }
 
+// --request-rate R sends the requests as a Poisson process of R a second (vLLM's benchmark's
+// arrivals), from a fixed seed: the same send times in every run, spread at about 1/R apart,
+// whatever the concurrency allows.
+TEST(BenchServe, ARequestRateSpreadsTheSendsAsAPoissonProcess) {
+  FakeServer server([](const httplib::Request&, httplib::Response& res) {
+    answer_stream(res, kChunk + kChunk + kChunk + kChunk + kUsage + "data: [DONE]\n\n");
+  });
+  const auto sent_ms = [&] {
+    const CommandResult run = bench_serve({"--url", server.url(), "--requests", "12",
+                                           "--request-rate", "20", "--max-tokens", "4", "--json"});
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    const json report = json::parse(run.out);
+    EXPECT_EQ(report["request_rate"], 20.0);
+    std::vector<double> sent;
+    for (const json& request : report["per_request"]) sent.push_back(request["sent_ms"]);
+    return sent;
+  };
+  const std::vector<double> first = sent_ms(), second = sent_ms();
+  ASSERT_EQ(first.size(), 12u);
+  EXPECT_EQ(first.front(), 0.0);
+  for (size_t i = 1; i < first.size(); ++i) {
+    EXPECT_GE(first[i], first[i - 1]);
+    EXPECT_NEAR(first[i], second[i], 30.0) << "request " << i << ": the same times every run";
+  }
+  // 11 gaps of 50 ms on average: the draws from seed 0 sum to between 0.2 and 2 s.
+  EXPECT_GT(first.back(), 200.0);
+  EXPECT_LT(first.back(), 2000.0);
+  const CommandResult zero =
+      bench_serve({"--url", server.url(), "--request-rate", "0", "--max-tokens", "4"});
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_NE(zero.err.find("--request-rate must be more than 0"), std::string::npos) << zero.err;
+}
+
 // A request in flight is a thread: at most 1024 of them.
 TEST(BenchServe, ConcurrencyIsAtMostAThousandAndTwentyFour) {
   const CommandResult run =
