@@ -10,8 +10,9 @@
 namespace pipeline {
 
 // --model DIR (model.path), --device cpu|cuda|auto, --threads N, then every --set
-// section.key=value, in that order so that --set wins. Throws UsageError naming a flag with a bad value, and a --set value
-// with a YAML comment in it ('#' at its start or after a space) unless it is quoted.
+// section.key=value, in that order so that --set wins. Throws UsageError naming a flag with a bad
+// value, and a --set value with a YAML comment in it ('#' at its start or after a space) unless it
+// is quoted.
 std::vector<std::string> config_overrides(Options& options);
 
 // `text` as a YAML single-quoted scalar: an override's value stays a string whatever it holds.

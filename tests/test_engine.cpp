@@ -702,28 +702,26 @@ TEST(Engine, TheChoicesOfOneCallAreAcceptedTogetherOrNotAtAll) {
   engine.shutdown(0ms);
 }
 
-TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
-  Engine engine(make_config("{window_ms: 0}"));
+// Two requests submitted and the engine shut down with `grace`: both finish as alone.
+void expect_shutdown_finishes_two(const std::string& scheduler, std::chrono::seconds grace) {
+  Engine engine(make_config(scheduler));
   auto a = make_request(kPrompts[5], 32);
   auto b = make_request(kPrompts[6], 32);
   ASSERT_EQ(engine.submit(a), SubmitStatus::Accepted);
   ASSERT_EQ(engine.submit(b), SubmitStatus::Accepted);
-  engine.shutdown(10s);
+  engine.shutdown(grace);
   expect_finished_with(a, solo().text(kPrompts[5], 32));
   expect_finished_with(b, solo().text(kPrompts[6], 32));
+}
+
+TEST(Engine, ShutdownLetsInFlightRequestsFinish) {
+  expect_shutdown_finishes_two("{window_ms: 0}", 10s);
 }
 
 // Once the engine stops accepting, no newcomer can join a batch window, so requests waiting for
 // one start at once: they waited out the window (here a minute, past the grace) and failed.
 TEST(Engine, ShutdownClosesTheBatchWindow) {
-  Engine engine(make_config("{window_ms: 60000}"));
-  auto a = make_request(kPrompts[5], 16);
-  auto b = make_request(kPrompts[6], 16);
-  ASSERT_EQ(engine.submit(a), SubmitStatus::Accepted);
-  ASSERT_EQ(engine.submit(b), SubmitStatus::Accepted);
-  engine.shutdown(5s);
-  expect_finished_with(a, solo().text(kPrompts[5], 16));
-  expect_finished_with(b, solo().text(kPrompts[6], 16));
+  expect_shutdown_finishes_two("{window_ms: 60000}", 5s);
 }
 
 // A shutdown whose grace ends with a request in flight fails it, and the pass in progress,
