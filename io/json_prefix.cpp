@@ -67,7 +67,9 @@ bool JsonPrefix::feed(uint8_t byte) {
 }
 
 bool JsonPrefix::structural(uint8_t byte) {
-  if (is_whitespace(byte)) return whitespace(byte);
+  // The text begins with its value, as llama.cpp's JSON grammar has it: a client parsing the
+  // answer as it streams (the openai SDKs' stream helpers) fails on a first delta of whitespace.
+  if (is_whitespace(byte)) return mode_ != Mode::Start && whitespace(byte);
   whitespace_ = 0;
   switch (mode_) {
     case Mode::ObjectFirst:

@@ -13,10 +13,11 @@ class JsonPrefix {
  public:
   // Containers nest at most this deep (the open ones are kept as bits of one word).
   static constexpr int kMaxDepth = 64;
-  // Whitespace between tokens is one space, or a newline and at most this many spaces or tabs
-  // (as llama.cpp's JSON grammar has it). A model left free to write whitespace tends to write
-  // nothing else until max_tokens, the failure JSON modes are known for; this still fits the
-  // indentation of a pretty-printed object.
+  // No whitespace comes before the value or after it; between tokens, whitespace is one space,
+  // or a newline and at most this many spaces or tabs (as llama.cpp's JSON grammar has it). A
+  // model left free to write whitespace tends to write nothing else until max_tokens, the
+  // failure JSON modes are known for; this still fits the indentation of a pretty-printed
+  // object.
   static constexpr int kMaxIndent = 20;
 
   // Whether `byte` continues a prefix of a JSON text; on false this state is no longer
