@@ -3,6 +3,7 @@
 // Environment: PIPELINE_BASE_URL (http://HOST:PORT/v1), PIPELINE_MODEL, PIPELINE_API_KEY.
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { makeParseableResponseFormat } from 'openai/lib/parser';
 
 const baseURL = process.env.PIPELINE_BASE_URL;
 const model = process.env.PIPELINE_MODEL;
@@ -117,6 +118,27 @@ check('n choices come numbered, whole and streamed', async () => {
   for await (const chunk of await client.chat.completions.create({ ...request, stream: true }))
     for (const choice of chunk.choices) texts[choice.index] += choice.delta.content ?? '';
   assert.deepEqual(texts, whole.choices.map((c) => c.message.content));
+});
+
+check('the stream helper parses a json_schema answer as it streams', async () => {
+  // What zodResponseFormat() builds, without zod: the helper parses the content after each
+  // delta, so a first delta of whitespace alone would throw.
+  const schema = {
+    type: 'object',
+    properties: { name: { type: 'string', maxLength: 12 } },
+    required: ['name'],
+    additionalProperties: false,
+  };
+  const response_format = makeParseableResponseFormat(
+    { type: 'json_schema', json_schema: { name: 'dog', schema, strict: true } },
+    (content) => JSON.parse(content));
+  const stream = client.chat.completions.stream({
+    model, messages, max_tokens: 200, temperature: 0, response_format,
+  });
+  const final = await stream.finalChatCompletion();
+  const parsed = final.choices[0].message.parsed;
+  assert.equal(typeof parsed.name, 'string');
+  assert.deepEqual(Object.keys(parsed), ['name']);
 });
 
 check('the model is listed', async () => {
