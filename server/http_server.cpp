@@ -758,6 +758,8 @@ struct HttpServer::Impl {
         for (const auto& request : requests)
           if (auto refusal = engine.refusal_whatever_the_load(*request))
             return reply_error(res, *refusal);
+        // As RFC 9110 suggests for a 503; the openai SDKs wait that long before their retry.
+        res.set_header("Retry-After", "1");
         return reply_error(res, make_error(503,
                                            "The server is overloaded: its queue of " +
                                                std::to_string(engine.config().server.max_queue) +

@@ -1943,6 +1943,9 @@ TEST(ServerE2EQueueFull, RequestsBeyondTheQueueGet503AndTheOthersComplete) {
     }
     EXPECT_EQ(reply.status, 503) << reply.raw;
     EXPECT_EQ(reply.body["error"]["code"], "queue_full") << reply.raw;
+    const auto retry_after = reply.headers.find("Retry-After");
+    ASSERT_NE(retry_after, reply.headers.end()) << "no Retry-After";
+    EXPECT_EQ(retry_after->second, "1");
   }
   EXPECT_EQ(accepted, 2);
   EXPECT_EQ(post(server.port(), "/v1/completions", completion_body("Hi", 4)).status, 200);
