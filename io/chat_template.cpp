@@ -64,16 +64,23 @@ bool is_system(std::string_view role) {
   return role == "system" || role == "developer";
 }
 
+std::string role_param(size_t i) {
+  return "messages[" + std::to_string(i) + "].role";
+}
+
 void check_roles(const std::vector<ChatMessage>& messages, PromptEnd end) {
-  if (messages.empty()) throw std::invalid_argument("messages must not be empty");
+  if (messages.empty()) throw ChatTemplateError("messages", "messages must not be empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (!is_chat_role(role))
-      throw std::invalid_argument("messages[" + std::to_string(i) + "]: unknown role '" + role +
-                                  "' (expected system, developer, user or assistant)");
+      throw ChatTemplateError(role_param(i), "messages[" + std::to_string(i) + "]: unknown role '" +
+                                                 role +
+                                                 "' (expected system, developer, user or "
+                                                 "assistant)");
   }
   if (end == PromptEnd::ContinueFinalMessage && messages.back().role != "assistant")
-    throw std::invalid_argument(
+    throw ChatTemplateError(
+        role_param(messages.size() - 1),
         "messages: continue_final_message needs the last message to have role 'assistant'");
 }
 
@@ -90,19 +97,20 @@ PromptText llama2_prompt(const std::vector<ChatMessage>& messages, PromptEnd end
     first = 1;
   }
   if (first == messages.size())
-    throw std::invalid_argument("messages: a system message must be followed by a user message");
+    throw ChatTemplateError("messages",
+                            "messages: a system message must be followed by a user message");
   for (size_t i = first; i < messages.size(); ++i) {
     const char* expected = (i - first) % 2 == 0 ? "user" : "assistant";
     if (messages[i].role != expected)
-      throw std::invalid_argument("messages[" + std::to_string(i) + "] has role '" +
-                                  messages[i].role + "' where '" + expected +
-                                  "' was expected: after an optional system message, roles "
-                                  "must alternate user/assistant");
+      throw ChatTemplateError(role_param(i), "messages[" + std::to_string(i) + "] has role '" +
+                                                 messages[i].role + "' where '" + expected +
+                                                 "' was expected: after an optional system "
+                                                 "message, roles must alternate user/assistant");
   }
   if (end == PromptEnd::NewAnswer && messages.back().role != "user")
-    throw std::invalid_argument(
-        "messages: the last message must have role 'user' (or 'assistant' with "
-        "continue_final_message)");
+    throw ChatTemplateError(role_param(messages.size() - 1),
+                            "messages: the last message must have role 'user' (or 'assistant' "
+                            "with continue_final_message)");
 
   const auto user_content = [&](size_t i) {
     return i == first ? system_prefix + messages[i].content : messages[i].content;
@@ -159,7 +167,7 @@ PromptText chat_prompt(ChatTemplate chat_template, const std::vector<ChatMessage
     case ChatTemplate::Raw:
       return raw_prompt(messages);
   }
-  throw std::invalid_argument("unknown chat template");
+  throw ChatTemplateError("", "unknown chat template");
 }
 
 std::vector<int32_t> apply_chat_template(const Tokenizer& tokenizer, ChatTemplate chat_template,

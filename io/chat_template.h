@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,9 +36,19 @@ enum class PromptEnd {
 
 std::optional<ChatTemplate> parse_chat_template(std::string_view name);
 
-// The dialog as the texts the template writes, one segment a turn. Throws
-// std::invalid_argument with a message fit for a 400 answer on a dialog the template cannot
-// express (unknown role, the wrong role last, roles out of order).
+// A dialog the template cannot express (unknown role, the wrong role last, roles out of order):
+// a message fit for a 400 answer, and the field it names ("messages[2].role").
+class ChatTemplateError : public std::invalid_argument {
+ public:
+  ChatTemplateError(std::string param, const std::string& message)
+      : std::invalid_argument(message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
+// The dialog as the texts the template writes, one segment a turn. Throws ChatTemplateError.
 PromptText chat_prompt(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
                        PromptEnd end = PromptEnd::NewAnswer);
 

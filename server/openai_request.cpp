@@ -56,6 +56,28 @@ std::string read_content(const JsonBody& message, const std::string& param) {
   return content;
 }
 
+// An assistant message's tool_calls (or the older function_call): this server has no function
+// calling, and a call dropped from the dialog would change what the model reads.
+void refuse_calls(const JsonBody& message, const std::string& param) {
+  for (const char* name : {"tool_calls", "function_call"}) {
+    auto it = message.find(name);
+    if (it == message.end() || it->is_null() || (it->is_array() && it->empty())) continue;
+    throw invalid(param + "." + name,
+                  param + "." + name + " is not supported (no function calling)");
+  }
+}
+
+// An assistant message that is OpenAI's refusal (content null, refusal its text): the dialog
+// holds that text as the assistant's turn.
+std::optional<std::string> read_refusal(const JsonBody& message, const std::string& param) {
+  auto refusal = message.find("refusal");
+  if (refusal == message.end() || refusal->is_null()) return std::nullopt;
+  if (!refusal->is_string()) throw wrong_type(param + ".refusal", "a string", *refusal);
+  auto content = message.find("content");
+  if (content != message.end() && !content->is_null()) return std::nullopt;
+  return refusal->get<std::string>();
+}
+
 }  // namespace
 
 // ---- The field readers the header shares with the token endpoints.
@@ -128,9 +150,29 @@ std::vector<ChatMessage> read_messages(const JsonBody& body) {
     if (!is_chat_role(role_name))
       throw invalid(param + ".role", "unsupported role '" + role_name + "' in " + param +
                                          " (system, developer, user and assistant are supported)");
+    if (role_name == "assistant") {
+      refuse_calls(item, param);
+      if (auto refusal = read_refusal(item, param)) {
+        messages.push_back({role_name, std::move(*refusal)});
+        continue;
+      }
+    }
     messages.push_back({role_name, read_content(item, param + ".content")});
   }
   return messages;
+}
+
+void refuse_other_chat_templates(const JsonBody& body) {
+  // vLLM's per-request Jinja template: the server applies the one its config names.
+  if (const JsonBody* value = find_field(body, "chat_template");
+      value && !(value->is_string() && value->get_ref<const std::string&>().empty()))
+    throw invalid("chat_template",
+                  "chat_template is not supported (the server applies its configured chat "
+                  "template)");
+  // Its variables: neither template reads any, so an object changes nothing (as in vLLM).
+  if (const JsonBody* value = find_field(body, "chat_template_kwargs");
+      value && !value->is_object())
+    throw wrong_type("chat_template_kwargs", "an object", *value);
 }
 
 // add_generation_prompt asks for the template's opening of the assistant's turn after the last
@@ -225,8 +267,7 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
   // OpenAI's audio output: this server answers in text alone.
   refuse_unless("modalities", text_only, " beyond [\"text\"] (no audio output)");
   refuse_unless("audio", empty, " (no audio output)");
-  // vLLM's per-request Jinja template: the server applies the one its config names.
-  refuse_unless("chat_template", empty, " (the server applies its configured chat template)");
+  refuse_other_chat_templates(body);
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
     throw invalid("top_logprobs",
                   "top_logprobs is a chat parameter; /v1/completions takes the number of "
@@ -759,7 +800,9 @@ int read_priority(const JsonBody& body, const ServedModel& model) {
 bool read_echo(Endpoint endpoint, const JsonBody& body) {
   const bool echo = read_bool(body, "echo", false);
   if (echo && endpoint == Endpoint::ChatCompletions)
-    throw invalid("echo", "echo is a /v1/completions parameter");
+    throw invalid("echo",
+                  "echo is not supported on chat completions (continue_final_message continues "
+                  "the last assistant message instead)");
   return echo;
 }
 

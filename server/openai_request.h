@@ -125,8 +125,11 @@ bool read_add_special_tokens(const JsonBody& body, bool chat);
 // `model`, when given, must name the served model: 404 model_not_found for any other name.
 void check_model(const JsonBody& body, const ServedModel& model);
 // `messages`: at least one, each a system (or developer), user or assistant message with text
-// content.
+// content (an assistant's refusal, its content null, as its text), and no tool calls.
 std::vector<ChatMessage> read_messages(const JsonBody& body);
+// vLLM's chat_template (refused unless empty: the server applies its configured one) and
+// chat_template_kwargs (an object, which no template reads).
+void refuse_other_chat_templates(const JsonBody& body);
 // Where a chat prompt ends, from vLLM's continue_final_message and add_generation_prompt.
 PromptEnd read_prompt_end(const JsonBody& body);
 // The integers of the array `ids`, each a token of the tokenizer's vocabulary; the errors name

@@ -30,12 +30,13 @@ std::vector<int32_t> prompt_tokens(const JsonBody& body, const Tokenizer& tokeni
 std::vector<int32_t> chat_tokens(const JsonBody& body, const Tokenizer& tokenizer,
                                  ChatTemplate chat_template) {
   read_add_special_tokens(body, /*chat=*/true);
+  refuse_other_chat_templates(body);
   const std::vector<ChatMessage> messages = read_messages(body);
   const PromptEnd end = read_prompt_end(body);
   try {
     return apply_chat_template(tokenizer, chat_template, messages, end);
-  } catch (const std::invalid_argument& e) {  // a dialog the template cannot express
-    throw invalid("messages", e.what());
+  } catch (const ChatTemplateError& e) {  // a dialog the template cannot express
+    throw invalid(e.param(), e.what());
   }
 }
 

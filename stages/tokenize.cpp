@@ -149,6 +149,8 @@ void TokenizeStage::prepare(Sequence& seq) const {
   const int answer = req.prompt_only ? 0 : 1;
   try {
     seq.tokens = prompt_tokens(req, answer, prompt_param);
+  } catch (const ChatTemplateError& e) {
+    throw Refusal{e.what(), e.param()};
   } catch (const std::invalid_argument& e) {
     throw Refusal{e.what(), prompt_param};
   }

@@ -143,16 +143,24 @@ TEST(ChatTemplate, RawJoinsContentsWithNewlinesAfterBos) {
   EXPECT_EQ(single, (std::vector<int32_t>{1, 15043}));
 }
 
-// Runs the template on `messages` and returns the std::invalid_argument message.
-std::string rejection(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
-                      PromptEnd end = PromptEnd::NewAnswer) {
+// Runs the template on `messages` and returns the ChatTemplateError's message and field.
+struct Rejection {
+  std::string message = "(accepted)";
+  std::string param;
+};
+Rejection rejected(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
+                   PromptEnd end = PromptEnd::NewAnswer) {
   const Tokenizer tokenizer = llama2_tokenizer();
   try {
     apply_chat_template(tokenizer, chat_template, messages, end);
-  } catch (const std::invalid_argument& error) {
-    return error.what();
+  } catch (const ChatTemplateError& error) {
+    return {error.what(), error.param()};
   }
-  return "(accepted)";
+  return {};
+}
+std::string rejection(ChatTemplate chat_template, const std::vector<ChatMessage>& messages,
+                      PromptEnd end = PromptEnd::NewAnswer) {
+  return rejected(chat_template, messages, end).message;
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -184,6 +192,23 @@ TEST(ChatTemplate, RejectsRolesThatDoNotAlternate) {
   const auto two_systems =
       rejection(ChatTemplate::Llama2, {{"system", "a"}, {"system", "b"}, {"user", "c"}});
   EXPECT_TRUE(contains(two_systems, "messages[1]")) << two_systems;
+}
+
+// The 400 names the message whose role is wrong, not the whole list.
+TEST(ChatTemplate, ARejectionNamesTheRoleAtFault) {
+  using Dialog = std::vector<ChatMessage>;
+  const std::vector<std::pair<Dialog, std::string>> cases = {
+      {{{"user", "a"}, {"user", "b"}}, "messages[1].role"},
+      {{{"system", "a"}, {"system", "b"}, {"user", "c"}}, "messages[1].role"},
+      {{{"user", "a"}, {"assistant", "b"}, {"system", "c"}, {"user", "d"}}, "messages[2].role"},
+      {{{"user", "a"}, {"assistant", "b"}}, "messages[1].role"},
+      {{{"user", "a"}, {"bot", "b"}, {"user", "c"}}, "messages[1].role"},
+      {{{"system", "a"}}, "messages"},
+  };
+  for (const auto& [dialog, param] : cases)
+    EXPECT_EQ(rejected(ChatTemplate::Llama2, dialog).param, param) << param;
+  EXPECT_EQ(rejected(ChatTemplate::Raw, {{"user", "a"}}, PromptEnd::ContinueFinalMessage).param,
+            "messages[0].role");
 }
 
 TEST(ChatTemplate, RejectsADialogNotEndingWithUser) {

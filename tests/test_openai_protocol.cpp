@@ -121,6 +121,22 @@ TEST(ParseRequest, ADeveloperMessageIsKeptForTheTemplate) {
   EXPECT_EQ(messages[0].content, "Be brief.");
 }
 
+// OpenAI answers a refusal with null content and the refusal's text; a client that sends the
+// dialog back gives the model that text as the assistant's turn.
+TEST(ParseRequest, AnAssistantsRefusalIsItsText) {
+  json body = chat_body();
+  body["messages"] = {{{"role", "user"}, {"content", "a"}},
+                      {{"role", "assistant"}, {"content", nullptr}, {"refusal", "I cannot."}},
+                      {{"role", "user"}, {"content", "b"}}};
+  EXPECT_EQ(parse_chat(body).request->messages[1].content, "I cannot.");
+  body["messages"][1]["content"] = "Sure.";  // content, where there is some, is the turn
+  EXPECT_EQ(parse_chat(body).request->messages[1].content, "Sure.");
+  EXPECT_EQ(parse_chat(with(chat_body(), "chat_template_kwargs", json::object()))
+                .request->messages[0]
+                .content,
+            "Hi");
+}
+
 TEST(ParseRequest, ChatContentMayBeTextParts) {
   json body = chat_body();
   body["messages"][0]["content"] = {{{"type", "text"}, {"text", "Hello "}},
@@ -405,6 +421,17 @@ std::vector<BadInput> bad_inputs() {
   no_content["messages"][0].erase("content");
   json image_part = chat_body();
   image_part["messages"][0]["content"] = {{{"type", "image_url"}, {"image_url", "x"}}};
+  const json call = {
+      {"id", "1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}};
+  json tool_calls = chat_body();
+  tool_calls["messages"] = {{{"role", "user"}, {"content", "a"}},
+                            {{"role", "assistant"}, {"content", "ok"}, {"tool_calls", {call}}},
+                            {{"role", "user"}, {"content", "b"}}};
+  json function_call = tool_calls;
+  function_call["messages"][1].erase("tool_calls");
+  function_call["messages"][1]["function_call"] = call["function"];
+  json refusal_not_text = tool_calls;
+  refusal_not_text["messages"][1] = {{"role", "assistant"}, {"content", nullptr}, {"refusal", 1}};
   json usage_without_stream = with(chat_body(), "stream_options", {{"include_usage", true}});
   json usage_not_bool = with(chat_body(), "stream", true);
   usage_not_bool["stream_options"] = {{"include_usage", "yes"}};
@@ -424,6 +451,9 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "messages", {{{"role", "user"}, {"content", 5}}}),
        "messages[0].content", "string"},
       {chat, image_part, "messages[0].content[0]", "text"},
+      {chat, tool_calls, "messages[1].tool_calls", "function calling"},
+      {chat, function_call, "messages[1].function_call", "function calling"},
+      {chat, refusal_not_text, "messages[1].refusal", "string"},
       {completion, no_prompt, "prompt", "prompt"},
       {completion, with(completion_body(), "prompt", json::array()), "prompt",
        "the list of prompts is empty"},
@@ -439,7 +469,7 @@ std::vector<BadInput> bad_inputs() {
       {completion, with(completion_body(), "prompt", {{1, 2}, 7}), "prompt", "list of token ids"},
       {completion, with(completion_body(), "prompt", 42), "prompt", "string"},
       {completion, with(completion_body(), "prompt", {nullptr}), "prompt", "but got null instead"},
-      {chat, with(chat_body(), "echo", true), "echo", "a /v1/completions parameter"},
+      {chat, with(chat_body(), "echo", true), "echo", "not supported on chat completions"},
       {completion, with(completion_body(), "echo", "yes"), "echo", "boolean"},
       {completion, with(completion_body(), "max_tokens", 0), "max_tokens", "0 scores the prompt"},
       {completion, with(with(completion_body(), "echo", true), "max_tokens", -1), "max_tokens",
@@ -485,6 +515,7 @@ std::vector<BadInput> bad_inputs() {
       {chat, with(chat_body(), "continue_final_message", 1), "continue_final_message", "boolean"},
       {chat, with(chat_body(), "chat_template", "{{ messages }}"), "chat_template",
        "configured chat template"},
+      {chat, with(chat_body(), "chat_template_kwargs", 5), "chat_template_kwargs", "object"},
       {chat, with(chat_body(), "truncate_prompt_tokens", 0), "truncate_prompt_tokens", "between 1"},
       {chat, with(chat_body(), "truncate_prompt_tokens", "9"), "truncate_prompt_tokens", "integer"},
       {completion, with(with(completion_body(), "truncate_prompt_tokens", 9), "echo", true),

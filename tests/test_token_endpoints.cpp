@@ -159,6 +159,8 @@ std::vector<BadInput> bad_inputs() {
   both["prompt"] = "Hi";
   const json neither = {{"model", "stories260K"}};
   const json assistant_last = assistant_last_body();
+  const json user = {{"role", "user"}, {"content", "a"}};
+  const json system = {{"role", "system"}, {"content", "s"}};
   return {
       {true, json::array({1, 2}), "", "JSON object"},
       {false, "text", "", "JSON object"},
@@ -176,7 +178,8 @@ std::vector<BadInput> bad_inputs() {
        "cannot both be true"},
       {true,
        with(with(messages_body(), "continue_final_message", true), "add_generation_prompt", false),
-       "messages", "continue_final_message needs the last message to have role 'assistant'"},
+       "messages[3].role",
+       "continue_final_message needs the last message to have role 'assistant'"},
       {true, with(messages_body(), "continue_final_message", "yes"), "continue_final_message",
        "boolean"},
       {true, with(messages_body(), "messages", json::array()), "messages", "at least one"},
@@ -185,7 +188,14 @@ std::vector<BadInput> bad_inputs() {
        "messages[0].role", "tool"},
       {true, with(messages_body(), "messages", {{{"role", "user"}, {"content", 5}}}),
        "messages[0].content", "string"},
-      {true, assistant_last, "messages", "last message must have role 'user'"},
+      {true, assistant_last, "messages[1].role", "last message must have role 'user'"},
+      {true, with(messages_body(), "messages", {user, user}), "messages[1].role", "alternate"},
+      {true, with(messages_body(), "messages", {system, user, system, user}), "messages[2].role",
+       "alternate"},
+      {true, with(messages_body(), "messages", {system}), "messages", "followed by a user"},
+      {true, with(messages_body(), "chat_template", "{{ messages }}"), "chat_template",
+       "configured chat template"},
+      {true, with(messages_body(), "chat_template_kwargs", "x"), "chat_template_kwargs", "object"},
       {false, {{"model", "stories260K"}}, "tokens", "you must provide a tokens parameter"},
       {false, ids_body("1 2 3"), "tokens", "array of token ids"},
       {false, ids_body({1, 512}), "tokens", "token id 512 is outside the vocabulary of 512"},
