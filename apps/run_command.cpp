@@ -23,6 +23,7 @@
 #include "graph/engine.h"
 #include "graph/serve_config.h"
 #include "server/http_server.h"
+#include "server/open_file_limit.h"
 #include "server/port_claim.h"
 
 namespace pipeline {
@@ -71,6 +72,19 @@ std::vector<std::string> overrides_from(Options& options) {
   return overrides;
 }
 
+// Each connection holds a file; past the limit, new clients wait unanswered (the warning names
+// what to raise, which only the hard limit's owner can).
+void warn_of_few_open_files(uint64_t open_files, const ServeConfig& config) {
+  const size_t needed = connection_threads(config) + 64;  // + the model's files, logs, pipes
+  if (open_files >= needed) return;
+  std::fprintf(stderr,
+               "pipeline run: warning: this process may open %llu files (ulimit -n), fewer than "
+               "the %zu connections its queue and running sequences may hold; clients past that "
+               "wait unanswered. Raise the hard limit (ulimit -Hn, LimitNOFILE=) to at least "
+               "%zu.\n",
+               static_cast<unsigned long long>(open_files), needed - 64, needed);
+}
+
 }  // namespace
 
 int run_command(int argc, char** argv) {
@@ -96,6 +110,7 @@ int run_command(int argc, char** argv) {
   const std::string config_file = options.finish(1, 1)[0];
   const ServeConfig config = load_serve_config(config_file, overrides);
 
+  warn_of_few_open_files(raise_open_file_limit(), config);
   PortClaim claim(config.server.host, config.server.port);  // a port in use fails before the load
   Engine engine(config);
   HttpServer server(engine);

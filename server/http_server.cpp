@@ -489,20 +489,20 @@ class ConnectionThreads final : public httplib::TaskQueue {
 
 }  // namespace
 
+size_t connection_threads(const ServeConfig& config) {
+  return size_t(config.scheduler.max_num_seqs) + size_t(config.server.max_queue) + 16;
+}
+
 struct HttpServer::Impl {
   explicit Impl(Engine& engine_ref)
       : engine(engine_ref),
         served(served_model(engine_ref.model_name(), engine_ref.config(), engine_ref.tokenizer())),
         tokenize_settings{engine_ref.chat_template(), engine_ref.max_model_len()},
         created(std::time(nullptr)) {
-    // A completion request holds its connection thread until it ends, so every request the
-    // engine may hold (running or queued) needs one, and a few more answer the rest: a 503 when
-    // the queue is full, /health, /metrics. With fewer, requests past the threads would wait
-    // unseen in httplib's own queue instead of getting their place or their 503. They start
-    // as connections arrive, so an idle server holds none.
-    const auto& limits = engine.config();
-    const size_t threads =
-        size_t(limits.scheduler.max_num_seqs) + size_t(limits.server.max_queue) + 16;
+    // With fewer threads than connection_threads(), requests past them would wait unseen in
+    // httplib's own queue instead of getting their place or their 503. They start as
+    // connections arrive, so an idle server holds none.
+    const size_t threads = connection_threads(engine.config());
     server.new_task_queue = [this, threads] {
       return new ConnectionThreads(threads,
                                    [this] { stop_reading_idle(kRequestQuiet, &slow_senders); });

@@ -17,6 +17,11 @@
 
 namespace pipeline {
 
+// The connection threads a server with `config` may start: one per request the engine may hold
+// (running or queued), since a completion holds its connection's thread until it ends, and a
+// few more to answer the rest (a 503 when the queue is full, /health, /metrics).
+size_t connection_threads(const ServeConfig& config);
+
 class HttpServer {
  public:
   // The engine must outlive the server.
