@@ -37,6 +37,23 @@ std::string edge_field(size_t i) {
   return "graph.edges[" + std::to_string(i) + "]";
 }
 
+// The graph's node names, for an edge that names none of them; and the node that runs `name`,
+// where `name` is a stage's (an edge written with the stage chain's names).
+std::string node_names(const GraphSpec& spec, const std::string& name) {
+  std::string names, runs;
+  for (const auto& node : spec.nodes) {
+    names += (names.empty() ? "" : ", ") + node.name;
+    if (node.stage == name) runs = "; node '" + node.name + "' runs stage '" + name + "'";
+  }
+  return names + runs;
+}
+
+std::string param_names(const StageInfo& stage) {
+  std::string names;
+  for (const auto& param : stage.params) names += (names.empty() ? "" : ", ") + param.name;
+  return names;
+}
+
 bool has_type(const YAML::Node& value, ParamType type) {
   if (!value.IsScalar()) return false;
   try {
@@ -68,8 +85,12 @@ void check_params(const Errors& errors, size_t index, const PlannedNode& node) {
                            [&](const StageParam& p) { return p.name == key; });
     const auto field = node_field(index) + "." + key;
     if (it == stage.params.end())
-      errors.fail(errors.param_at(node.spec, entry.first), field,
-                  "unknown parameter for stage '" + stage.name + "'");
+      errors.fail(
+          errors.param_at(node.spec, entry.first), field,
+          "unknown key: a node takes name, stage and concurrency" +
+              (stage.params.empty()
+                   ? ", and stage '" + stage.name + "' declares no parameters"
+                   : ", and stage '" + stage.name + "' the parameters " + param_names(stage)));
     if (!has_type(entry.second, it->type))
       errors.fail(errors.param_at(node.spec, entry.second), field,
                   std::string("expected ") + param_type_name(it->type));
@@ -199,7 +220,8 @@ GraphPlan plan_graph(const ServeConfig& config, const StageRegistry& registry) {
       auto it = by_name.find(n);
       if (it == by_name.end())
         errors.fail(edge.at, edge_field(e),
-                    "unknown node '" + n + "' in edge " + edge.from + "->" + edge.to);
+                    "unknown node '" + n + "' in edge " + edge.from + "->" + edge.to +
+                        " (edges join nodes by name: " + node_names(spec, n) + ")");
       return it->second;
     };
     const auto pair = std::make_pair(lookup(edge.from), lookup(edge.to));

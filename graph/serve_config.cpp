@@ -26,6 +26,38 @@
 namespace pipeline {
 namespace {
 
+// The fields of each section, and the sections of the top level (""): what check_keys takes,
+// and where it looks for a field written in the wrong section.
+const std::map<std::string, std::set<std::string>>& section_fields() {
+  static const std::map<std::string, std::set<std::string>> fields = {
+      {"", {"model", "device", "threads", "server", "scheduler", "sampling", "graph"}},
+      {"model", {"path", "chat_template", "name", "matmul_activations"}},
+      {"server",
+       {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "sse_keepalive_s",
+        "log_requests", "allowed_origins"}},
+      {"scheduler",
+       {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "policy",
+        "enable_prefix_caching", "kv_block_size", "kv_cache_fraction", "kv_cache_blocks",
+        "kv_cache_dtype", "log_passes"}},
+      {"sampling",
+       {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repeat_last_n",
+        "presence_penalty", "frequency_penalty", "seed", "max_tokens"}},
+      {"graph", {"nodes", "edges"}},
+  };
+  return fields;
+}
+
+// " (it is a field of 'scheduler': scheduler.window_ms)" where `key`, unknown in `section`, is
+// another section's field; empty where it is none's.
+std::string other_section_hint(const std::string& key, const std::string& section) {
+  for (const auto& [other, fields] : section_fields())
+    if (other != section && fields.contains(key))
+      return other.empty()
+                 ? "; '" + key + "' is a section of its own, at the top level"
+                 : "; '" + key + "' is a field of '" + other + "' (" + other + "." + key + ")";
+  return "";
+}
+
 // The graph used when a config has no `graph` section: the six stages, one node each, with the
 // extra tokenize->emit edge that carries requests refused at tokenization to their sinks.
 constexpr const char* kDefaultGraph = R"(
@@ -113,9 +145,14 @@ class FieldReader {
                   const std::set<std::string>& known) const {
     for (const auto& entry : node)
       if (const auto key = key_name(entry.first, section); !known.contains(key))
-        fail_key(entry.first, field_in(section, key),
-                 "unknown field (known: " + comma_list(known) + ")");
+        fail_key(
+            entry.first, field_in(section, key),
+            "unknown field (known: " + comma_list(known) + ")" + other_section_hint(key, section));
     check_unique_keys(node, section);
+  }
+  // A section's keys, one of section_fields().
+  void check_keys(const YAML::Node& node, const std::string& section) const {
+    check_keys(node, section, section_fields().at(section));
   }
 
   // Every key of `node` must be a name and appear once: yaml-cpp keeps a repeated key and reads
@@ -215,7 +252,7 @@ class FieldReader {
 void read_model(const FieldReader& r, const YAML::Node& node, const std::filesystem::path& base,
                 bool path_overridden, ModelSection& model) {
   r.require_map(node, "model");
-  r.check_keys(node, "model", {"path", "chat_template", "name", "matmul_activations"});
+  r.check_keys(node, "model");
   if (!node["path"]) r.fail(node, "model.path", "is required (a Hugging Face model folder)");
   model.path = r.string(node["path"], "model.path");
   if (model.path.empty()) r.fail(node["path"], "model.path", "must not be empty");
@@ -269,9 +306,7 @@ std::vector<std::string> read_origins(const FieldReader& r, const YAML::Node& no
 
 void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {
   r.require_map(node, "server");
-  r.check_keys(node, "server",
-               {"host", "port", "api_key", "max_queue", "shutdown_grace_s", "sse_keepalive_s",
-                "log_requests", "allowed_origins"});
+  r.check_keys(node, "server");
   if (node["host"]) server.host = r.string(node["host"], "server.host");
   // An empty host binds wherever cpp-httplib's lookup of "" lands (IPv6 loopback, here).
   if (server.host.empty())
@@ -299,10 +334,7 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
 
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
   r.require_map(node, "scheduler");
-  r.check_keys(node, "scheduler",
-               {"window_ms", "max_batch", "max_num_seqs", "max_prefill_tokens", "policy",
-                "enable_prefix_caching", "kv_block_size", "kv_cache_fraction", "kv_cache_blocks",
-                "kv_cache_dtype", "log_passes"});
+  r.check_keys(node, "scheduler");
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
@@ -336,9 +368,7 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
 
 void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefaults& sampling) {
   r.require_map(node, "sampling");
-  r.check_keys(node, "sampling",
-               {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repeat_last_n",
-                "presence_penalty", "frequency_penalty", "seed", "max_tokens"});
+  r.check_keys(node, "sampling");
   auto& p = sampling.params;
   auto real = [&](const char* key, float& out) {
     if (node[key]) out = float(r.number(node[key], std::string("sampling.") + key));
@@ -443,7 +473,7 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node, bool in_file)
   const YAML::Node defaults = YAML::Load(kDefaultGraph);
   if (node) {
     r.require_map(node, "graph");
-    r.check_keys(node, "graph", {"nodes", "edges"});
+    r.check_keys(node, "graph");
   }
   const auto half = [&](const char* key) -> std::pair<const FieldReader*, YAML::Node> {
     if (!in_file && !(node && node[key])) return {&builtin, defaults[key]};
@@ -451,10 +481,15 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node, bool in_file)
   };
   const auto [nodes_reader, nodes] = half("nodes");
   const auto [edges_reader, edges] = half("edges");
-  if (!nodes || !nodes.IsSequence() || nodes.size() == 0)
-    r.fail(nodes ? nodes : node, "graph.nodes", "expected a list of at least one node");
-  if (!edges || !edges.IsSequence())
-    r.fail(edges ? edges : node, "graph.edges", "expected a list of edges");
+  // A file's graph section gives both halves; only an override may give one.
+  constexpr const char* kBothHalves =
+      "is missing: a graph section lists both nodes and edges (a --set override may give one "
+      "half, the other then the default graph's)";
+  if (!nodes) r.fail(node, "graph.nodes", kBothHalves);
+  if (!nodes.IsSequence() || nodes.size() == 0)
+    r.fail(nodes, "graph.nodes", "expected a list of at least one node");
+  if (!edges) r.fail(node, "graph.edges", kBothHalves);
+  if (!edges.IsSequence()) r.fail(edges, "graph.edges", "expected a list of edges");
   GraphSpec spec;
   spec.nodes = read_nodes(*nodes_reader, nodes);
   for (size_t i = 0; i < edges.size(); ++i)
@@ -592,8 +627,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   const bool graph_in_file = bool(root["graph"]);
   for (const auto& text : overrides) apply_override(root, text, name, applied);
   const FieldReader r(name, applied);
-  r.check_keys(root, "",
-               {"model", "device", "threads", "server", "scheduler", "sampling", "graph"});
+  r.check_keys(root, "");
 
   ServeConfig config;
   config.file = file;

@@ -196,7 +196,8 @@ TEST_F(GraphBuilderTest, ErrorsInAGraphAnOverrideWroteNameTheOverride) {
   good_nodes.replace(good_nodes.find("emitx"), 5, "emit");
   EXPECT_EQ(error({good_nodes, edges}),
             base.string() + ": override '" + edges +
-                "': field 'graph.edges[9]': unknown node 'nowhere' in edge detok->nowhere");
+                "': field 'graph.edges[9]': unknown node 'nowhere' in edge detok->nowhere (edges "
+                "join nodes by name: tokenize, batch, prefill, decode, detok, emit)");
 }
 
 TEST_F(GraphBuilderTest, UnknownNodeInAnEdge) {
@@ -205,7 +206,19 @@ TEST_F(GraphBuilderTest, UnknownNodeInAnEdge) {
                 "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
                 "decode->batch, prefill->detok, decode->detok, detok->emitter]"));
   EXPECT_EQ(error,
-            file() + ":13: field 'graph.edges[8]': unknown node 'emitter' in edge detok->emitter");
+            file() +
+                ":13: field 'graph.edges[8]': unknown node 'emitter' in edge detok->emitter (edges "
+                "join nodes by name: tokenize, batch, prefill, decode, detok, emit)");
+  // Written with the stage chain's names: the node that runs the stage is named.
+  const auto by_stage = error_of(
+      six_nodes("{ name: emit, stage: emit }",
+                "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
+                "decode->batch, prefill->detok, decode->detok, detokenize->emit]"));
+  EXPECT_NE(by_stage.find("unknown node 'detokenize' in edge detokenize->emit (edges join nodes by "
+                          "name: tokenize, batch, prefill, decode, detok, emit; node 'detok' runs "
+                          "stage 'detokenize')"),
+            std::string::npos)
+      << by_stage;
 }
 
 TEST_F(GraphBuilderTest, AMissingLoopEdge) {
@@ -288,15 +301,17 @@ TEST_F(GraphBuilderTest, StageParameters) {
             file() + ":12: field 'graph.nodes[5].limit': expected an integer");
   EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: test_counted_sink, limit: 3, colour: red }")),
             file() +
-                ":12: field 'graph.nodes[5].colour': unknown parameter for stage "
-                "'test_counted_sink'");
+                ":12: field 'graph.nodes[5].colour': unknown key: a node takes name, stage and "
+                "concurrency, and stage 'test_counted_sink' the parameters limit, label");
   EXPECT_NO_THROW(plan_graph(load_serve_config(
       write(six_nodes("{ name: emit, stage: test_counted_sink, limit: 3, label: x }")))));
   // A leading zero is decimal, as in every other integer field (as octal, 08 was no integer).
   EXPECT_NO_THROW(plan_graph(
       load_serve_config(write(six_nodes("{ name: emit, stage: test_counted_sink, limit: 08 }")))));
   EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: emit, limit: 3 }")),
-            file() + ":12: field 'graph.nodes[5].limit': unknown parameter for stage 'emit'");
+            file() +
+                ":12: field 'graph.nodes[5].limit': unknown key: a node takes name, stage "
+                "and concurrency, and stage 'emit' declares no parameters");
 }
 
 std::string run_one(const std::filesystem::path& config) {

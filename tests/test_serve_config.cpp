@@ -140,7 +140,11 @@ TEST_F(ServeConfigTest, AnOverrideReplacesOneHalfOfTheDefaultGraph) {
   EXPECT_EQ(nodes.graph.nodes[0].concurrency, 3);
   EXPECT_EQ(nodes.graph.edges.size(), 9u);  // the default's: graph_builder finds their nodes gone
   EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes: [{name: t, stage: tokenize}]\n"),
-            (dir_ / "serve.yaml").string() + ":3: field 'graph.edges': expected a list of edges");
+            (dir_ / "serve.yaml").string() +
+                ":3: field 'graph.edges': is missing: a graph section lists both nodes and edges "
+                "(a --set override may give one half, the other then the default graph's)");
+  EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes: [{name: t}]\n  edges: 5\n"),
+            (dir_ / "serve.yaml").string() + ":4: field 'graph.edges': expected a list of edges");
 }
 
 // YAML 1.2 reads 037061 as decimal, as --port does; yaml-cpp's conversion took it for octal
@@ -278,6 +282,20 @@ TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
             std::string::npos);
   EXPECT_NE(error_of("model: {path: m}\nscheduler:\n  windw_ms: 5\n")
                 .find(file + ":3: field 'scheduler.windw_ms': unknown field"),
+            std::string::npos);
+  // A field of another section says where it belongs.
+  EXPECT_NE(
+      error_of("model: {path: m}\nserver:\n  window_ms: 5\n")
+          .find(file + ":3: field 'server.window_ms': unknown field (known: allowed_origins, "),
+      std::string::npos);
+  EXPECT_NE(error_of("model: {path: m}\nserver:\n  window_ms: 5\n")
+                .find("); 'window_ms' is a field of 'scheduler' (scheduler.window_ms)"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {path: m}\nwindow_ms: 5\n")
+                .find("'window_ms' is a field of 'scheduler' (scheduler.window_ms)"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {path: m}\nscheduler:\n  server: {}\n")
+                .find("'server' is a section of its own, at the top level"),
             std::string::npos);
   EXPECT_EQ(error_of("model: {path: m}\nserver:\n  port: 8000\n  port: 8001\n"),
             file + ":4: field 'server.port': given twice (first on line 3)");
