@@ -15,6 +15,8 @@ done
 # The OpenAI client test runs the official npm package: Debian's Node.js where none is installed.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# The benchmark scripts (scripts/bench_*.sh) compute their tables with Python.
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
