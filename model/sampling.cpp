@@ -263,8 +263,8 @@ bool Sampler::adjusts() const {
 
 void Sampler::adjust(std::span<const float> logits, std::span<const int32_t> history) {
   scratch_.assign(logits.begin(), logits.end());
+  apply_logit_bias();  // before the penalties, as vLLM applies it
   apply_penalties(history);
-  apply_logit_bias();
   if (!params_.allowed_tokens.empty()) keep_allowed();
   if (!params_.bad_word_sequences.empty()) ban_bad_words(history);
   if (bans_ending()) ban_ending();
@@ -327,10 +327,10 @@ bool Sampler::penalises_answer() const {
   return params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
 }
 
-// llama.cpp's repetition penalty, once per distinct token of the sequence's last repeat_last_n
-// tokens (its prompt's too); then OpenAI's presence and frequency penalties over the whole
-// answer so far, the tokens this sampler drew (the history's last drawn_), as OpenAI and vLLM
-// apply them: the prompt's own words are not penalised.
+// The repetition penalty, once per distinct token of the sequence (its prompt's too), all of it
+// as vLLM applies it or its last repeat_last_n tokens as llama.cpp does; then OpenAI's presence and
+// frequency penalties over the whole answer so far, the tokens this sampler drew (the history's
+// last drawn_), as OpenAI and vLLM apply them: the prompt's own words are not penalised.
 void Sampler::apply_penalties(std::span<const int32_t> history) {
   const SamplingParams& p = params_;
   if (penalises_repetition()) {
@@ -399,10 +399,10 @@ size_t Sampler::sort_likeliest(size_t n, double mass) {
   return size_t(end - begin);
 }
 
-// Top-k, softmax at the temperature, top-p, min-p, then one draw from scratch_, whose largest
-// value is `max_logit`. Candidates are ordered by a strict total order (more likely first, then
-// lower id), so every standard library keeps the same set in the same order and the same seed
-// picks the same token.
+// Top-k, softmax at the temperature, min-p, top-p (vLLM's order: top-p takes its share of what
+// min-p left), then one draw from scratch_, whose largest value is `max_logit`. Candidates are
+// ordered by a strict total order (more likely first, then lower id), so every standard library
+// keeps the same set in the same order and the same seed picks the same token.
 int32_t Sampler::draw(float max_logit) {
   const size_t vocab = scratch_.size();
   order_.resize(vocab);
@@ -435,6 +435,21 @@ int32_t Sampler::draw(float max_logit) {
     }
   }
 
+  if (params_.min_p > 0.0f) {
+    // The most likely candidate weighs 1, so min_p itself is the threshold. Compacting in
+    // place keeps the candidates' order.
+    size_t kept = 0;
+    total = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t token = order_[i];
+      if (scratch_[token] < params_.min_p) continue;
+      order_[kept++] = token;
+      total += scratch_[token];
+    }
+    n = kept;
+    if (sorted > 0) sorted = n;  // compacting kept the sorted order
+  }
+
   if (params_.top_p < 1.0f) {
     // The smallest most-likely-first prefix holding top_p of the mass. Without top-k, only the
     // likeliest candidates get sorted; should rounding leave them short of the mass, the rest
@@ -453,20 +468,6 @@ int32_t Sampler::draw(float max_logit) {
     }
     n = kept;
     total = kept_mass;
-  }
-
-  if (params_.min_p > 0.0f) {
-    // The most likely candidate weighs 1, so min_p itself is the threshold. Compacting in
-    // place keeps the candidates' order.
-    size_t kept = 0;
-    total = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      const int32_t token = order_[i];
-      if (scratch_[token] < params_.min_p) continue;
-      order_[kept++] = token;
-      total += scratch_[token];
-    }
-    n = kept;
   }
 
   const double target = uniform_unit(rng_) * total;

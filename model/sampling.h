@@ -29,13 +29,13 @@ struct SamplingParams {
   float top_p = 1.0f;                 // 1 = off
   float min_p = 0.0f;                 // 0 = off
   float repetition_penalty = 1.0f;    // 1 = off; over the last repeat_last_n tokens
-  int repeat_last_n = 64;             // repetition_penalty's window: 0 = off, -1 = all
+  int repeat_last_n = -1;             // its window: -1 = all (vLLM's), 0 = off, 64 = llama.cpp's
   float presence_penalty = 0.0f;      // over the answer so far, all of it (not the prompt)
   float frequency_penalty = 0.0f;     // over the answer so far, all of it (not the prompt)
   std::optional<uint64_t> seed;       // same seed, same logits: same tokens
   bool logprobs = false;              // report the chosen token's logprob
   int top_logprobs = 0;               // alternatives to report beside the chosen token
-  std::vector<LogitBias> logit_bias;  // after the penalties; logprobs stay the model's own
+  std::vector<LogitBias> logit_bias;  // before the penalties; logprobs stay the model's own
   // vLLM's allowed_token_ids: only these may be drawn (an end of sequence too only if listed);
   // empty: every token. Like logit_bias, it leaves logprobs the model's own.
   std::vector<int32_t> allowed_tokens;
@@ -86,10 +86,10 @@ class NothingToDraw : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Draws tokens for one sequence: the repetition penalty over the history's last repeat_last_n
-// tokens (as llama.cpp applies it), presence and frequency penalties over the answer (OpenAI's),
-// then greedy argmax (temperature 0) or top-k, softmax at the temperature, top-p, min-p and
-// a draw from what is left. Scratch buffers are sized at the first call and reused after.
+// Draws tokens for one sequence: logit_bias, the repetition penalty over the history (or its
+// last repeat_last_n tokens), presence and frequency penalties over the answer (OpenAI's), then
+// greedy argmax (temperature 0) or top-k, softmax at the temperature, min-p, top-p and a draw
+// from what is left, in vLLM's order. Scratch buffers are sized at the first call and reused after.
 class Sampler {
  public:
   // `fallback_seed` seeds the RNG when params.seed is unset; a `guide` limits the draws to

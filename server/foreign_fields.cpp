@@ -54,8 +54,8 @@ const ForeignField kFields[] = {
     // llama.cpp's
     {"n_predict", nullptr, "llama.cpp's name for the answer's length: send max_tokens"},
     {"repeat_penalty", within(1.0, 1.0),
-     "llama.cpp's name: send repetition_penalty (with repeat_last_n, which is applied as "
-     "llama.cpp applies it)"},
+     "llama.cpp's name: send repetition_penalty (with repeat_last_n: 64 for llama.cpp's "
+     "default window; without it the whole history counts, as in vLLM)"},
     {"n_probs", within(0.0, 0.0), "llama.cpp's name: send logprobs"},
     {"typical_p", at_least(1.0), ": locally typical sampling is not implemented"},
     {"tfs_z", at_least(1.0), ": tail-free sampling is not implemented"},

@@ -178,7 +178,7 @@ TEST(ParseRequest, EveryParameterReachesTheRequest) {
                {"repetition_penalty", 1.3},
                {"presence_penalty", -0.5},
                {"frequency_penalty", 1.5},
-               {"repeat_last_n", -1},
+               {"repeat_last_n", 32},
                {"seed", 1234},
                {"stop", {"\n", "The end"}},
                {"ignore_eos", true},
@@ -199,7 +199,7 @@ TEST(ParseRequest, EveryParameterReachesTheRequest) {
   EXPECT_FLOAT_EQ(request.sampling.repetition_penalty, 1.3f);
   EXPECT_FLOAT_EQ(request.sampling.presence_penalty, -0.5f);
   EXPECT_FLOAT_EQ(request.sampling.frequency_penalty, 1.5f);
-  EXPECT_EQ(request.sampling.repeat_last_n, -1);
+  EXPECT_EQ(request.sampling.repeat_last_n, 32);
   EXPECT_EQ(request.sampling.seed, 1234u);
   EXPECT_EQ(request.stop, (std::vector<std::string>{"\n", "The end"}));
   EXPECT_TRUE(request.ignore_eos);

@@ -243,15 +243,27 @@ TEST(Sampling, MinPDropsTokensBelowAShareOfTheMostLikely) {
   EXPECT_EQ(drawn_tokens(params, logits, 2000), (std::set<int32_t>{1}));
 }
 
+// vLLM's order: top-k, min-p, then top-p over what min-p left.
 TEST(Sampling, FiltersCombineInOrder) {
-  // top_k 3 keeps {1, 3, 2}; top_p 0.9 of their renormalised mass (0.526, 0.316, 0.158)
-  // keeps {1, 3, 2}; min_p 0.4 drops 2 (0.158 < 0.4 * 0.526).
   const std::vector<float> logits = logits_of({0.05, 0.5, 0.15, 0.3});
+  // top_k 3 keeps {1, 3, 2}; min_p 0.4 drops 2 (0.15 < 0.4 * 0.5); top_p 0.9 of what is left
+  // (0.625, 0.375) keeps both.
   SamplingParams params = seeded(8);
   params.top_k = 3;
   params.top_p = 0.9f;
   params.min_p = 0.4f;
   EXPECT_EQ(drawn_tokens(params, logits, 5000), (std::set<int32_t>{1, 3}));
+  // min_p 0.2 drops 0 alone (0.05 < 0.1); top_p 0.82 of what is left (0.526, 0.316, 0.158)
+  // then stops at {1, 3} (0.842). The other order keeps 2 as well (top_p over 0.5, 0.3, 0.15
+  // reaches 0.82 only with it).
+  for (int top_k : {0, 3}) {
+    SCOPED_TRACE(top_k);
+    SamplingParams ordered = seeded(9);
+    ordered.top_k = top_k;
+    ordered.min_p = 0.2f;
+    ordered.top_p = 0.82f;
+    EXPECT_EQ(drawn_tokens(ordered, logits, 5000), (std::set<int32_t>{1, 3}));
+  }
 }
 
 // Greedy sampling of [penalised token, rival] tells on which side of `expected` the penalised
@@ -328,6 +340,15 @@ TEST(Sampling, RepetitionPenaltyComesBeforePresenceAndFrequency) {
   expect_penalised_to(params, 3.0f, {}, {0, 6, 0}, 1.0f);
 }
 
+// vLLM's: by default the whole history counts, however long.
+TEST(Sampling, RepetitionPenaltyCoversTheWholeHistoryByDefault) {
+  SamplingParams params;
+  params.repetition_penalty = 2.0f;
+  std::vector<int32_t> prompt(1000, 5);
+  prompt.front() = 0;
+  expect_penalised_to(params, 3.0f, prompt, {6}, 1.5f);
+}
+
 TEST(Sampling, RepetitionPenaltyLooksOnlyAtTheLastRepeatLastNTokens) {
   SamplingParams params;
   params.repetition_penalty = 2.0f;
@@ -344,7 +365,7 @@ TEST(Sampling, RepetitionPenaltyLooksOnlyAtTheLastRepeatLastNTokens) {
   expect_penalised_to(params, 3.0f, {0}, {5}, 1.5f);
 }
 
-TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
+TEST(Sampling, LogitBiasBansForcesAndComesBeforeThePenalties) {
   const std::vector<float> logits{0.5f, 2.0f, 1.0f, -1.0f};
   SamplingParams banned;
   banned.temperature = 0.0f;
@@ -363,11 +384,13 @@ TEST(Sampling, LogitBiasBansForcesAndComesAfterThePenalties) {
   const auto seen = frequencies(nudged, logits, 20000);
   for (int32_t token = 0; token < 4; ++token)
     EXPECT_NEAR(seen.count(token) ? seen.at(token) : 0.0, expected[token], 0.015) << token;
-  // The bias is added to the penalised logit: 3.0 - 0.5 presence + 0.25 = 2.75.
+  // The penalties take the biased logit, as in vLLM: (3.0 + 0.25) / 1.5 - 0.5 presence = 1.667
+  // (after them, the bias would give 3.0 / 1.5 - 0.5 + 0.25 = 1.75).
   SamplingParams both;
+  both.repetition_penalty = 1.5f;
   both.presence_penalty = 0.5f;
   both.logit_bias = {{0, 0.25f}};
-  expect_penalised_to(both, 3.0f, {}, {0}, 2.75f);
+  expect_penalised_to(both, 3.0f, {}, {0}, 3.25f / 1.5f - 0.5f);
 }
 
 // vLLM's allowed_token_ids: only they are drawn, greedy or not, in proportion to their own
