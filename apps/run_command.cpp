@@ -75,14 +75,15 @@ std::vector<std::string> overrides_from(Options& options) {
 // Each connection holds a file; past the limit, new clients wait unanswered (the warning names
 // what to raise, which only the hard limit's owner can).
 void warn_of_few_open_files(uint64_t open_files, const ServeConfig& config) {
-  const size_t needed = connection_threads(config) + 64;  // + the model's files, logs, pipes
+  const size_t connections = connection_threads(config);
+  const size_t needed = connections + 64;  // and the model's files, logs, pipes
   if (open_files >= needed) return;
   std::fprintf(stderr,
                "pipeline run: warning: this process may open %llu files (ulimit -n), fewer than "
                "the %zu connections its queue and running sequences may hold; clients past that "
                "wait unanswered. Raise the hard limit (ulimit -Hn, LimitNOFILE=) to at least "
                "%zu.\n",
-               static_cast<unsigned long long>(open_files), needed - 64, needed);
+               static_cast<unsigned long long>(open_files), connections, needed);
 }
 
 }  // namespace

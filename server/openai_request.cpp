@@ -56,6 +56,12 @@ std::string read_content(const JsonBody& message, const std::string& param) {
   return content;
 }
 
+// A field's value that asks for nothing: an empty string, list or object.
+bool is_empty_value(const JsonBody& value) {
+  return value.is_string() ? value.get_ref<const std::string&>().empty()
+                           : (value.is_object() || value.is_array()) && value.empty();
+}
+
 // An assistant message's tool_calls (or the older function_call): this server has no function
 // calling, and a call dropped from the dialog would change what the model reads.
 void refuse_calls(const JsonBody& message, const std::string& param) {
@@ -164,8 +170,7 @@ std::vector<ChatMessage> read_messages(const JsonBody& body) {
 
 void refuse_other_chat_templates(const JsonBody& body) {
   // vLLM's per-request Jinja template: the server applies the one its config names.
-  if (const JsonBody* value = find_field(body, "chat_template");
-      value && !(value->is_string() && value->get_ref<const std::string&>().empty()))
+  if (const JsonBody* value = find_field(body, "chat_template"); value && !is_empty_value(*value))
     throw invalid("chat_template",
                   "chat_template is not supported (the server applies its configured chat "
                   "template)");
@@ -250,23 +255,19 @@ void refuse_unsupported(Endpoint endpoint, const JsonBody& body) {
     if (value && !neutral(*value))
       throw invalid(name, std::string(name) + " is not supported" + why);
   };
-  auto empty = [](const JsonBody& v) {
-    return v.is_string() ? v.get_ref<const std::string&>().empty()
-                         : (v.is_object() || v.is_array()) && v.empty();
-  };
   auto no_call = [](const JsonBody& v) { return v == "none" || v == "auto"; };
   auto text_only = [](const JsonBody& v) {
     return v.is_array() &&
            std::all_of(v.begin(), v.end(), [](const JsonBody& m) { return m == "text"; });
   };
-  refuse_unless("suffix", empty, "");
-  refuse_unless("tools", empty, " (no function calling)");
-  refuse_unless("functions", empty, " (no function calling)");
+  refuse_unless("suffix", is_empty_value, "");
+  refuse_unless("tools", is_empty_value, " (no function calling)");
+  refuse_unless("functions", is_empty_value, " (no function calling)");
   refuse_unless("tool_choice", no_call, " (no function calling)");
   refuse_unless("function_call", no_call, " (no function calling)");
   // OpenAI's audio output: this server answers in text alone.
   refuse_unless("modalities", text_only, " beyond [\"text\"] (no audio output)");
-  refuse_unless("audio", empty, " (no audio output)");
+  refuse_unless("audio", is_empty_value, " (no audio output)");
   refuse_other_chat_templates(body);
   if (endpoint == Endpoint::Completions && find_field(body, "top_logprobs"))
     throw invalid("top_logprobs",

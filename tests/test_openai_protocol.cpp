@@ -866,6 +866,8 @@ TEST(ParseRequest, UnsupportedFieldsPassAtTheirNeutralValues) {
                {"top_k", -1}});
   EXPECT_EQ(parse_chat(body).request->sampling.top_k, -1);
   EXPECT_NO_THROW(parse_completion(with(completion_body(), "suffix", "")));
+  for (const json& neutral : {json(""), json::object(), json::array()})
+    EXPECT_NO_THROW(parse_chat(with(chat_body(), "chat_template", neutral))) << neutral;
   // So do other servers' sampling fields at their "off" values, and what tunes them while off.
   json foreign = completion_body();
   foreign.update({{"typical_p", 1.0},
