@@ -1,6 +1,8 @@
 // The `pipeline` command as a user runs it: make-model writes a loadable, clearly labelled
 // random checkpoint; generate honours end-of-sequence ids exactly where the golden file stops;
 // usage mistakes name the option and exit 2.
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -338,6 +340,29 @@ TEST_F(MakeModelTest, ARunKilledPartWayIsWrittenOverByTheNext) {
   EXPECT_EQ(refused.exit_code, 2);
   EXPECT_NE(refused.err.find("the folder is not empty"), std::string::npos) << refused.err;
   EXPECT_TRUE(fs::exists(given / "notes.txt"));
+}
+
+// `pipeline run` raises its soft limit on open files to the hard one, and warns before loading
+// the model when even that is below the connections it may serve (the demo config's 288). A
+// model folder that does not exist ends the run just after, without serving.
+TEST(RunCommand, AnOpenFileLimitBelowItsConnectionsIsWarnedOf) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  ASSERT_GE(limit.rlim_max, rlim_t(352)) << "this test needs a hard limit on open files of 352";
+  const std::string run =
+      testing::shell_quoted(testing::pipeline_binary().string()) + " run " +
+      testing::shell_quoted((testing::source_dir() / "configs/demo.yaml").string()) +
+      " --model /nonexistent-model-folder --port 0";
+  const auto hard = run_shell("ulimit -n 100 && " + run);
+  EXPECT_EQ(hard.exit_code, 1) << hard.out;
+  EXPECT_NE(hard.out.find("warning: this process may open 100 files (ulimit -n), fewer than the "
+                          "288 connections"),
+            std::string::npos)
+      << hard.out;
+  const auto soft = run_shell("ulimit -Sn 100 && " + run);  // raised to the hard limit
+  EXPECT_EQ(soft.exit_code, 1) << soft.out;
+  EXPECT_EQ(soft.out.find("warning"), std::string::npos) << soft.out;
+  EXPECT_NE(soft.out.find("no such folder"), std::string::npos) << soft.out;
 }
 
 TEST(GraphCommand, TakesTheSameOverridesAsRun) {
