@@ -184,7 +184,8 @@ TEST(CudaRunner, LogitsMatchCpuOnMakeModelTiny) {
   SKIP_WITHOUT_CUDA();
   const auto dir = testing::make_temp_dir("cuda-tiny");
   const auto made = testing::run_pipeline(
-      {"make-model", "--shape", "tiny", "--dtype", "bf16", "--out", (dir / "tiny").string()});
+      {"make-model", "--shape", "tiny", "--dtype", "bf16", "--out", (dir / "tiny").string(),
+       "--corpus", (testing::source_dir() / "data" / "tokenizer_corpus.txt").string()});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   expect_matches_cpu(dir / "tiny");
   std::filesystem::remove_all(dir);

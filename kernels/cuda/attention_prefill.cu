@@ -3,7 +3,7 @@
 // read from the paged cache, and keeps a running max, sum and output per query (online
 // softmax), so no [queries x keys] matrix is ever stored. Four threads share each query row:
 // they split the tile's keys for the scores and the head dimension for the output.
-#include <atomic>
+#include <mutex>
 
 #include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -156,12 +156,17 @@ void prefill_attention(const bf16* q, int q_stride, const PagedKv& kv, const int
                        cudaStream_t stream) {
   const size_t shared = shared_bytes(kv.head_dim);
   // The limit is the kernel's own (in this process's one device context): raised once to the
-  // largest size asked for, not on every call, each a driver call.
-  static std::atomic<size_t> allowed{0};
-  if (shared > allowed.load()) {
-    PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(
-        prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
-    allowed.store(shared);
+  // largest size asked for, not on every call, each a driver call. Under a lock, so that two
+  // threads asking for different sizes cannot leave `allowed` above what the driver was told.
+  static std::mutex raising;
+  static size_t allowed = 0;
+  {
+    const std::lock_guard<std::mutex> lock(raising);
+    if (shared > allowed) {
+      PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(
+          prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+      allowed = shared;
+    }
   }
   prefill_attention_kernel<<<dim3(num_tiles, num_heads), kThreads, shared, stream>>>(
       q, q_stride, kv, tiles, q_offsets, q_lens, start_positions, num_heads, out);

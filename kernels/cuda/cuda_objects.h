@@ -56,7 +56,11 @@ inline std::unique_ptr<GraphExec> capture_graph(cudaStream_t stream,
   try {
     enqueue();
   } catch (...) {
+    // Ending a capture the failure invalidated fails too, and the runtime keeps that as its
+    // last error, which the next launch's check would report as its own: it is cleared here,
+    // where the error that ended the capture is already on its way.
     cudaStreamEndCapture(stream, &graph);
+    (void)cudaGetLastError();
     if (graph) cudaGraphDestroy(graph);
     throw;
   }

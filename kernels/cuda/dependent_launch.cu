@@ -1,4 +1,7 @@
 // Whether programmatic dependent launch may be used: asked once, of a kernel of this build.
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cuda/dependent_launch.cuh"
 
 namespace pipeline::cuda {
@@ -25,7 +28,14 @@ int kernel_ptx_architecture() {
 }
 
 bool dependent_launch_supported() {
-  return kernel_ptx_architecture() >= 90;
+  // PIPELINE_CUDA_PDL=0 turns it off, so a result that differs with it on can be told apart
+  // from a kernel's own error in one run (scripts/gpu_check.sh reruns failed tests so).
+  static const bool supported = [] {
+    const char* setting = std::getenv("PIPELINE_CUDA_PDL");
+    const bool turned_off = setting && std::string_view(setting) == "0";
+    return !turned_off && kernel_ptx_architecture() >= 90;
+  }();
+  return supported;
 }
 
 }  // namespace pipeline::cuda

@@ -6,10 +6,6 @@
 
 namespace pipeline::testing {
 
-std::filesystem::path source_dir() {
-  return PIPELINE_SOURCE_DIR;
-}
-
 namespace {
 
 // The value of environment variable `name`, or `fallback` when it is unset or empty.
@@ -19,6 +15,10 @@ std::filesystem::path from_env(const char* name, const std::filesystem::path& fa
 }
 
 }  // namespace
+
+std::filesystem::path source_dir() {
+  return from_env("PIPELINE_SOURCE_DIR", PIPELINE_SOURCE_DIR);
+}
 
 std::filesystem::path shared_path(const std::string& relative) {
   const auto path =
