@@ -45,8 +45,13 @@ void Histogram::observe(double value) {
   size_t i = 0;
   while (i < bounds_.size() && value > bounds_[i]) ++i;
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
   sum_.fetch_add(value, std::memory_order_relaxed);
+}
+
+uint64_t Histogram::count() const {
+  uint64_t total = 0;
+  for (const auto& bucket : buckets_) total += bucket.load(std::memory_order_relaxed);
+  return total;
 }
 
 void Histogram::write(std::string& out, const std::string& name, const std::string& labels) const {
@@ -59,7 +64,7 @@ void Histogram::write(std::string& out, const std::string& name, const std::stri
   }
   const std::string braces = labels.empty() ? "" : "{" + labels + "}";
   out += name + "_sum" + braces + " " + prometheus_number(sum()) + "\n";
-  out += name + "_count" + braces + " " + std::to_string(count()) + "\n";
+  out += name + "_count" + braces + " " + std::to_string(cumulative) + "\n";
 }
 
 StageMetrics::StageMetrics(std::string node) : node(std::move(node)), seconds(kLatencyBounds) {}
@@ -71,8 +76,14 @@ Metrics::Metrics()
       request_seconds(kRequestBounds),
       request_prompt_tokens(kTokenBounds),
       request_generation_tokens(kTokenBounds),
+      request_queue_seconds(kLatencyBounds),
+      request_prefill_seconds(kLatencyBounds),
+      request_decode_seconds(kRequestBounds),
+      request_inference_seconds(kRequestBounds),
+      request_time_per_output_token(kLatencyBounds),
       prefill_forward_seconds(kLatencyBounds),
-      decode_forward_seconds(kLatencyBounds) {}
+      decode_forward_seconds(kLatencyBounds),
+      pass_tokens({1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}) {}
 
 StageMetrics& Metrics::add_stage(const std::string& node) {
   return stages_.emplace_back(node);
@@ -105,6 +116,9 @@ std::string Metrics::prometheus_text() const {
               double(requests_cancelled.value()));
   write_value(out, "pipeline_prompt_tokens_total", "counter", "Prompt tokens tokenized.",
               double(prompt_tokens.value()));
+  write_value(out, "pipeline_prompt_tokens_prefilled_total", "counter",
+              "Prompt tokens of requests (choices) whose prefill ended with their first token.",
+              double(prompt_tokens_prefilled.value()));
   write_value(out, "pipeline_prefix_cache_queried_tokens_total", "counter",
               "Tokens of admitted sequences looked up in the prefix cache.",
               double(prefix_cache_queried_tokens.value()));
@@ -150,10 +164,26 @@ std::string Metrics::prometheus_text() const {
   write_help(out, "pipeline_request_generation_tokens", "histogram",
              "Generated tokens per completed request.");
   request_generation_tokens.write(out, "pipeline_request_generation_tokens", "");
+  const std::pair<const char*, const Histogram*> phases[] = {
+      {"queue", &request_queue_seconds},
+      {"prefill", &request_prefill_seconds},
+      {"decode", &request_decode_seconds},
+      {"inference", &request_inference_seconds}};
+  write_help(out, "pipeline_request_phase_seconds", "histogram",
+             "Seconds a completed request spent in each phase: queue (to its first admission), "
+             "prefill (to its first token), decode (to its end), inference (admission to end).");
+  for (const auto& [phase, histogram] : phases)
+    histogram->write(out, "pipeline_request_phase_seconds", std::string("phase=\"") + phase + "\"");
+  write_help(out, "pipeline_request_time_per_output_token_seconds", "histogram",
+             "A completed request's decode seconds per token after its first.");
+  request_time_per_output_token.write(out, "pipeline_request_time_per_output_token_seconds", "");
   write_help(out, "pipeline_forward_seconds", "histogram",
              "Seconds of the model's forward pass per batch, without sampling.");
   prefill_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"prefill\"");
   decode_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"decode\"");
+  write_help(out, "pipeline_pass_tokens", "histogram",
+             "Tokens computed per forward pass: prompt chunks and decoding sequences' tokens.");
+  pass_tokens.write(out, "pipeline_pass_tokens", "");
   return out;
 }
 

@@ -39,7 +39,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double value);
-  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+  // The buckets' total: the count is not kept apart, so a scrape during an observation cannot
+  // write a `_count` other than its +Inf bucket, which Prometheus requires to be equal.
+  uint64_t count() const;
   double sum() const { return sum_.load(std::memory_order_relaxed); }
   // Lines "NAME_bucket{le=...} N", "NAME_sum", "NAME_count"; `labels` like `stage="emit"`.
   void write(std::string& out, const std::string& name, const std::string& labels) const;
@@ -47,7 +49,6 @@ class Histogram {
  private:
   std::vector<double> bounds_;
   std::deque<std::atomic<uint64_t>> buckets_;  // one per bound, then +Inf
-  std::atomic<uint64_t> count_{0};
   std::atomic<double> sum_{0.0};
 };
 
@@ -75,7 +76,8 @@ class Metrics {
   Counter requests_cut;        // ended with a completion: max_tokens or the end of the context
   Counter requests_failed;     // ended with an error (refused, cancelled, shutdown)
   Counter requests_cancelled;  // of those, the ones whose client left (HTTP 499)
-  Counter prompt_tokens;
+  Counter prompt_tokens;       // tokenized
+  Counter prompt_tokens_prefilled;      // of sequences that got their first token
   Counter prefix_cache_queried_tokens;  // tokens looked up in the prefix cache at admission
   Counter prefix_cache_hit_tokens;      // prompt tokens whose keys and values came from the cache
   Counter generated_tokens;  // as usage counts them: none sampled after a stop string matched
@@ -94,10 +96,20 @@ class Metrics {
   Histogram request_seconds;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
+  // Per completed request, its phases as vLLM splits them: queued (from entering the
+  // scheduler's queue to its first admission), prefill (admission to the first token), decode
+  // (first token to the end), inference (admission to the end), and the decode's seconds per
+  // token after the first (0 for an answer of one token).
+  Histogram request_queue_seconds;
+  Histogram request_prefill_seconds;
+  Histogram request_decode_seconds;
+  Histogram request_inference_seconds;
+  Histogram request_time_per_output_token;
   // The runner's forward() alone (on a GPU: the inputs up, the device's work, the logits
   // back), so that a step's time splits into the model's and the host's (sampling, bookkeeping).
   Histogram prefill_forward_seconds;
   Histogram decode_forward_seconds;
+  Histogram pass_tokens;  // tokens computed per forward pass, prompt chunks and decodes together
 
  private:
   std::deque<StageMetrics> stages_;

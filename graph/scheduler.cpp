@@ -122,7 +122,7 @@ void Scheduler::queue(SequencePtr seq, bool ahead_of_equals) {
 
 void Scheduler::apply_step(StepResult& result) {
   busy_ = false;
-  for (const auto& seq : result.failed) release_failed(*seq);
+  for (const auto& seq : result.failed) free_blocks(*seq);
   for (const auto& seq : result.retry) --seq->computed;  // its one token, again next pass
   for (const auto& out : result.outputs)
     if (out.finish) release(*out.seq);
@@ -292,8 +292,9 @@ void Scheduler::preempt(const std::vector<uint64_t>& ids) {
     queue(seq, /*ahead_of_equals=*/true);
     seq->waiting.enter(metrics_.waiting_sequences);
     metrics_.preemptions.add();
-    log_line("request %s preempted after %d tokens (KV cache full); it resumes later",
-             seq->request->id.c_str(), seq->generated());
+    if (log_passes_)
+      log_line("request %s preempted after %d tokens (KV cache full); it resumes later",
+               seq->request->id.c_str(), seq->generated());
   }
 }
 
@@ -318,13 +319,19 @@ void Scheduler::admit(const std::vector<PromptChunk>& chunks) {
   for (auto& seq : admitted) {
     if (!blocks_.ensure_capacity(seq->block_table, int(seq->tokens.size()), limits_.block_size)) {
       fail_kv_exhausted(*seq);
-      release_failed(*seq);
+      free_blocks(*seq);
       continue;
     }
-    if (prefix_caching_ && !seq->scores_prompt())
-      metrics_.prefix_cache_queried_tokens.add(seq->tokens.size());
-    metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
-    if (!seq->cached_prompt_tokens) seq->cached_prompt_tokens = seq->computed;
+    // The cache's hits are counted at a sequence's first admission only, as vLLM counts them: a
+    // preempted one resuming from its own blocks (its answer's tokens among them) is no client's
+    // hit.
+    if (!seq->cached_prompt_tokens) {
+      if (prefix_caching_ && !seq->scores_prompt())
+        metrics_.prefix_cache_queried_tokens.add(seq->tokens.size());
+      metrics_.prefix_cache_hit_tokens.add(uint64_t(seq->computed));
+      seq->cached_prompt_tokens = seq->computed;
+      seq->scheduled_at = Clock::now();
+    }
     seq->prefill_end = int(seq->tokens.size());
     seq->window_closed = false;
     running_.emplace(seq->number, std::move(seq));
@@ -397,10 +404,10 @@ void Scheduler::schedule_again() {
 
 void Scheduler::release(Sequence& seq) {
   register_computed(seq);
-  release_failed(seq);
+  free_blocks(seq);
 }
 
-void Scheduler::release_failed(Sequence& seq) {
+void Scheduler::free_blocks(Sequence& seq) {
   blocks_.release_all(seq.block_table);
   seq.registered_blocks = 0;
 }

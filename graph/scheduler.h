@@ -94,8 +94,10 @@ class Scheduler {
   void schedule_again();
   // Frees the sequence's blocks; its computed full blocks stay in the prefix cache.
   void release(Sequence& seq);
-  // Frees the blocks of a sequence whose last pass failed: its cache contents may be unfinished.
-  void release_failed(Sequence& seq);
+  // Frees the sequence's blocks without registering any in the prefix cache: what release()
+  // does after registering, and all that is done for a sequence whose last pass failed or
+  // that found no blocks at admission (its cache contents may be unfinished).
+  void free_blocks(Sequence& seq);
   void end_decode_run();
   void update_gauges();
 

@@ -2,7 +2,9 @@
 // tokenize fills the prompt; the scheduler thread owns the block table; the model stages
 // (prefill, decode: serial, and never both at once) append generated tokens and drive the
 // sampler; detokenize owns the text state; every sink call goes through `stream`. Hand-offs
-// happen along graph edges, so no part needs its own lock.
+// happen along graph edges, so those parts need no lock of their own; what other threads touch
+// while the owner works is synchronised where it is declared (`stream`'s mutex, the text
+// state's in-order tokens, the `stopped` flag and the waiting count's atomics).
 #pragma once
 
 #include <algorithm>
@@ -120,8 +122,12 @@ struct Sequence {
   // either way it goes as soon as there is room.
   bool window_closed = false;
   std::chrono::steady_clock::time_point queued_at;  // arrival in the queue (preemption keeps it)
+  // Its first admission, set with cached_prompt_tokens; the engine reads it when the sequence
+  // ends (vLLM's queue, prefill and inference times).
+  std::chrono::steady_clock::time_point scheduled_at;
 
-  // Model stages only.
+  // Model stages only (the engine reads first_token_at when the sequence ends).
+  std::chrono::steady_clock::time_point first_token_at;
   std::chrono::steady_clock::time_point last_token_at;
   // Request::prompt_logprobs: prompt tokens 1, 2, ... scored so far (the first token has no
   // score); handed on with the first generated token.

@@ -79,7 +79,8 @@ struct SchedulerSection {
   int kv_cache_blocks = 0;  // explicit pool size; 0 = derive (CPU: max_num_seqs full contexts)
   // bf16 | f32; unset (auto): f32 for a float32 checkpoint, else bf16 (CUDA: bf16 only)
   std::optional<DType> kv_cache_dtype;
-  // A log line per prefill pass and per run of decode steps, with their tokens/s. Unset:
+  // A log line per prefill pass and per run of decode steps, with their tokens/s, and per
+  // preemption. Unset:
   // `pipeline run` writes them, `pipeline batch` does not (its progress line gives the rate).
   std::optional<bool> log_passes;
   bool logs_passes() const { return log_passes.value_or(true); }

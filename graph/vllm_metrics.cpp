@@ -58,9 +58,7 @@ class VllmWriter {
 
 }  // namespace
 
-// vLLM's names for what Metrics counts; a request whose client left is vLLM's "abort". Not
-// written, as nothing here measures them the same way: vllm:iteration_tokens_total and the
-// per-phase request times (queue, prefill, decode, inference).
+// vLLM's names for what Metrics counts; a request whose client left is vLLM's "abort".
 std::string vllm_metrics_text(const Metrics& m, const std::string& model_name) {
   std::string out;
   VllmWriter w(out, model_name);
@@ -73,8 +71,10 @@ std::string vllm_metrics_text(const Metrics& m, const std::string& model_name) {
           total > 0 ? double(m.kv_blocks_used.value()) / double(total) : 0.0);
   w.value("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.",
           double(m.preemptions.value()));
+  // Counted when a prompt's prefill ends (its first token), as vLLM counts it: a request whose
+  // client left while it waited was never prefilled.
   w.value("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-          double(m.prompt_tokens.value()));
+          double(m.prompt_tokens_prefilled.value()));
   w.value("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
           double(m.generated_tokens.value()));
   w.value("vllm:prefix_cache_queries_total", "counter",
@@ -95,6 +95,19 @@ std::string vllm_metrics_text(const Metrics& m, const std::string& model_name) {
               m.request_prompt_tokens);
   w.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
               m.request_generation_tokens);
+  w.histogram("vllm:request_queue_time_seconds",
+              "Histogram of time spent in WAITING phase for request.", m.request_queue_seconds);
+  w.histogram("vllm:request_prefill_time_seconds",
+              "Histogram of time spent in PREFILL phase for request.", m.request_prefill_seconds);
+  w.histogram("vllm:request_decode_time_seconds",
+              "Histogram of time spent in DECODE phase for request.", m.request_decode_seconds);
+  w.histogram("vllm:request_inference_time_seconds",
+              "Histogram of time spent in RUNNING phase for request.", m.request_inference_seconds);
+  w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+              m.pass_tokens);
+  w.histogram("vllm:request_time_per_output_token_seconds",
+              "Histogram of time_per_output_token_seconds per request.",
+              m.request_time_per_output_token);
   return out;
 }
 

@@ -173,6 +173,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   const auto now = Clock::now();
   (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)
       .observe(seconds_between(start, now));
+  ctx.metrics.pass_tokens.observe(double(result.batch_tokens));
   // Each sequence samples from its own row (a chunk's last) with its own sampler: in parallel,
   // since a large batch's sampling would otherwise stall the device between steps.
   const std::vector<int> first_row = first_rows(batch);
@@ -212,9 +213,11 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
       finish = FinishReason::Stop;
     else if (seq.generated() >= seq.max_tokens)
       finish = FinishReason::Length;
-    if (index == 0)
+    if (index == 0) {
       ctx.metrics.time_to_first_token.observe(seconds_between(seq.request->arrival, now));
-    else
+      ctx.metrics.prompt_tokens_prefilled.add(uint64_t(seq.prompt_len));
+      seq.first_token_at = now;
+    } else
       ctx.metrics.inter_token_latency.observe(seconds_between(seq.last_token_at, now));
     seq.last_token_at = now;
     // The prompt's scores go out with its first token (empty unless asked for).

@@ -166,8 +166,15 @@ TEST(Engine, ASmallKvPoolPreemptsAndStillAnswersIdentically) {
   // 4 sequences of up to ~125 tokens need 32 blocks of 16; the pool has 12.
   Engine engine(make_config("{window_ms: 100, max_batch: 4, kv_cache_blocks: 12}"));
   expect_four_answer_as_alone(engine, 120);
-  EXPECT_GT(engine.metrics().preemptions.value(), 0u);
-  EXPECT_EQ(engine.metrics().kv_blocks_total.value(), 12);
+  const auto& m = engine.metrics();
+  EXPECT_GT(m.preemptions.value(), 0u);
+  EXPECT_EQ(m.kv_blocks_total.value(), 12);
+  // The prefix cache is asked once per prompt, at its first admission: a preempted sequence
+  // resuming from its own blocks (its answer's among them) is no hit. These short prompts
+  // share no full block.
+  EXPECT_EQ(m.prefix_cache_queried_tokens.value(), m.prompt_tokens.value());
+  EXPECT_EQ(m.prefix_cache_hit_tokens.value(), 0u);
+  EXPECT_EQ(m.prompt_tokens_prefilled.value(), m.prompt_tokens.value());
 }
 
 // A prompt of about 200 tokens: the test prompts one after another.
@@ -636,6 +643,10 @@ TEST(Engine, ACancelledWaitingRequestGivesUpItsQueuePlaceAtOnce) {
   EXPECT_EQ(engine.metrics().requests_cancelled.value(), 1u);
   EXPECT_NE(engine.metrics_text().find("vllm:request_success_total{finished_reason=\"abort\","),
             std::string::npos);
+  // Its prompt was tokenized, never prefilled: vLLM's prompt token count leaves it out.
+  EXPECT_GT(engine.metrics().prompt_tokens.value(), 0u);
+  EXPECT_NE(engine.metrics_text().find("vllm:prompt_tokens_total{model_name=\"stories260K\"} 0\n"),
+            std::string::npos);
   engine.shutdown(50ms);
 }
 
@@ -970,6 +981,23 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   EXPECT_EQ(m.prefill_forward_seconds.count(), 1u);
   EXPECT_EQ(m.decode_forward_seconds.count(), 19u);
   EXPECT_GT(m.decode_forward_seconds.sum(), 0.0);
+  EXPECT_EQ(m.prompt_tokens_prefilled.value(), m.prompt_tokens.value());
+  // One pass computed the prompt, 19 one token each.
+  EXPECT_EQ(m.pass_tokens.count(), 20u);
+  EXPECT_EQ(m.pass_tokens.sum(), double(m.prompt_tokens.value() + 19));
+  // The request's phases, as vLLM splits them: queued, then prefill up to the first token, then
+  // decode; inference is prefill and decode together, within the request's whole time.
+  for (const Histogram* phase :
+       {&m.request_queue_seconds, &m.request_prefill_seconds, &m.request_decode_seconds,
+        &m.request_inference_seconds, &m.request_time_per_output_token})
+    EXPECT_EQ(phase->count(), 1u);
+  EXPECT_GT(m.request_prefill_seconds.sum(), 0.0);
+  EXPECT_GT(m.request_decode_seconds.sum(), 0.0);
+  EXPECT_NEAR(m.request_inference_seconds.sum(),
+              m.request_prefill_seconds.sum() + m.request_decode_seconds.sum(), 1e-9);
+  EXPECT_LE(m.request_queue_seconds.sum() + m.request_inference_seconds.sum(),
+            m.request_seconds.sum());
+  EXPECT_NEAR(m.request_time_per_output_token.sum(), m.request_decode_seconds.sum() / 19, 1e-9);
   const auto text = engine.metrics_text();
   EXPECT_NE(text.find("pipeline_stage_calls_total{stage=\"tokenize\"} 1\n"), std::string::npos)
       << text;
@@ -988,6 +1016,11 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
            "vllm:inter_token_latency_seconds_count{model_name=\"stories260K\"} 19\n",
            "vllm:request_generation_tokens_bucket{model_name=\"stories260K\",le=\"20\"} 1\n",
            "vllm:request_generation_tokens_bucket{model_name=\"stories260K\",le=\"10\"} 0\n",
+           "vllm:request_queue_time_seconds_count{model_name=\"stories260K\"} 1\n",
+           "vllm:request_prefill_time_seconds_count{model_name=\"stories260K\"} 1\n",
+           "vllm:request_decode_time_seconds_count{model_name=\"stories260K\"} 1\n",
+           "vllm:request_inference_time_seconds_count{model_name=\"stories260K\"} 1\n",
+           "vllm:request_time_per_output_token_seconds_count{model_name=\"stories260K\"} 1\n",
        })
     EXPECT_NE(text.find(line), std::string::npos) << line << text;
 }

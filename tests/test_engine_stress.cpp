@@ -864,8 +864,14 @@ void check_metrics(Engine& engine, const StressConfig& config, const Tally& tall
   // A request cancelled before tokenize counts no prompt tokens.
   EXPECT_GE(m.prompt_tokens.value(), tally.finished_prompt_tokens);
   EXPECT_LE(m.prompt_tokens.value(), tally.accepted_prompt_tokens);
-  // Hits count resumed preempted sequences too.
+  // Hits count the prompts of requests that did not finish too, at their first admission only.
   EXPECT_GE(m.prefix_cache_hit_tokens.value(), tally.finished_cached_tokens);
+  EXPECT_LE(m.prefix_cache_hit_tokens.value(), m.prefix_cache_queried_tokens.value());
+  EXPECT_LE(m.prefix_cache_queried_tokens.value(), m.prompt_tokens.value());
+  // Every finished request was prefilled; a cancelled one perhaps not.
+  EXPECT_GE(m.prompt_tokens_prefilled.value(), tally.finished_prompt_tokens);
+  EXPECT_LE(m.prompt_tokens_prefilled.value(), m.prompt_tokens.value());
+  EXPECT_EQ(m.request_inference_seconds.count(), uint64_t(tally.finished));
   EXPECT_TRUE(config.prefix_caching || m.prefix_cache_hit_tokens.value() == 0)
       << "cache hits with prefix caching off";
 }
