@@ -21,7 +21,7 @@ struct EngineContext {
   const ServeConfig& config;
   const LlamaConfig& model;
   const Tokenizer& tokenizer;
-  const GuidedVocabulary& guided_vocabulary;  // for requests in JSON mode
+  const GuidedVocabulary& guided_vocabulary;  // for guided requests (JSON, regex, grammar)
   ChatTemplate chat_template;
   ModelRunner& runner;
   Scheduler& scheduler;

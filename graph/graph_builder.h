@@ -7,7 +7,7 @@
 // needs (batch_window needs every step result: the loop edge), and a node not on a path from
 // the input (the node that takes requests) to an output (a node that produces nothing).
 //
-// FlowGraph builds the plan: one node per stage (a multifunction_node, or an async_node for
+// FlowGraph builds the plan: one node per planned node (a multifunction_node, or an async_node for
 // asynchronous stages), each body inside an NVTX range named after the node and counted into
 // metrics; and per edge a lightweight filter node that passes on only the kinds the target
 // accepts (and counts the target's queue depth).

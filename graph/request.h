@@ -132,7 +132,7 @@ struct Request {
   // vLLM's bad_words, as the client wrote them: the tokenize stage finds the token sequences
   // they are banned as (model/bad_words.h) for sampling.bad_word_sequences.
   std::vector<std::string> bad_words;
-  // Guided decoding (GuidedDecoding); both null: free text. At most one is set.
+  // Guided decoding (GuidedDecoding); all three null: free text. At most one is set.
   // response_format json_object or json_schema, guided_json: a JSON value this schema admits.
   std::shared_ptr<const JsonSchema> json_schema;
   // guided_regex, guided_choice: a text this pattern accepts.

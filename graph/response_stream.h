@@ -1,7 +1,8 @@
 // The one way results reach a request's sink: events in their numbered order, then exactly
 // one ending (on_finish or on_error), whichever thread gets there first. The emit stage
-// delivers the normal stream; the scheduler and the engine end a stream early (cancel,
-// shutdown, a failed forward pass).
+// delivers the normal stream; others end a stream early: the engine (cancel, shutdown), the
+// model stages (a failed forward pass), the graph (a node that throws) and the scheduler (no
+// KV blocks left).
 #pragma once
 
 #include <cstdint>

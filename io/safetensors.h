@@ -77,7 +77,6 @@ class Checkpoint {
   const TensorView* find(const std::string& name) const;
   // Throws CheckpointError naming the folder and the tensor when absent.
   const TensorView& get(const std::string& name) const;
-  const std::filesystem::path& dir() const { return dir_; }
   // Which file holds a tensor, for error messages.
   std::filesystem::path file_of(const std::string& name) const;
 

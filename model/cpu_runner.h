@@ -15,12 +15,14 @@
 // RunnerOptions::kv_cache_blocks = 0 the runner sizes it for max_num_seqs full contexts
 // (max_position_embeddings tokens each) but never above 4 GiB (K and V of all layers together)
 // nor half the memory the weights leave (the machine's, or its cgroup's limit), and at least
-// one block; a pool given that does not fit beside the weights is refused. The whole pool is made resident at
-// construction (cpu::make_resident), so no decode step stops on page faults as its sequences
-// take new blocks, and a pool the machine cannot hold fails at start rather than under load.
+// one block; a pool given that does not fit beside the weights is refused. The whole pool is made
+// resident at construction (cpu::make_resident), so no decode step stops on page faults as its
+// sequences take new blocks, and a pool the machine cannot hold fails at start rather than under
+// load.
 //
 // Threads: RunnerOptions::threads > 0 runs every kernel in a oneTBB task_arena of that many
-// threads; 0 uses the process's default arena (all cores).
+// threads; 0 runs them in the caller's arena (inside the engine, the flow graph's own; alone,
+// the process's default, all cores).
 //
 // forward() is not reentrant: one caller at a time (the graph's serial prefill/decode nodes).
 // Scratch buffers live in the runner and only grow, so steady decoding does not allocate; they

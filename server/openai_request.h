@@ -20,10 +20,11 @@
 //   vLLM's guided_json) holds the answer to a JSON value (GuidedDecoding); a schema the compiler
 //   cannot hold an answer to (io/json_schema.h) is a 400 naming the place in the schema, not a
 //   schema ignored. vLLM's guided_regex and guided_choice hold it to a TextPattern; a pattern it
-//   cannot hold (io/regex_syntax.h) is a 400 naming the position. vLLM's structured_outputs (json,
-//   json_object, regex, choice) asks for the same. One guide per request.
-// - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, repeat_last_n, ignore_eos)
-//   follow llama.cpp's server.
+//   cannot hold (io/regex_syntax.h) is a 400 naming the position. guided_grammar (and
+//   llama.cpp's grammar) holds it to a GBNF Grammar. vLLM's structured_outputs (json,
+//   json_object, regex, choice, grammar) asks for the same. One guide per request.
+// - Parameters beyond OpenAI's (top_k, min_p, repetition_penalty, ignore_eos, ...) follow
+//   vLLM's; repeat_last_n, llama.cpp's, limits repetition_penalty to the last tokens.
 #pragma once
 
 #include <algorithm>

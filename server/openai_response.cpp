@@ -31,6 +31,10 @@ std::string sse_event(const json& payload) {
   return "data: " + to_json_text(payload) + "\n\n";
 }
 
+namespace {
+
+// What the usage of a call's choices adds up to: each prompt once (its cached tokens the least
+// any of its choices found: what the cache held before the call), every choice's tokens.
 Completion total_usage(std::span<const Completion> choices, int per_prompt) {
   Completion total;
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -47,6 +51,8 @@ Completion total_usage(std::span<const Completion> choices, int per_prompt) {
   }
   return total;
 }
+
+}  // namespace
 
 namespace {
 

@@ -38,10 +38,6 @@ namespace pipeline {
 // A response as JSON whose objects keep their members in the order they were added.
 using ResponseJson = nlohmann::ordered_json;
 
-// What the usage of a call's choices adds up to: each prompt once (its cached tokens the least
-// any of its choices found: what the cache held before the call), every choice's tokens.
-Completion total_usage(std::span<const Completion> choices, int per_prompt);
-
 // The "object" a whole (not streamed) answer names itself by: a chat completion's, or a text
 // completion's.
 const char* answer_object(bool chat);

@@ -1,7 +1,8 @@
 // detokenize: sampled tokens → text deltas, per sequence in generation order (tokens of one
 // sequence may arrive from concurrent bodies out of order; TextState puts them back in order).
-// Stop strings end a sequence with reason "stop" and are never sent, not even in part; the
-// scheduler then drops the sequence at its next step. A prompt that was scored (echo with
+// Stop strings end a sequence with reason "stop" and are never sent, not even in part (unless
+// include_stop_str_in_output asks for them); the scheduler then drops the sequence at its next
+// step. A prompt that was scored (echo with
 // logprobs) goes out with the first delta.
 #pragma once
 

@@ -6,8 +6,7 @@
 
 namespace pipeline::cpu {
 
-RopeTable::RopeTable(int head_dim, int max_positions, double theta)
-    : head_dim_(head_dim), max_positions_(max_positions) {
+RopeTable::RopeTable(int head_dim, int max_positions, double theta) : head_dim_(head_dim) {
   if (head_dim <= 0 || head_dim % 2 != 0) {
     throw std::invalid_argument("RopeTable: head_dim must be positive and even, got " +
                                 std::to_string(head_dim));

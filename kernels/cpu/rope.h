@@ -15,13 +15,11 @@ class RopeTable {
   RopeTable(int head_dim, int max_positions, double theta);
 
   int head_dim() const { return head_dim_; }
-  int max_positions() const { return max_positions_; }
   const float* cos_at(int pos) const { return cos_.data() + size_t(pos) * (head_dim_ / 2); }
   const float* sin_at(int pos) const { return sin_.data() + size_t(pos) * (head_dim_ / 2); }
 
  private:
   int head_dim_;
-  int max_positions_;
   std::vector<float> cos_;  // [max_positions, head_dim / 2]
   std::vector<float> sin_;
 };
