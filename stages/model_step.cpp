@@ -134,6 +134,93 @@ class PassWatch {
   ModelRunner& runner_;
 };
 
+// The forward pass, or, where it throws, the sequences it fails in `result` (see model_step.h).
+// Returns whether it ran.
+bool forward(EngineContext& ctx, const std::vector<SequencePtr>& seqs, const Batch& batch,
+             bool prefill, Logits& logits, int riders, StepResult& result) {
+  try {
+    const PassWatch watch(ctx.runner, seqs);
+    ctx.runner.forward(batch, logits);
+    return true;
+  } catch (const PassAbandoned& e) {
+    // Every sequence has ended already: the scheduler drops them and frees their blocks.
+    log_line("%s %s", prefill ? "prefill:" : "decode:", e.what());
+    result.failed = seqs;
+  } catch (const RunnerFailure& e) {
+    log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
+             e.what());
+    const std::string why = std::string("the model runner failed: ") + e.what();
+    for (const SequencePtr& seq : seqs) seq->stream.fail(engine_failed_error(why));
+    result.failed = seqs;
+    ctx.engine_failed(why);
+  } catch (const std::exception& e) {
+    log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
+    const auto first_rider = seqs.end() - riders;
+    for (auto it = seqs.begin(); it != first_rider; ++it)
+      (*it)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
+    result.failed.assign(seqs.begin(), first_rider);
+    result.retry.assign(first_rider, seqs.end());
+  }
+  result.pass_failed = true;
+  return false;
+}
+
+// Each sequence's next token, drawn from its own row (a chunk's last) with its own sampler, and
+// its prompt's scores where asked for; or why that failed. In parallel, since a large batch's
+// sampling would otherwise stall the device between steps.
+struct Draws {
+  std::vector<SampledToken> sampled;
+  std::vector<std::optional<RequestError>> errors;
+};
+
+Draws draw_tokens(const std::vector<SequencePtr>& seqs, const Batch& batch, const Logits& logits) {
+  static const NvtxName kSampling("sampling");
+  NvtxRange range(kSampling);
+  Draws draws{std::vector<SampledToken>(seqs.size()),
+              std::vector<std::optional<RequestError>>(seqs.size())};
+  const std::vector<int> first_row = first_rows(batch);
+  const std::vector<std::optional<std::string>> scoring_errors =
+      score_prompts(seqs, batch, logits, first_row);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (scoring_errors[i]) draws.errors[i] = server_error("sampling failed: " + *scoring_errors[i]);
+  tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
+    if (!reaches_the_end(batch.seqs[i], *seqs[i]) || draws.errors[i]) return;
+    const SequenceChunk& chunk = batch.seqs[i];
+    const int row = first_row[i] + (chunk.all_logits ? int(chunk.tokens.size()) - 1 : 0);
+    try {
+      draws.sampled[i] = seqs[i]->sampler->sample(logits.row(row), seqs[i]->tokens);
+    } catch (const std::exception&) {
+      draws.errors[i] = sampling_error(*seqs[i]->request);
+    }
+  });
+  return draws;
+}
+
+// Appends the drawn token to its sequence, times it, and lists it in `result` with whether it
+// ends the answer; a sequence's first token carries its prompt's scores (empty unless asked for).
+void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken sampled,
+                  Clock::time_point now, StepResult& result) {
+  Sequence& seq = *seq_ptr;
+  seq.tokens.push_back(sampled.token);
+  const int index = seq.generated() - 1;
+  std::optional<FinishReason> finish;
+  if (ends_the_answer(seq, sampled.token))
+    finish = FinishReason::Stop;
+  else if (seq.generated() >= seq.max_tokens)
+    finish = FinishReason::Length;
+  std::vector<SampledToken> scores;
+  if (index == 0) {
+    ctx.metrics.time_to_first_token.observe(seconds_between(seq.request->arrival, now));
+    ctx.metrics.prompt_tokens_prefilled.add(uint64_t(seq.prompt_len));
+    seq.first_token_at = now;
+    scores = std::move(seq.prompt_scores);
+  } else {
+    ctx.metrics.inter_token_latency.observe(seconds_between(seq.last_token_at, now));
+  }
+  seq.last_token_at = now;
+  result.outputs.push_back({seq_ptr, index, std::move(sampled), finish, std::move(scores)});
+}
+
 }  // namespace
 
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
@@ -142,88 +229,20 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   result.prefill = prefill;
   result.batch_tokens = batch.total_tokens();
   const auto start = Clock::now();
-  try {
-    const PassWatch watch(ctx.runner, seqs);
-    ctx.runner.forward(batch, logits);
-  } catch (const PassAbandoned& e) {
-    // Every sequence has ended already: the scheduler drops them and frees their blocks.
-    log_line("%s %s", prefill ? "prefill:" : "decode:", e.what());
-    result.failed = seqs;
-    result.pass_failed = true;
-    return result;
-  } catch (const RunnerFailure& e) {
-    log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
-             e.what());
-    const std::string why = std::string("the model runner failed: ") + e.what();
-    for (const SequencePtr& seq : seqs) seq->stream.fail(engine_failed_error(why));
-    result.failed = seqs;
-    result.pass_failed = true;
-    ctx.engine_failed(why);
-    return result;
-  } catch (const std::exception& e) {
-    log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
-    const auto first_rider = seqs.end() - riders;
-    for (auto seq = seqs.begin(); seq != first_rider; ++seq)
-      (*seq)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
-    result.failed.assign(seqs.begin(), first_rider);
-    result.retry.assign(first_rider, seqs.end());
-    result.pass_failed = true;
-    return result;
-  }
+  if (!forward(ctx, seqs, batch, prefill, logits, riders, result)) return result;
   const auto now = Clock::now();
   (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)
       .observe(seconds_between(start, now));
   ctx.metrics.pass_tokens.observe(double(result.batch_tokens));
-  // Each sequence samples from its own row (a chunk's last) with its own sampler: in parallel,
-  // since a large batch's sampling would otherwise stall the device between steps.
-  const std::vector<int> first_row = first_rows(batch);
-  std::vector<SampledToken> sampled(seqs.size());
-  std::vector<std::optional<RequestError>> sampling_errors(seqs.size());
-  {
-    static const NvtxName kSampling("sampling");
-    NvtxRange range(kSampling);
-    const std::vector<std::optional<std::string>> scoring_errors =
-        score_prompts(seqs, batch, logits, first_row);
-    for (size_t i = 0; i < seqs.size(); ++i)
-      if (scoring_errors[i])
-        sampling_errors[i] = server_error("sampling failed: " + *scoring_errors[i]);
-    tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
-      if (!reaches_the_end(batch.seqs[i], *seqs[i]) || sampling_errors[i]) return;
-      const SequenceChunk& chunk = batch.seqs[i];
-      const int row = first_row[i] + (chunk.all_logits ? int(chunk.tokens.size()) - 1 : 0);
-      try {
-        sampled[i] = seqs[i]->sampler->sample(logits.row(row), seqs[i]->tokens);
-      } catch (const std::exception&) {
-        sampling_errors[i] = sampling_error(*seqs[i]->request);
-      }
-    });
-  }
+
+  Draws draws = draw_tokens(seqs, batch, logits);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    Sequence& seq = *seqs[i];
-    if (sampling_errors[i]) {
-      seq.stream.fail(*sampling_errors[i]);
+    if (draws.errors[i]) {
+      seqs[i]->stream.fail(*draws.errors[i]);
       result.failed.push_back(seqs[i]);
-      continue;
+    } else if (reaches_the_end(batch.seqs[i], *seqs[i])) {
+      append_token(ctx, seqs[i], std::move(draws.sampled[i]), now, result);
     }
-    if (!reaches_the_end(batch.seqs[i], seq)) continue;
-    seq.tokens.push_back(sampled[i].token);
-    const int index = seq.generated() - 1;
-    std::optional<FinishReason> finish;
-    if (ends_the_answer(seq, sampled[i].token))
-      finish = FinishReason::Stop;
-    else if (seq.generated() >= seq.max_tokens)
-      finish = FinishReason::Length;
-    if (index == 0) {
-      ctx.metrics.time_to_first_token.observe(seconds_between(seq.request->arrival, now));
-      ctx.metrics.prompt_tokens_prefilled.add(uint64_t(seq.prompt_len));
-      seq.first_token_at = now;
-    } else
-      ctx.metrics.inter_token_latency.observe(seconds_between(seq.last_token_at, now));
-    seq.last_token_at = now;
-    // The prompt's scores go out with its first token (empty unless asked for).
-    std::vector<SampledToken> scores;
-    if (index == 0) scores = std::move(seq.prompt_scores);
-    result.outputs.push_back({seqs[i], index, std::move(sampled[i]), finish, std::move(scores)});
   }
   result.seconds = seconds_between(start, Clock::now());
   return result;
