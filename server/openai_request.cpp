@@ -571,13 +571,20 @@ void read_prompts(const JsonBody& body, const ServedModel& model, ParsedRequest&
   if (value->empty()) throw invalid("prompt", "the list of prompts is empty");
   if ((*value)[0].is_number()) return read_prompt_ids(*value, model, parsed);
   for (const JsonBody& item : *value) {
-    if (item.is_string()) {
-      parsed.prompts.push_back(item.get<std::string>());
-      parsed.prompt_ids.emplace_back();
-    } else if (item.is_array()) {
-      read_prompt_ids(item, model, parsed);
-    } else {
-      throw wrong_type("prompt", kPromptForms, item);
+    try {
+      if (item.is_string()) {
+        parsed.prompts.push_back(item.get<std::string>());
+        parsed.prompt_ids.emplace_back();
+      } else if (item.is_array()) {
+        read_prompt_ids(item, model, parsed);
+      } else {
+        throw wrong_type("prompt", kPromptForms, item);
+      }
+    } catch (const ApiError& e) {
+      // Named as the tokenize stage names a refused prompt of a list: prompt[p].
+      RequestError error = e.error();
+      error.message = "prompt[" + std::to_string(parsed.prompts.size()) + "]: " + error.message;
+      throw ApiError(error);
     }
   }
 }
