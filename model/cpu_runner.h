@@ -18,7 +18,7 @@
 // one block; a pool given that does not fit beside the weights is refused. The whole pool is made
 // resident at construction (cpu::make_resident), so no decode step stops on page faults as its
 // sequences take new blocks, and a pool the machine cannot hold fails at start rather than under
-// load.
+// load (model/cpu_kv_pool.h sizes it).
 //
 // Threads: RunnerOptions::threads > 0 runs every kernel in a oneTBB task_arena of that many
 // threads; 0 runs them in the caller's arena (inside the engine, the flow graph's own; alone,
@@ -37,9 +37,6 @@
 #include "model/model_runner.h"
 
 namespace pipeline {
-
-// The most host memory a derived CPU KV pool may take (and at most half what the weights leave).
-inline constexpr int64_t kCpuKvPoolMaxBytes = int64_t(4) << 30;
 
 // Throws std::invalid_argument on options or weights the runner cannot use (block size, thread
 // count, head layout, a tensor whose shape disagrees with the config).
