@@ -274,7 +274,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
       Sequence& seq = *work[i];
       if (chunk.start_pos + chunk.tokens.size() != seq.tokens.size()) continue;
       seq.tokens.push_back(seq.tokens.back());
-      result.outputs.push_back({work[i], seq.generated() - 1, {}, std::nullopt, {}});
+      result.outputs.push_back({work[i], seq.generated() - 1, {}, std::nullopt, {}, {}});
     }
     return result;
   };
@@ -480,7 +480,7 @@ void BM_Stage_detokenize(benchmark::State& state) {
     for (int i = 0; i < seqs; ++i) {
       SampledToken sampled;
       sampled.token = text[size_t(index + i) % text.size()];
-      result.outputs.push_back({work[size_t(i)], index, std::move(sampled), std::nullopt, {}});
+      result.outputs.push_back({work[size_t(i)], index, std::move(sampled), std::nullopt, {}, {}});
     }
     ++index;
     (*stage)(std::move(result), [](Message m) { benchmark::DoNotOptimize(m); });

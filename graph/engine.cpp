@@ -52,7 +52,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 struct Engine::Impl {
   Impl(const ServeConfig& cfg, const RunnerMaker& make);
   void on_end(Sequence& seq, const ResponseStream::Payload& ending);
-  void observe_phases(const Sequence& seq, int completion_tokens);
+  void observe_phases(const Sequence& seq, const Completion& completion);
   void fail_for_good(const std::string& why);
 
   ServeConfig config;
@@ -136,15 +136,19 @@ Engine::Impl::Impl(const ServeConfig& cfg, const RunnerMaker& make)
         (long long)kv_tokens, runner->config().max_position_embeddings, (long long)kv_tokens);
 }
 
-// A completed sequence's phases, as vLLM times them; its end is now. A sequence that ended
-// before its first token (never admitted, or its answer empty) has no phases to count.
-void Engine::Impl::observe_phases(const Sequence& seq, int completion_tokens) {
+// A completed sequence's phases, as vLLM times them: they end when its last token was drawn. A
+// sequence that ended before its first token (never admitted, or its answer empty) has no
+// phases to count.
+void Engine::Impl::observe_phases(const Sequence& seq, const Completion& completion) {
   using Clock = std::chrono::steady_clock;
-  if (seq.scheduled_at == Clock::time_point{} || seq.first_token_at == Clock::time_point{}) return;
+  if (seq.scheduled_at == Clock::time_point{} || seq.first_token_at == Clock::time_point{} ||
+      completion.last_token_at == Clock::time_point{})
+    return;
   const auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   };
-  const auto end = Clock::now();
+  const auto end = completion.last_token_at;
+  const int completion_tokens = completion.completion_tokens;
   metrics.request_queue_seconds.observe(seconds(seq.queued_at, seq.scheduled_at));
   metrics.request_prefill_seconds.observe(seconds(seq.scheduled_at, seq.first_token_at));
   const double decode = seconds(seq.first_token_at, end);
@@ -163,7 +167,7 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
     metrics.request_seconds.observe(seconds_since(seq.request->arrival));
     metrics.request_prompt_tokens.observe(completion->prompt_tokens);
     metrics.request_generation_tokens.observe(completion->completion_tokens);
-    observe_phases(seq, completion->completion_tokens);
+    observe_phases(seq, *completion);
     if (config.server.logs_requests())
       log_line("request %s finished (%s): %d tokens in %.3f s", id.c_str(),
                finish_reason_name(completion->reason), completion->completion_tokens,

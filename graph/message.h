@@ -3,6 +3,7 @@
 // accepts (graph_builder checks that every kind produced has somewhere to go).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,7 +45,8 @@ struct SampledOutput {
   SequencePtr seq;
   int index = 0;
   SampledToken sampled;
-  std::optional<FinishReason> finish;  // set when this token ends the sequence
+  std::optional<FinishReason> finish;              // set when this token ends the sequence
+  std::chrono::steady_clock::time_point drawn_at;  // the end of the forward pass that drew it
   // Request::prompt_logprobs, with the first generated token: the scores of prompt tokens 1 ..
   // prompt_len - 1.
   std::vector<SampledToken> prompt_scores;

@@ -28,9 +28,19 @@ const std::vector<double> kLatencyBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.00
                                             0.025,  0.05,    0.1,    0.25,  0.5,    1.0,   2.5,
                                             5.0,    10.0,    30.0,   60.0,  120.0,  300.0, 600.0};
 
+// A phase of a request (vLLM's queue, prefill, decode, inference): one layout for the four, so
+// that they add up bucket by bucket, from a fast queue's 100 µs to a long CPU answer's hours.
+const std::vector<double> kPhaseBounds = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,  0.025, 0.05,  0.1,    0.25,  0.5,
+    1.0,    2.5,     5.0,    10.0,  30.0,   60.0,  120.0, 300.0, 600.0, 1200.0, 7200.0};
+
 // A request's whole time, from a fraction of a second to two hours (a long answer on a CPU).
 const std::vector<double> kRequestBounds = {0.1,  0.25, 0.5,  1.0,   2.5,   5.0,    10.0,
                                             20.0, 30.0, 60.0, 120.0, 300.0, 1200.0, 7200.0};
+
+// Tokens of a forward pass, as vLLM buckets its iterations' tokens.
+const std::vector<double> kPassTokenBounds = {1,   8,    16,   32,   64,   128,  256,
+                                              512, 1024, 2048, 4096, 8192, 16384};
 
 // Tokens in a prompt or an answer, as vLLM buckets them: 1, 2, 5 a decade.
 const std::vector<double> kTokenBounds = {1,   2,    5,    10,   20,    50,    100,   200,
@@ -76,14 +86,15 @@ Metrics::Metrics()
       request_seconds(kRequestBounds),
       request_prompt_tokens(kTokenBounds),
       request_generation_tokens(kTokenBounds),
-      request_queue_seconds(kLatencyBounds),
-      request_prefill_seconds(kLatencyBounds),
-      request_decode_seconds(kRequestBounds),
-      request_inference_seconds(kRequestBounds),
+      request_queue_seconds(kPhaseBounds),
+      request_prefill_seconds(kPhaseBounds),
+      request_decode_seconds(kPhaseBounds),
+      request_inference_seconds(kPhaseBounds),
       request_time_per_output_token(kLatencyBounds),
       prefill_forward_seconds(kLatencyBounds),
       decode_forward_seconds(kLatencyBounds),
-      pass_tokens({1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}) {}
+      pass_tokens(kPassTokenBounds),
+      iteration_tokens(kPassTokenBounds) {}
 
 StageMetrics& Metrics::add_stage(const std::string& node) {
   return stages_.emplace_back(node);

@@ -110,6 +110,9 @@ class Metrics {
   Histogram prefill_forward_seconds;
   Histogram decode_forward_seconds;
   Histogram pass_tokens;  // tokens computed per forward pass, prompt chunks and decodes together
+  // vLLM's iteration tokens, per forward pass: the tokens drawn, and the whole prompt of each
+  // sequence whose first token it drew (cached tokens too, as vLLM counts them).
+  Histogram iteration_tokens;
 
  private:
   std::deque<StageMetrics> stages_;

@@ -61,6 +61,9 @@ struct Completion {
   int completion_tokens = 0;
   int cached_tokens = 0;  // of the prompt's, those the prefix cache held when it was admitted
   StopReason stop_reason = {};
+  // When the model step drew the token that ended it: the end of vLLM's decode and inference
+  // phases (the metrics'), before detokenizing and delivery.
+  std::chrono::steady_clock::time_point last_token_at = {};
 
   TokenCounts counts() const { return {prompt_tokens, completion_tokens, cached_tokens}; }
 };

@@ -33,7 +33,8 @@ namespace pipeline {
 struct GeneratedToken {
   SampledToken sampled;
   std::optional<FinishReason> finish;
-  std::vector<SampledToken> prompt_scores;  // SampledOutput::prompt_scores
+  std::chrono::steady_clock::time_point drawn_at;  // SampledOutput::drawn_at
+  std::vector<SampledToken> prompt_scores;         // SampledOutput::prompt_scores
 };
 
 // Detokenize's per-sequence state: tokens come back into order, then become text.

@@ -104,7 +104,7 @@ std::string vllm_metrics_text(const Metrics& m, const std::string& model_name) {
   w.histogram("vllm:request_inference_time_seconds",
               "Histogram of time spent in RUNNING phase for request.", m.request_inference_seconds);
   w.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-              m.pass_tokens);
+              m.iteration_tokens);
   w.histogram("vllm:request_time_per_output_token_seconds",
               "Histogram of time_per_output_token_seconds per request.",
               m.request_time_per_output_token);

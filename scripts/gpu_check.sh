@@ -60,8 +60,13 @@ fi
 OUT=${OUT:-/tmp/gpu_check}
 LOGS=${LOGS_DIR:-/tmp/gpu_check_logs}
 MODEL_DIR=${MODEL_DIR:-/tmp/llama2-7b-bf16}
+rm -rf -- "$LOGS"  # a warm machine keeps /tmp: no earlier run's logs in this run's archive
 mkdir -p "$OUT" "$LOGS"
-archive_logs() { tar czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null; }
+# Written beside and then moved over the last one, so a kill during tar keeps the last whole one.
+archive_logs() {
+  tar czf "$OUT/logs.partial.tar.gz" -C "$LOGS" . 2>/dev/null \
+    && mv -f "$OUT/logs.partial.tar.gz" "$OUT/logs.tar.gz"
+}
 trap archive_logs EXIT  # also after an early exit; a kill at the time limit keeps the last stage's
 declare -a SUMMARY=()
 note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); echo "== $1: $2"; }

@@ -35,10 +35,10 @@ void DetokenizeStage::operator()(Message message, const Emit& emit) {
   StreamEvents out;
   for (auto& output : result.outputs) {
     const SequencePtr& seq = output.seq;
-    seq->text->tokens.push(
-        uint64_t(output.index),
-        {std::move(output.sampled), output.finish, std::move(output.prompt_scores)},
-        [&](const GeneratedToken& token) { add_token(seq, token, out); });
+    seq->text->tokens.push(uint64_t(output.index),
+                           {std::move(output.sampled), output.finish, output.drawn_at,
+                            std::move(output.prompt_scores)},
+                           [&](const GeneratedToken& token) { add_token(seq, token, out); });
   }
   if (!out.events.empty()) emit(std::move(out));
 }
@@ -108,9 +108,10 @@ void DetokenizeStage::add_token(const SequencePtr& seq, const GeneratedToken& to
     out.events.push_back({seq, state.next_event++, std::move(delta)});
   if (finish) {
     state.done = true;
-    out.events.push_back({seq, state.next_event++,
-                          Completion{*finish, counts.prompt_tokens, counts.completion_tokens,
-                                     counts.cached_tokens, std::move(stop_reason)}});
+    out.events.push_back(
+        {seq, state.next_event++,
+         Completion{*finish, counts.prompt_tokens, counts.completion_tokens, counts.cached_tokens,
+                    std::move(stop_reason), token.drawn_at}});
   }
 }
 

@@ -218,7 +218,7 @@ void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken s
     ctx.metrics.inter_token_latency.observe(seconds_between(seq.last_token_at, now));
   }
   seq.last_token_at = now;
-  result.outputs.push_back({seq_ptr, index, std::move(sampled), finish, std::move(scores)});
+  result.outputs.push_back({seq_ptr, index, std::move(sampled), finish, now, std::move(scores)});
 }
 
 }  // namespace
@@ -236,14 +236,17 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   ctx.metrics.pass_tokens.observe(double(result.batch_tokens));
 
   Draws draws = draw_tokens(seqs, batch, logits);
+  int64_t iteration_tokens = 0;  // vLLM's count: see Metrics::iteration_tokens
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (draws.errors[i]) {
       seqs[i]->stream.fail(*draws.errors[i]);
       result.failed.push_back(seqs[i]);
     } else if (reaches_the_end(batch.seqs[i], *seqs[i])) {
       append_token(ctx, seqs[i], std::move(draws.sampled[i]), now, result);
+      iteration_tokens += 1 + (seqs[i]->generated() == 1 ? seqs[i]->prompt_len : 0);
     }
   }
+  ctx.metrics.iteration_tokens.observe(double(iteration_tokens));
   result.seconds = seconds_between(start, Clock::now());
   return result;
 }

@@ -259,10 +259,10 @@ void TokenizeStage::operator()(Message message, const Emit& emit) {
   }
   ctx_.metrics.prompt_tokens.add(uint64_t(seq->prompt_len));
   if (ctx_.config.server.logs_requests()) {
-    // A prompt scored alone (echo, max_tokens 0) still draws a token, which its answer drops.
+    // A prompt answered alone (echo, max_tokens 0) still draws a token, which its answer drops.
     if (seq->request->prompt_only)
-      log_line("request %s added: %d prompt tokens, to score", seq->request->id.c_str(),
-               seq->prompt_len);
+      log_line("request %s added: %d prompt tokens, the prompt alone to answer",
+               seq->request->id.c_str(), seq->prompt_len);
     else
       log_line("request %s added: %d prompt tokens, up to %d new", seq->request->id.c_str(),
                seq->prompt_len, seq->max_tokens);

@@ -957,6 +957,22 @@ TEST(Engine, LogitBiasSteersGreedyTokensAndRefusesIdsOutsideTheVocabulary) {
       << sink_of(outside).error()->message;
 }
 
+// vLLM's phases end with the last token drawn, not with the answer's delivery: an answer of one
+// token has no decode phase.
+TEST(Engine, AOneTokenAnswerHasNoDecodePhase) {
+  Engine engine(make_config("{window_ms: 0}"));
+  auto request = make_request(kPrompts[3], 1, /*ignore_eos=*/true);
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(request).wait());
+  engine.shutdown(1s);
+  const auto& m = engine.metrics();
+  ASSERT_EQ(m.request_decode_seconds.count(), 1u);
+  EXPECT_EQ(m.request_decode_seconds.sum(), 0.0);
+  EXPECT_EQ(m.request_time_per_output_token.sum(), 0.0);
+  EXPECT_EQ(m.request_inference_seconds.sum(), m.request_prefill_seconds.sum());
+  EXPECT_GT(m.request_prefill_seconds.sum(), 0.0);
+}
+
 TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   Engine engine(make_config("{window_ms: 0}"));
   auto request = make_request(kPrompts[7], 20, /*ignore_eos=*/true);
@@ -985,6 +1001,9 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   // One pass computed the prompt, 19 one token each.
   EXPECT_EQ(m.pass_tokens.count(), 20u);
   EXPECT_EQ(m.pass_tokens.sum(), double(m.prompt_tokens.value() + 19));
+  // vLLM's count: the prefill's pass drew the first token of a whole prompt.
+  EXPECT_EQ(m.iteration_tokens.count(), 20u);
+  EXPECT_EQ(m.iteration_tokens.sum(), double(m.prompt_tokens.value() + 20));
   // The request's phases, as vLLM splits them: queued, then prefill up to the first token, then
   // decode; inference is prefill and decode together, within the request's whole time.
   for (const Histogram* phase :
