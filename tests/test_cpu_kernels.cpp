@@ -75,6 +75,30 @@ TEST(CpuFeatures, BestIsaIsSupported) {
   EXPECT_TRUE(isa_supported(Isa::Portable));
 }
 
+// bf16 weights run on vdpbf16ps or on the widening AVX-512 kernel, whichever was timed faster on
+// an AVX512_BF16 CPU, and on the widest kernel elsewhere; the choice holds for the process, and
+// the default matmul runs what it says.
+TEST(CpuFeatures, Bf16WeightsRunOnTheKernelTimedFasterAndOnlyThat) {
+  for (DType activations : {DType::BF16, DType::F32}) {
+    const Isa chosen = bf16_matmul_isa(activations);
+    if (best_matmul_isa() == Isa::Avx512Bf16)
+      EXPECT_TRUE(chosen == Isa::Avx512Bf16 || chosen == Isa::Avx512) << isa_name(chosen);
+    else
+      EXPECT_EQ(chosen, best_isa());
+    EXPECT_EQ(bf16_matmul_isa(activations), chosen);
+
+    std::mt19937 rng(7);
+    const TestWeights weights = make_weights(40, 45, DType::BF16, rng);  // 45: a tail
+    const PackedMatrix packed = PackedMatrix::stack(std::span(&weights.view, 1), activations);
+    EXPECT_EQ(matmul_isa(packed), chosen);
+    const std::vector<float> x = random_floats(3 * 45, rng);
+    std::vector<float> by_default(3 * 40), by_choice(3 * 40);
+    matmul(x.data(), 3, packed, by_default.data(), 40);
+    matmul(chosen, x.data(), 3, packed, by_choice.data(), 40);
+    EXPECT_EQ(by_default, by_choice);
+  }
+}
+
 // The entry points that take an instruction set refuse one this CPU lacks (on a CPU with all of
 // them there is none to try).
 TEST(CpuFeatures, KernelsRefuseAnInstructionSetTheCpuLacks) {
@@ -237,17 +261,6 @@ TEST(PackedMatmul, RowResultsDoNotDependOnBatchSize) {
       }
     }
   }
-}
-
-TEST(PackedMatmul, DefaultPathEqualsForcedBestIsa) {
-  std::mt19937 rng(14);
-  const TestWeights w = make_weights(40, 45, DType::BF16, rng);
-  const PackedMatrix packed = PackedMatrix::stack(std::span(&w.view, 1));
-  const std::vector<float> x = random_floats(3 * 45, rng);
-  std::vector<float> a(3 * 40), b(3 * 40);
-  matmul(x.data(), 3, packed, a.data(), 40);
-  matmul(best_matmul_isa(), x.data(), 3, packed, b.data(), 40);
-  EXPECT_EQ(a, b);
 }
 
 TEST(PackedMatmul, RejectsMismatchedPartsAndShortLdy) {

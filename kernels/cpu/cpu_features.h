@@ -19,7 +19,8 @@ Isa best_isa();
 // Throws std::invalid_argument, naming `caller`, where this CPU lacks `isa`: the kernels that
 // take a chosen instruction set (for tests and benchmarks) check it first.
 void require_isa(Isa isa, const char* caller);
-// What the packed matmul runs by default: Avx512Bf16 where the CPU has it, else best_isa().
+// The widest instruction set the packed matmul has code for: Avx512Bf16 where the CPU has it,
+// else best_isa(). Which one it runs is matmul_isa()'s choice (kernels/cpu/packed_matmul.h).
 Isa best_matmul_isa();
 
 }  // namespace pipeline::cpu

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -230,6 +231,37 @@ PanelsFn panels_function(Isa isa, bool bf16_dot) {
   return detail::packed_panels_portable;
 }
 
+// Whether vdpbf16ps is no more than 10% slower than widening to float32 for FMAs, for bf16
+// weights taking `activations` (bf16_matmul_isa): a 32-row product by a 1024 x 1024 matrix
+// (2 MiB, in the caches, so the arithmetic decides), on one thread, best of three rounds that
+// alternate the two kernels so that a busy moment of the host falls on both.
+bool bf16_dot_pays(DType activations) {
+  constexpr int kRows = 1024, kCols = 1024, kBatch = 32, kCalls = 3;
+  std::vector<uint16_t> weights(size_t(kRows) * kCols);
+  uint32_t state = 1;
+  for (uint16_t& w : weights) {
+    state = state * 1664525u + 1013904223u;
+    w = uint16_t(0x3c00u | (state >> 25));  // bf16 values near 0.01
+  }
+  const WeightMatrix matrix{weights.data(), DType::BF16, kRows, kCols};
+  const PackedMatrix w = PackedMatrix::stack(std::span(&matrix, 1), activations);
+  const std::vector<float> x(size_t(kBatch) * kCols, 0.5f);
+  std::vector<float> y(size_t(kBatch) * kRows);
+  const auto seconds = [&](Isa isa) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) matmul(isa, x.data(), kBatch, w, y.data(), kRows);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double dot = 1e30, widening = 1e30;
+  tbb::task_arena(1).execute([&] {
+    for (int round = 0; round < 3; ++round) {
+      dot = std::min(dot, seconds(Isa::Avx512Bf16));
+      widening = std::min(widening, seconds(Isa::Avx512));
+    }
+  });
+  return dot <= 1.1 * widening;
+}
+
 }  // namespace
 
 void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
@@ -238,8 +270,16 @@ void matmul(const float* x, int batch, const PackedMatrix& w, float* y, size_t l
 }
 
 Isa matmul_isa(const PackedMatrix& w) {
+  if (w.dtype() == DType::BF16) return bf16_matmul_isa(w.activations());
   const Isa best = best_matmul_isa();
-  return best == Isa::Avx512Bf16 && w.dtype() != DType::BF16 ? Isa::Avx512 : best;
+  return best == Isa::Avx512Bf16 ? Isa::Avx512 : best;
+}
+
+Isa bf16_matmul_isa(DType activations) {
+  if (best_matmul_isa() != Isa::Avx512Bf16) return best_matmul_isa();
+  static const bool dot_for_bf16 = bf16_dot_pays(DType::BF16);
+  static const bool dot_for_f32 = bf16_dot_pays(DType::F32);
+  return (activations == DType::BF16 ? dot_for_bf16 : dot_for_f32) ? Isa::Avx512Bf16 : Isa::Avx512;
 }
 
 void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
