@@ -110,9 +110,9 @@ Isa matmul_isa(const PackedMatrix& w);
 // What bf16 weights taking `activations` run on: on an AVX512_BF16 CPU, the faster of vdpbf16ps
 // and the AVX-512 widening kernel, timed once per process (a few tens of milliseconds, at the
 // first call) on a compute-bound product of 32 rows by a 1024 x 1024 matrix on one thread;
-// vdpbf16ps keeps it unless the other is more than 10% faster. CPUs differ: on an AMD EPYC
-// (Zen 4) vdpbf16ps took about half the time, on an Intel Xeon (Sapphire Rapids) the widening
-// kernel took 0.6 of it with bf16 activations and 0.3 with float32 ones (two vdpbf16ps terms).
+// vdpbf16ps keeps it unless the other is more than 10% faster. CPUs differ: vdpbf16ps was the
+// one measured fast on an AMD EPYC (Zen 4), while on an Intel Xeon (Sapphire Rapids) the
+// widening kernel took 0.6–0.75 of its time with bf16 activations and 0.3 with float32 ones.
 // Elsewhere best_matmul_isa().
 Isa bf16_matmul_isa(DType activations);
 
