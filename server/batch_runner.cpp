@@ -165,13 +165,20 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
   if (progress.written < todo.size()) {
     // Stopped: the engine finishes what it can within its grace and fails the rest; after a
     // failed write there is no grace, and nothing more is written.
-    const std::chrono::seconds grace(failure ? 0 : engine_.config().server.shutdown_grace_s);
+    const std::chrono::seconds grace(
+        failure || engine_.failure() ? 0 : engine_.config().server.shutdown_grace_s);
     engine_.shutdown(grace);
     drain(results, progress, failure);
     // The grace may have finished every request left, and with them the batch.
     progress.interrupted = progress.written < todo.size();
   }
   if (failure) std::rethrow_exception(failure);
+  // The run stopped for it, after writing the lines that had finished: those it failed are
+  // left unwritten, for a rerun to do.
+  if (progress.interrupted)
+    if (const auto why = engine_.failure())
+      throw std::runtime_error(*why +
+                               "; run the same command again for the lines left without results");
   report(progress);
   return progress;
 }
@@ -186,10 +193,9 @@ void BatchRunner::submit_and_write(const std::vector<BatchInput>& todo,
   size_t next = 0;
   auto next_report = Clock::now() + period;
   while (progress.written < todo.size() && !stop.load()) {
-    // The run stops: its lines in flight failed, unwritten, for a rerun to do.
-    if (const auto why = engine_.failure())
-      throw std::runtime_error(*why +
-                               "; run the same command again for the lines left without results");
+    // The run stops (run() says why): drain() still writes the lines that finished before the
+    // failure, whose events may not have been taken yet.
+    if (engine_.failure()) return;
     while (next < todo.size() && progress.in_flight < max_in_flight && !stop.load()) {
       if (!submit(todo[next], results, progress)) {
         // The engine's queue is full: wait for a request to finish. With none in flight it

@@ -47,8 +47,8 @@ class BatchRunner {
   // (server.shutdown_grace_s), the requests that finished are written and those it cut short
   // are not, so a rerun does them. Throws BatchOutputWriteError when the output cannot be
   // written, once the engine has failed every request still in flight, and std::runtime_error
-  // when the engine fails for good (Engine::failure: its model runner or scheduler), leaving
-  // the lines it failed unwritten.
+  // when the engine fails for good (Engine::failure: its model runner or scheduler), once the
+  // lines that finished before it are written, leaving those it failed unwritten.
   BatchProgress run(const std::vector<BatchInput>& todo, const std::atomic<bool>& stop,
                     std::chrono::milliseconds period, const Report& report);
 

@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -27,28 +28,36 @@ using testing::CollectingSink;
 using json = nlohmann::json;
 
 // stories260K's CPU runner, except that its forward pass number `fail_at` (from 1) and every
-// later one throw RunnerFailure("device lost").
+// later one throw RunnerFailure("device lost"), after waiting `settle`: the engine's failure
+// fails every request whose answer has not reached its client yet, so a test that counts the
+// answers delivered gives those already drawn the time to get there.
 class RunnerFailingAt final : public ModelRunner {
  public:
-  RunnerFailingAt(std::unique_ptr<ModelRunner> runner, int fail_at)
-      : runner_(std::move(runner)), fail_at_(fail_at) {}
+  RunnerFailingAt(std::unique_ptr<ModelRunner> runner, int fail_at,
+                  std::chrono::milliseconds settle)
+      : runner_(std::move(runner)), fail_at_(fail_at), settle_(settle) {}
   const LlamaConfig& config() const override { return runner_->config(); }
   const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
   std::string device_name() const override { return "failing"; }
   void forward(const Batch& batch, Logits& logits) override {
-    if (++passes_ >= fail_at_) throw RunnerFailure("device lost");
+    if (++passes_ >= fail_at_) {
+      std::this_thread::sleep_for(settle_);
+      throw RunnerFailure("device lost");
+    }
     runner_->forward(batch, logits);
   }
 
  private:
   std::unique_ptr<ModelRunner> runner_;
   int fail_at_;
+  std::chrono::milliseconds settle_;
   std::atomic<int> passes_{0};
 };
 
-RunnerMaker failing_at(int pass) {
-  return [pass](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
-    return std::make_unique<RunnerFailingAt>(make_cpu_runner(std::move(weights), options), pass);
+RunnerMaker failing_at(int pass, std::chrono::milliseconds settle = std::chrono::milliseconds(0)) {
+  return [pass, settle](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+    return std::make_unique<RunnerFailingAt>(make_cpu_runner(std::move(weights), options), pass,
+                                             settle);
   };
 }
 
@@ -155,9 +164,10 @@ TEST(RunnerFailure, TheHttpServerAnswers503AndHealthSaysWhy) {
 }
 
 // Three lines, one sequence running at a time: the first line's two passes answer it, and the
-// next line's prefill, the third pass, fails.
+// next line's prefill, the third pass, fails (after 200 ms, time for the first answer to reach
+// the batch runner).
 TEST(RunnerFailure, ABatchStopsAndWritesOnlyTheLinesThatFinished) {
-  Engine engine(make_config(), failing_at(3));
+  Engine engine(make_config(), failing_at(3, std::chrono::milliseconds(200)));
   std::vector<BatchInput> inputs;
   for (const char* id : {"a", "b", "c"}) {
     BatchInput input;
