@@ -277,9 +277,14 @@ Isa matmul_isa(const PackedMatrix& w) {
 
 Isa bf16_matmul_isa(DType activations) {
   if (best_matmul_isa() != Isa::Avx512Bf16) return best_matmul_isa();
-  static const bool dot_for_bf16 = bf16_dot_pays(DType::BF16);
-  static const bool dot_for_f32 = bf16_dot_pays(DType::F32);
-  return (activations == DType::BF16 ? dot_for_bf16 : dot_for_f32) ? Isa::Avx512Bf16 : Isa::Avx512;
+  // Each kind of activations is timed when it is first asked for: a process that runs one kind
+  // pays for one timing.
+  if (activations == DType::BF16) {
+    static const bool dot_pays = bf16_dot_pays(DType::BF16);
+    return dot_pays ? Isa::Avx512Bf16 : Isa::Avx512;
+  }
+  static const bool dot_pays = bf16_dot_pays(DType::F32);
+  return dot_pays ? Isa::Avx512Bf16 : Isa::Avx512;
 }
 
 void matmul(Isa isa, const float* x, int batch, const PackedMatrix& w, float* y, size_t ldy,
