@@ -141,9 +141,6 @@ void timed_by_events(benchmark::internal::Benchmark* b, std::initializer_list<in
   for (int n : counts) b->Arg(n);
   b->UseManualTime()->Iterations(25)->Unit(benchmark::kMicrosecond);
 }
-void rows_1_16_64(benchmark::internal::Benchmark* b) {
-  timed_by_events(b, {1, 16, 64});
-}
 void rows_1_4_16_32_64(benchmark::internal::Benchmark* b) {
   timed_by_events(b, {1, 4, 16, 32, 64});
 }
@@ -163,7 +160,8 @@ PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner);
 
 // One layer's decode attention for `batch` sequences of kContext positions (the last one the
 // step's new token, rotated and appended by the kernel), their blocks scattered at random
-// through the layer's pool; each call reads the next layer of the pool.
+// through the layer's pool, in partitions of the second argument's positions; each call reads
+// the next layer of the pool.
 void BM_CudaDecodeAttention(benchmark::State& state) {
   Device& d = device();
   if (!d.skip_reason.empty()) {
@@ -173,7 +171,8 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   const int batch = int(state.range(0));
   const int blocks_per_seq = kContext / kBlockSize;
   const int max_blocks_per_seq = kMaxPositions / kBlockSize;
-  const int max_splits = kMaxPositions / cuda::kDecodePartition;
+  const int partition = int(state.range(1));
+  const int max_splits = kMaxPositions / cuda::kShortDecodePartition;
   const size_t layer_elems = size_t(batch) * blocks_per_seq * kBlockSize * kHidden;
   const size_t layers = std::max<size_t>(1, kPoolBytes / (2 * layer_elems * sizeof(bf16)));
 
@@ -222,15 +221,27 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
     const cuda::DecodeNewTokens fresh{positions_d.data(), slots_d.data(), 10000.0f, k_layer,
                                       v_layer};
     cuda::paged_decode_attention(qkv.data(), 3 * kHidden, kv, fresh, lens_d.data(), batch, kHeads,
-                                 kContext / cuda::kDecodePartition, scratch, out.data(), d.stream);
+                                 partition, kContext / partition, scratch, out.data(), d.stream);
   });
   const double kv_bytes = 2.0 * double(layer_elems) * sizeof(bf16);
   using benchmark::Counter;
   state.counters["GB/s"] = Counter(kv_bytes * 1e-9, Counter::kIsIterationInvariantRate);
   state.counters["bw_floor"] = Counter(kv_bytes / d.bandwidth, Counter::kIsIterationInvariantRate);
+  // 1 where the runner would take this partition for this step.
+  int multiprocessors = 0;
+  PIPELINE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, /*device=*/0));
+  const bool chosen = cuda::decode_partition(batch, kHeads, kContext, multiprocessors) == partition;
+  state.counters["chosen"] = chosen ? 1.0 : 0.0;
 }
 
-BENCHMARK(BM_CudaDecodeAttention)->Apply(rows_1_16_64);
+BENCHMARK(BM_CudaDecodeAttention)
+    ->ArgsProduct({{1, 16, 64},
+                   {cuda::kShortDecodePartition, cuda::kDecodePartition,
+                    cuda::kLongDecodePartition}})
+    ->UseManualTime()
+    ->Iterations(25)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace pipeline::bench

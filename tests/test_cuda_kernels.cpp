@@ -253,49 +253,18 @@ std::vector<double> decode_reference(const HeadShape& shape, const std::vector<b
   return out;
 }
 
-// One new token for each of six sequences whose contexts are 1 position, within the first
-// partition, exactly one partition, one past it, several with a short last one, and nine; then
-// the same step with more partitions launched than the longest needs (as the runner rounds
-// them up), and again (the arrival counts must be back at zero).
-void check_decode_attention(const HeadShape& shape, int block_size = 16) {
-  SCOPED_TRACE(shape.name() + ", blocks of " + std::to_string(block_size));
-  std::mt19937 rng(11 + shape.group());
-  const std::vector<int> contexts = {1, 100, kDecodePartition, kDecodePartition + 1, 300, 1100};
-  std::vector<std::pair<int, int>> chunks;
-  for (int context : contexts) chunks.push_back({context - 1, 1});
-  constexpr int kMaxSplits = 16;
-  const ScatteredBatch paged = scattered_batch(rng, chunks, block_size);
-  const Batch& batch = paged.batch;
-  const PackedStep step(paged);
-  ASSERT_TRUE(step.shape.decode);
-  KvPool pool(rng, paged, shape);
-  const std::vector<bf16> qkv = random_bf16(rng, contexts.size() * shape.qkv_dim());
-  const DeviceBuffer<bf16> qkv_d = upload(qkv);
-  const int seqs = int(contexts.size()), D = shape.head_dim;
-
-  Stream stream;
-  const DecodeScratch scratch(seqs, shape.num_heads, shape.num_kv_heads, D, kMaxSplits,
-                              stream.get());
-  const PagedKv kv = paged_kv(pool, step);
-  const DecodeNewTokens fresh{step.at(step.layout.positions), step.at(step.layout.slots),
-                              float(kRopeTheta), pool.k_d.data(), pool.v_d.data()};
-  DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * D);
-  auto run = [&](int splits) {
-    paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
-                           step.at(step.layout.context_lens), seqs, shape.num_heads, splits,
-                           scratch, out_d.data(), stream.get());
-    return download(out_d);
-  };
-  const int needed = (contexts.back() + kDecodePartition - 1) / kDecodePartition;
-  const std::vector<bf16> out = run(needed);
-
+// Each sequence's attention output against the float64 reference, and the new token's k
+// (rotated) and v in the cache at its slot.
+void expect_decode_matches_reference(const HeadShape& shape, const std::vector<bf16>& qkv,
+                                     KvPool& pool, const Batch& batch,
+                                     const std::vector<bf16>& out) {
+  const int seqs = int(batch.seqs.size()), D = shape.head_dim;
   const size_t row = size_t(shape.num_heads) * D;
   for (int s = 0; s < seqs; ++s) {
     const std::vector<double> ref = decode_reference(shape, qkv, pool, batch.seqs[size_t(s)], s);
     EXPECT_LT(relative_l2(out.data() + size_t(s) * row, ref.data(), row), 1e-2)
-        << "sequence " << s << ", context " << contexts[size_t(s)];
+        << "sequence " << s << ", context " << batch.seqs[size_t(s)].start_pos + 1;
   }
-  // The new token's k (rotated) and v are in the cache at its slot.
   const std::vector<bf16> k_after = download(pool.k_d), v_after = download(pool.v_d);
   for (int s = 0; s < seqs; ++s) {
     const SequenceChunk& seq = batch.seqs[size_t(s)];
@@ -312,15 +281,79 @@ void check_decode_attention(const HeadShape& shape, int block_size = 16) {
           << "sequence " << s << ": v in the cache";
     }
   }
-  // Partitions past a sequence's context do nothing, and the merge runs in partition order
-  // whichever block ends last: the same bits with more partitions launched, and again.
-  const int rounded = (needed + 3) / 4 * 4;
-  for (int repeat = 0; repeat < 2; ++repeat) {
-    const std::vector<bf16> again = run(rounded);
-    EXPECT_TRUE(std::equal(out.begin(), out.end(), again.begin(),
-                           [](bf16 a, bf16 b) { return value(a) == value(b); }))
-        << rounded << " partitions launched, call " << repeat + 1;
+}
+
+// One new token for each of eight sequences whose contexts are 1 position, within the first
+// partition, exactly one partition and one past it (for either partition length), several with
+// a short last one, and nine; with partitions of either length. Then the same step with more
+// partitions launched than the longest needs (as the runner rounds them up), and again (the
+// arrival counts must be back at zero).
+void check_decode_attention(const HeadShape& shape, int block_size = 16) {
+  SCOPED_TRACE(shape.name() + ", blocks of " + std::to_string(block_size));
+  std::mt19937 rng(11 + shape.group());
+  const std::vector<int> contexts = {1,
+                                     kShortDecodePartition,
+                                     kShortDecodePartition + 1,
+                                     100,
+                                     kDecodePartition,
+                                     kDecodePartition + 1,
+                                     kLongDecodePartition,
+                                     kLongDecodePartition + 1,
+                                     300,
+                                     1100};
+  std::vector<std::pair<int, int>> chunks;
+  for (int context : contexts) chunks.push_back({context - 1, 1});
+  constexpr int kMaxSplits = 20;  // 1100 positions in 64-position partitions, rounded up
+  const ScatteredBatch paged = scattered_batch(rng, chunks, block_size);
+  const PackedStep step(paged);
+  ASSERT_TRUE(step.shape.decode);
+  KvPool pool(rng, paged, shape);
+  const std::vector<bf16> qkv = random_bf16(rng, contexts.size() * shape.qkv_dim());
+  const DeviceBuffer<bf16> qkv_d = upload(qkv);
+  const int seqs = int(contexts.size());
+
+  Stream stream;
+  const DecodeScratch scratch(seqs, shape.num_heads, shape.num_kv_heads, shape.head_dim, kMaxSplits,
+                              stream.get());
+  const PagedKv kv = paged_kv(pool, step);
+  const DecodeNewTokens fresh{step.at(step.layout.positions), step.at(step.layout.slots),
+                              float(kRopeTheta), pool.k_d.data(), pool.v_d.data()};
+  DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * shape.head_dim);
+  for (int partition : {kShortDecodePartition, kDecodePartition, kLongDecodePartition}) {
+    SCOPED_TRACE("partitions of " + std::to_string(partition));
+    auto run = [&](int splits) {
+      paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
+                             step.at(step.layout.context_lens), seqs, shape.num_heads, partition,
+                             splits, scratch, out_d.data(), stream.get());
+      return download(out_d);
+    };
+    const int needed = (contexts.back() + partition - 1) / partition;
+    const std::vector<bf16> out = run(needed);
+    expect_decode_matches_reference(shape, qkv, pool, paged.batch, out);
+    // Partitions past a sequence's context do nothing, and the merge runs in partition order
+    // whichever block ends last: the same bits with more partitions launched, and again.
+    const int rounded = (needed + 3) / 4 * 4;
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      const std::vector<bf16> again = run(rounded);
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), again.begin(),
+                             [](bf16 a, bf16 b) { return value(a) == value(b); }))
+          << rounded << " partitions launched, call " << repeat + 1;
+    }
   }
+}
+
+// The longest partitions that still give kDecodeBlocksPerSm blocks per multiprocessor: 132 of
+// them (an H100 SXM or H200) and llama2-7b's 32 KV heads, so 528 blocks.
+TEST(CudaKernels, DecodeTakesTheLongestPartitionsThatKeepTheGridFull) {
+  EXPECT_EQ(decode_partition(1, 32, 1024, 132), kShortDecodePartition);  // 512 blocks of 64
+  EXPECT_EQ(decode_partition(2, 32, 1024, 132), kShortDecodePartition);  // 512 of 128
+  EXPECT_EQ(decode_partition(3, 32, 1024, 132), kDecodePartition);       // 768 of 128
+  EXPECT_EQ(decode_partition(4, 32, 1024, 132), kDecodePartition);       // 512 of 256
+  EXPECT_EQ(decode_partition(5, 32, 1024, 132), kLongDecodePartition);   // 640 of 256
+  EXPECT_EQ(decode_partition(16, 32, 1024, 132), kLongDecodePartition);
+  EXPECT_EQ(decode_partition(16, 32, 256, 132), kDecodePartition);       // 1024 of 128
+  EXPECT_EQ(decode_partition(16, 32, 257, 132), kLongDecodePartition);   // 1024 of 256
+  EXPECT_EQ(decode_partition(16, 32, 100, 132), kShortDecodePartition);  // 1024 of 64
 }
 
 TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {

@@ -1,10 +1,10 @@
 // Paged-attention decode, flash-decoding style: each sequence's cached positions are cut into
-// partitions of kDecodePartition; one block scores one partition for all query heads that
-// share a KV head (grouped-query attention reads each K/V row once) in a single pass over K and
-// V with an online softmax. A context of one partition writes its output at once; otherwise
-// each block keeps a normalised partial output with its max and sum, and the last block of the
-// (sequence, KV head) to finish merges them all, in partition order, so the result does not
-// depend on which block finished last.
+// partitions (64, 128 or 256 positions: decode_partition); one block scores one
+// partition for all query heads that share a KV head (grouped-query attention reads each K/V row
+// once) in a single pass over K and V with an online softmax. A context of one partition writes its
+// output at once; otherwise each block keeps a normalised partial output with its max and sum, and
+// the last block of the (sequence, KV head) to finish merges them all, in partition order, so the
+// result does not depend on which block finished last.
 //
 // The kernel also applies the rotary embedding of the step's new token: every block rotates q
 // as it loads it, and the block of the last partition, the only one that reads the new
@@ -27,7 +27,6 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;  // query heads per KV head
 constexpr int kMaxHeadDim = 256;
-constexpr int kUnroll = 4;  // K/V rows each thread has in flight before using them
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The lanes that cover one cached row of head_dim bf16 with one 16-byte load each (a power of
@@ -98,26 +97,39 @@ __device__ __forceinline__ float rotated(const bf16* head, int d, int half, cons
   return d < half ? x * cos_s[i] - partner * sin_s[i] : x * cos_s[i] + partner * sin_s[i];
 }
 
+constexpr int kUnroll = 4;  // K/V rows each thread has in flight before using them
+
+// K and V of the rows one pass of the loop below reads: each thread's kUnroll rows (a row group
+// of row_threads lanes takes rows row_in_pass, + rows_per_pass, ...), 16 bytes of each.
+struct KvRows {
+  uint4 k[kUnroll], v[kUnroll];
+};
+
 template <int kGroup>
 __global__ void __launch_bounds__(kThreads)
     decode_partition_kernel(const bf16* qkv, int qkv_stride, PagedKv kv, DecodeNewTokens fresh,
-                            const int32_t* context_lens, int num_heads, DecodePartials partials,
-                            bf16* out) {
+                            const int32_t* context_lens, int num_heads, int partition,
+                            DecodePartials partials, bf16* out) {
   __shared__ __align__(16) float q_s[kGroup * kMaxHeadDim];
   __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
   __shared__ bool last_to_arrive;
-  __shared__ int32_t blocks_s[kDecodePartition + 1];  // the cache blocks the partition spans
+  __shared__ int32_t blocks_s[kLongDecodePartition + 1];  // the cache blocks the partition spans
   __shared__ float warp_max_s[kWarps][kGroup], warp_sum_s[kWarps][kGroup];
   __shared__ float warp_acc_s[kWarps][kGroup * kMaxHeadDim];
-  wait_for_previous_kernel();
-  allow_next_kernel();
 
+  // Until wait_for_previous_kernel(), only what no kernel of this step writes: the step's
+  // inputs (uploaded before its first kernel), and the cached K and V of earlier positions. So
+  // with programmatic dependent launch the block table, the rotary angles and the first rows
+  // are on their way while the QKV projection ahead finishes.
   const int split = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
   const int context = context_lens[seq];
-  const int begin = split * kDecodePartition;
+  const int begin = split * partition;
   if (begin >= context) return;  // uniform across the block
-  const int n = min(kDecodePartition, context - begin);
-  const int parts = (context + kDecodePartition - 1) / kDecodePartition;
+  const int n = min(partition, context - begin);
+  const int parts = (context + partition - 1) / partition;
+  const bool last_part = split == parts - 1;
+  // The row of the step's new token, which this block appends only once q, k, v are ready.
+  const int new_row = last_part ? n - 1 : -1;
 
   const int D = kv.head_dim, half = D / 2;
   const int first_head = kv_head * kGroup;
@@ -134,6 +146,39 @@ __global__ void __launch_bounds__(kThreads)
   for (int b = threadIdx.x; b < num_blocks; b += kThreads) blocks_s[b] = table[first_block + b];
   __syncthreads();
 
+  const int row_threads = threads_per_row(D);
+  const int rows_per_pass = kThreads / row_threads;
+  const int rows_per_iteration = rows_per_pass * kUnroll;
+  const int row_in_pass = threadIdx.x / row_threads;
+  const int lane = threadIdx.x % row_threads;
+  const int d0 = lane * 8;
+  const bool lane_active = d0 < D;
+  const size_t slot_stride = size_t(kv.num_kv_heads) * D;
+  // This lane's 16 bytes of K and V of row i (< n) of the partition.
+  auto load_row = [&](int i, uint4& k, uint4& v) {
+    const int at = begin + i;
+    const size_t block = size_t(blocks_s[at / kv.block_size - first_block]);
+    const size_t offset =
+        (block * kv.block_size + at % kv.block_size) * slot_stride + size_t(kv_head) * D + d0;
+    k = *reinterpret_cast<const uint4*>(kv.k + offset);
+    v = *reinterpret_cast<const uint4*>(kv.v + offset);
+  };
+  // This thread's rows of the pass from row `base` (zeros past the partition), but for row
+  // `skip`.
+  auto load_rows = [&](int base, int skip, KvRows& rows) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * rows_per_pass + row_in_pass;
+      rows.k[u] = rows.v[u] = make_uint4(0, 0, 0, 0);
+      if (i < n && i != skip && lane_active) load_row(i, rows.k[u], rows.v[u]);
+    }
+  };
+  KvRows current;
+  load_rows(0, new_row, current);
+
+  wait_for_previous_kernel();
+  allow_next_kernel();
+
   // q of the group's heads, rotated, rounded to bf16 as rope_write_kv stores a prefill's q (so
   // decode and prefill attend with the same q), and pre-scaled (log2 units). The last partition's
   // block also appends the new k (rotated) and v, which its loop below then reads back: a barrier
@@ -142,7 +187,7 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* q_row = qkv + size_t(seq) * qkv_stride + size_t(first_head) * D;
   for (int idx = threadIdx.x; idx < kGroup * D; idx += kThreads)
     q_s[idx] = round_to_bf16(rotated(q_row + (idx / D) * D, idx % D, half, cos_s, sin_s)) * scale;
-  if (split == parts - 1) {
+  if (last_part) {
     const bf16* k_new = qkv + size_t(seq) * qkv_stride + size_t(num_heads + kv_head) * D;
     const bf16* v_new = k_new + size_t(kv.num_kv_heads) * D;
     const size_t at = (size_t(fresh.slots[seq]) * kv.num_kv_heads + kv_head) * D;
@@ -152,14 +197,11 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-
-  const int row_threads = threads_per_row(D);
-  const int rows_per_pass = kThreads / row_threads;
-  const int row_in_pass = threadIdx.x / row_threads;
-  const int lane = threadIdx.x % row_threads;
-  const int d0 = lane * 8;
-  const bool lane_active = d0 < D;
-  const size_t slot_stride = size_t(kv.num_kv_heads) * D;
+  // The new row, where the first pass holds it, is read now that it is written.
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (u * rows_per_pass + row_in_pass == new_row && lane_active)
+      load_row(new_row, current.k[u], current.v[u]);
 
   float q_r[kGroup][8];
 #pragma unroll
@@ -176,23 +218,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 8; ++j) state.acc[g][j] = 0.0f;
   }
 
-  // Each row group (row_threads lanes) walks rows row_in_pass, + rows_per_pass, ...; K and V
-  // of kUnroll rows are loaded before any is used.
-  for (int base = 0; base < n; base += rows_per_pass * kUnroll) {
-    uint4 k_raw[kUnroll], v_raw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * rows_per_pass + row_in_pass;
-      k_raw[u] = v_raw[u] = make_uint4(0, 0, 0, 0);
-      if (i < n && lane_active) {
-        const int position = begin + i;
-        const size_t block = size_t(blocks_s[position / kv.block_size - first_block]);
-        const size_t offset = (block * kv.block_size + position % kv.block_size) * slot_stride +
-                              size_t(kv_head) * D + d0;
-        k_raw[u] = *reinterpret_cast<const uint4*>(kv.k + offset);
-        v_raw[u] = *reinterpret_cast<const uint4*>(kv.v + offset);
-      }
-    }
+  // Each pass loads kUnroll rows per thread before it scores any. (Loading the next pass's rows
+  // while scoring these takes registers that cost more in resident blocks than it gains: on an
+  // H200 it slowed the kernel by 10-15% at 16 and 64 sequences.)
+  for (int base = 0; base < n; base += rows_per_iteration) {
+    if (base != 0) load_rows(base, -1, current);
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       float scores[kUnroll];
@@ -200,7 +230,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         float k[8];
-        unpack8(k_raw[u], k);
+        unpack8(current.k[u], k);
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) dot += q_r[g][j] * k[j];
@@ -219,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kUnroll; ++u) {
         const float p = scaled_exp2(scores[u], tile_max);
         float v[8];
-        unpack8(v_raw[u], v);
+        unpack8(current.v[u], v);
         state.sum[g] += p;
 #pragma unroll
         for (int j = 0; j < 8; ++j) state.acc[g][j] += p * v[j];
@@ -294,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 using PartitionKernel = void (*)(const bf16*, int, PagedKv, DecodeNewTokens, const int32_t*, int,
-                                 DecodePartials, bf16*);
+                                 int, DecodePartials, bf16*);
 
 // The partition kernel built for `group` query heads per KV head.
 PartitionKernel partition_kernel_for(int group) {
@@ -332,6 +362,15 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
   return true;
 }
 
+int decode_partition(int num_seqs, int num_kv_heads, int max_context, int multiprocessors) {
+  for (int partition : {kLongDecodePartition, kDecodePartition}) {
+    const int64_t splits = (max_context + partition - 1) / partition;
+    if (int64_t(num_seqs) * num_kv_heads * splits >= int64_t(kDecodeBlocksPerSm) * multiprocessors)
+      return partition;
+  }
+  return kShortDecodePartition;
+}
+
 DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim,
                              int max_splits, cudaStream_t stream)
     : seqs_(seqs) {
@@ -346,8 +385,12 @@ DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head
 
 void paged_decode_attention(const bf16* qkv, int qkv_stride, const PagedKv& kv,
                             const DecodeNewTokens& fresh, const int32_t* context_lens, int num_seqs,
-                            int num_heads, int splits, const DecodeScratch& scratch, bf16* out,
-                            cudaStream_t stream) {
+                            int num_heads, int partition, int splits, const DecodeScratch& scratch,
+                            bf16* out, cudaStream_t stream) {
+  if (partition != kShortDecodePartition && partition != kDecodePartition &&
+      partition != kLongDecodePartition)
+    throw std::invalid_argument("paged_decode_attention: partitions of " +
+                                std::to_string(partition) + " positions, not 64, 128 or 256");
   if (splits > scratch.partials().max_splits)
     throw std::invalid_argument("paged_decode_attention: " + std::to_string(splits) +
                                 " partitions, the scratch holds " +
@@ -358,7 +401,8 @@ void paged_decode_attention(const bf16* qkv, int qkv_stride, const PagedKv& kv,
                                 " sequences, the scratch holds " + std::to_string(scratch.seqs()));
   const dim3 grid(splits, kv.num_kv_heads, num_seqs);
   launch_dependent(partition_kernel_for(num_heads / kv.num_kv_heads), grid, kThreads, 0, stream,
-                   qkv, qkv_stride, kv, fresh, context_lens, num_heads, scratch.partials(), out);
+                   qkv, qkv_stride, kv, fresh, context_lens, num_heads, partition,
+                   scratch.partials(), out);
 }
 
 }  // namespace pipeline::cuda

@@ -8,9 +8,9 @@
 // GEMM with SiLU*mul (in its epilogue up to 64 rows) -> down GEMM.
 //
 // Decode steps (one token per sequence) are captured as a CUDA graph per batch size and
-// attention grid (the partitions the longest context needs, rounded up) the
-// second time that pair is seen, and replayed afterwards; all inputs reach the graph through
-// one packed index buffer at a fixed device address. Prefill runs eagerly.
+// attention grid (the partition length, and the partitions the longest context needs, rounded
+// up) the second time that pair is seen, and replayed afterwards; all inputs reach the graph
+// through one packed index buffer at a fixed device address. Prefill runs eagerly.
 #include "kernels/cuda/cuda_runner.h"
 
 #include <cuda_runtime.h>
@@ -25,6 +25,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -79,7 +80,7 @@ std::string gib_string(size_t bytes) {
 // The prompt tokens a runner's buffers hold from the start, and its warm-up prefill.
 constexpr int kWarmUpTokens = 512;
 
-// Captured decode steps kept at once. A key is (batch size, attention partitions): a serve
+// Captured decode steps kept at once. A key is (batch size, attention grid): a serve
 // whose batches grow to 64 sequences over 4K-token contexts meets about 700 of them, while the
 // steps of any one stretch of serving, their batches within a few sequences of each other, use
 // a few dozen. The least recently replayed graph goes first; a graph being replayed when it
@@ -110,6 +111,15 @@ void copy_out(const float* src, size_t count, std::vector<float>& dst) {
                       std::copy(src + r.begin(), src + r.end(), dst.data() + r.begin());
                     });
 }
+
+// A decode step's attention grid: partitions of `partition` positions, `splits` per sequence.
+struct DecodeGrid {
+  int partition = 0;
+  int splits = 0;
+};
+
+// What a captured decode step is kept under: its batch size and attention grid.
+using DecodeKey = std::tuple<int, int, int>;  // (sequences, partition, splits)
 
 // Device buffers of one forward pass, sized for a StepCapacity.
 struct Workspace {
@@ -161,7 +171,7 @@ class CudaRunner final : public ModelRunner {
   void ensure_capacity(int tokens, int seqs, int logit_rows);
   // Replaces the workspace and pinned buffers with ones of `capacity` (captured graphs go too).
   void allocate_workspace(const StepCapacity& capacity);
-  int decode_splits(const StepShape& shape) const;
+  DecodeGrid decode_grid(const StepShape& shape) const;
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
   void enqueue_attention(const StepShape& shape, int layer);
@@ -175,6 +185,7 @@ class CudaRunner final : public ModelRunner {
   KvCacheShape kv_shape_;
   int max_blocks_per_seq_ = 0;
   int max_splits_ = 0;
+  int multiprocessors_ = 0;
   Stream stream_;
   Gemm gemm_;
   DeviceWeights device_weights_;
@@ -182,9 +193,9 @@ class CudaRunner final : public ModelRunner {
   std::unique_ptr<Workspace> workspace_;
   PinnedBuffer<int32_t> staging_;       // host image of workspace_->indices
   PinnedBuffer<float> logits_staging_;  // host landing of workspace_->logits
-  // (batch size, decode_splits) -> eager runs, and the captured step (null: capture failed).
-  std::map<std::pair<int, int>, int> decode_sightings_;
-  LruCache<std::pair<int, int>, std::unique_ptr<GraphExec>> decode_graphs_{kMaxDecodeGraphs};
+  // (batch size, decode_grid) -> eager runs, and the captured step (null: capture failed).
+  std::map<DecodeKey, int> decode_sightings_;
+  LruCache<DecodeKey, std::unique_ptr<GraphExec>> decode_graphs_{kMaxDecodeGraphs};
   std::vector<std::string> setup_report_;  // what warm_up() measured and chose
 };
 
@@ -221,7 +232,9 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
   const LlamaConfig& c = config_;
   max_blocks_per_seq_ =
       (c.max_position_embeddings + options.kv_block_size - 1) / options.kv_block_size;
-  max_splits_ = (c.max_position_embeddings + kDecodePartition - 1) / kDecodePartition;
+  max_splits_ = (c.max_position_embeddings + kShortDecodePartition - 1) / kShortDecodePartition;
+  PIPELINE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, /*device=*/0));
 
   size_t free_bytes = 0, total_bytes = 0;
   PIPELINE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -417,23 +430,26 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
   copy_out(logits_staging_.data(), count, logits.data);
 }
 
-// Decode attention partitions launched per sequence: enough for the longest context, rounded
-// up (to a power of two up to 4, then to a multiple of 4) so that few graphs cover every
-// length and few blocks find nothing to do.
-int CudaRunner::decode_splits(const StepShape& shape) const {
-  const int needed = (shape.max_context + kDecodePartition - 1) / kDecodePartition;
+// The decode attention's partitions (see decode_partition) and how many are launched per
+// sequence: enough for the longest context, rounded up (to a power of two up to 4, then to a
+// multiple of 4) so that few graphs cover every length and few blocks find nothing to do.
+DecodeGrid CudaRunner::decode_grid(const StepShape& shape) const {
+  const int partition =
+      decode_partition(shape.seqs, config_.num_kv_heads, shape.max_context, multiprocessors_);
+  const int needed = (shape.max_context + partition - 1) / partition;
   const int rounded = needed <= 4 ? round_up_pow2(needed) : (needed + 3) / 4 * 4;
-  return std::min(rounded, max_splits_);
+  return {partition, std::min(rounded, max_splits_)};
 }
 
-// First sight of a (batch size, splits) pair runs eagerly; the second captures the step into
-// a graph; later ones replay it. Pairs seen once (the tail of a draining batch) never pay for
+// First sight of a (batch size, attention grid) pair runs eagerly; the second captures the step
+// into a graph; later ones replay it. Pairs seen once (the tail of a draining batch) never pay for
 // a capture. A pair whose capture failed (no memory left to instantiate it, say) runs eagerly
 // from then on: the graph saves launch time, and its absence fails nothing. A pair whose graph
 // was dropped to make room (kMaxDecodeGraphs) is captured again when it next comes.
 void CudaRunner::run_decode(const StepShape& shape) {
   cudaStream_t stream = stream_.get();
-  const std::pair<int, int> key{shape.seqs, decode_splits(shape)};
+  const DecodeGrid grid = decode_grid(shape);
+  const DecodeKey key{shape.seqs, grid.partition, grid.splits};
   std::unique_ptr<GraphExec>* graph = decode_graphs_.find(key);
   if (graph == nullptr) {
     if (++decode_sightings_[key] < 2) {
@@ -520,8 +536,9 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   if (shape.decode) {
     const DecodeNewTokens fresh{ws.index(at.positions), ws.index(at.slots), c.rope_theta, k_layer,
                                 v_layer};
+    const DecodeGrid grid = decode_grid(shape);
     paged_decode_attention(ws.qkv.data(), qkv_dim, kv, fresh, ws.index(at.context_lens), shape.seqs,
-                           c.num_heads, decode_splits(shape), ws.decode, ws.attn.data(),
+                           c.num_heads, grid.partition, grid.splits, ws.decode, ws.attn.data(),
                            stream_.get());
   } else {
     prefill_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.tiles), shape.tiles,
