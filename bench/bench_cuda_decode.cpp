@@ -135,6 +135,65 @@ void BM_CudaDecode(benchmark::State& state) {
 
 BENCHMARK(BM_CudaDecode)->Arg(1)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// The serving benchmark's workload on the runner alone: 16 sequences of 32-token prompts,
+// prefilled together, then decoded together for 1024 steps, their contexts growing from 33 to
+// 1056 positions and their cache blocks taken one at a time as each needs the next, so that
+// the sequences' blocks interleave in the pool as a scheduler's do. Its tok/s set beside
+// `pipeline bench-serve`'s on the same checkpoint say how much of serving is the server's.
+// Counters as BM_CudaDecode's (the floor counts each step's own KV bytes), and steps: the
+// forward passes of one iteration.
+void BM_CudaDecodeServing(benchmark::State& state) {
+  DecodeSetup& s = setup();
+  if (!s.skip_reason.empty()) {
+    state.SkipWithError(s.skip_reason.c_str());
+    return;
+  }
+  constexpr int kSeqs = 16, kPrompt = 32, kSteps = 1024;
+  const LlamaConfig& c = s.weights->config;
+  const int block_size = s.runner->kv_shape().block_size;
+  if (kSeqs * ((kPrompt + kSteps) / block_size + 1) > s.runner->kv_shape().num_blocks) {
+    state.SkipWithError("the KV pool is too small for 16 sequences of 1056 positions");
+    return;
+  }
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> token(3, c.vocab_size - 1);
+  const double weight_bytes = double(cuda::decode_weight_bytes(c));
+  const double kv_bytes_per_position = double(c.num_layers) * c.kv_dim() * 2.0 * 2.0;
+  double floor_seconds = 0.0;
+  Logits logits;
+  for (auto _ : state) {
+    state.PauseTiming();
+    // The earlier benchmarks' contexts are overwritten: from here on only timings matter.
+    int32_t next_block = 0;
+    std::vector<SequenceChunk> seqs(kSeqs);
+    for (SequenceChunk& seq : seqs) {
+      seq.tokens.resize(kPrompt);
+      for (int32_t& t : seq.tokens) t = token(rng);
+      for (int b = 0; b * block_size < kPrompt + 1; ++b) seq.block_table.push_back(next_block++);
+    }
+    state.ResumeTiming();
+    s.runner->forward(Batch{seqs}, logits);
+    for (int step = 0; step < kSteps - 1; ++step) {
+      for (SequenceChunk& seq : seqs) {
+        seq.start_pos += int(seq.tokens.size());
+        seq.tokens = {token(rng)};
+        if (seq.start_pos + 1 > int(seq.block_table.size()) * block_size)
+          seq.block_table.push_back(next_block++);
+      }
+      s.runner->forward(Batch{seqs}, logits);
+      floor_seconds +=
+          (weight_bytes + kSeqs * (seqs[0].start_pos + 1) * kv_bytes_per_position) / s.bandwidth;
+    }
+  }
+  state.counters["tok/s"] =
+      benchmark::Counter(double(kSeqs) * kSteps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["floor"] = benchmark::Counter(floor_seconds, benchmark::Counter::kIsRate);
+  state.counters["GB/s_dev"] = s.bandwidth * 1e-9;
+  state.counters["steps"] = kSteps;
+}
+
+BENCHMARK(BM_CudaDecodeServing)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace pipeline
 

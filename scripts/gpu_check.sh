@@ -275,7 +275,9 @@ wait "$server_pid" 2>/dev/null
 # ---- Where a step's time goes: Nsight Compute times each kernel of one replayed decode step
 # at batch 1, 16 and 64 on its own (bench_cuda_decode brackets that step for the profiler), so
 # the sum beside the step's time says how much is kernels and how much the gaps between them.
-# Last and optional: it needs what the budget leaves.
+# Last and optional: it needs what the budget leaves. ncu slows every launch, so the runner's
+# tuning there may send some projections another way than in the benchmark above: the
+# kernel names say which ran.
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ -z $ncu ]]; then
   note ncu "not found"
@@ -286,7 +288,8 @@ else
   PIPELINE_BENCH_MODEL=$MODEL_DIR timeout "$(left 150)" "$ncu" --profile-from-start off \
     --clock-control none --cache-control none --metrics gpu__time_duration.sum \
     --print-units base --csv --log-file "$OUT/ncu.csv" \
-    "$BIN/bench_cuda_decode" --benchmark_min_time=0.01 > "$LOGS/ncu_bench.log" 2>&1
+    "$BIN/bench_cuda_decode" --benchmark_filter='BM_CudaDecode/' --benchmark_min_time=0.01 \
+    > "$LOGS/ncu_bench.log" 2>&1
   note ncu "exit $?, $(seconds_since "$t") s"
 fi
 
@@ -311,6 +314,10 @@ for path, title, columns in tables:
         if r.get("error_occurred"):
             print(f"{name:44} skipped: {r.get('error_message')}")
             continue
+        # A benchmark that times many steps per iteration (the serving-shaped one) says how many.
+        r["real_time"] /= r.get("steps", 1)
+        # The decode attention's partition lengths: * marks the one the runner takes.
+        name += " *" if r.get("chosen") == 1 else ""
         print(f"{name:44}" + "".join(f" {r.get(key, 0):{width}.{digits}f}"
                                      for _, key, width, digits in columns))
 PY
@@ -358,13 +365,17 @@ for line in open(sys.argv[1]):
                  line)
     if m:
         (sums if m[2] == "sum" else counts)[(m[1], m[3])] = float(m[4])
+    m = re.match(r'pipeline_decode_turnaround_seconds_(sum|count) (\S+)', line)
+    if m:
+        (sums if m[1] == "sum" else counts)[("turnaround", "decode")] = float(m[2])
 def mean_ms(key):
     return f"{counts[key]:.0f} x {1e3 * sums[key] / counts[key]:.2f} ms" if counts.get(key) else "none"
 print("serve, per node: " + ", ".join(
     f"{node} {mean_ms((kind, node))}" for kind, node in sums if kind == "stage"))
 # The decode node's time less its forward passes is the host's share: sampling and bookkeeping.
 print("serve, forward passes: prefill " + mean_ms(("forward", "prefill")) + ", decode " +
-      mean_ms(("forward", "decode")))
+      mean_ms(("forward", "decode")) + "; the host between decode passes " +
+      mean_ms(("turnaround", "decode")))
 PY
 fi
 if [[ -s $OUT/bench_serve.json ]]; then
