@@ -38,6 +38,11 @@ const std::vector<double> kPhaseBounds = {
 const std::vector<double> kRequestBounds = {0.1,  0.25, 0.5,  1.0,   2.5,   5.0,    10.0,
                                             20.0, 30.0, 60.0, 120.0, 300.0, 1200.0, 7200.0};
 
+// The host's time between two decode passes, from a few microseconds (a serving loop that
+// keeps up with a GPU) to a second (a host too busy to).
+const std::vector<double> kTurnaroundBounds = {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
+                                               0.001,   0.0025,   0.005,   0.01,   0.1,     1.0};
+
 // Tokens of a forward pass, as vLLM buckets its iterations' tokens.
 const std::vector<double> kPassTokenBounds = {1,   8,    16,   32,   64,   128,  256,
                                               512, 1024, 2048, 4096, 8192, 16384};
@@ -93,6 +98,7 @@ Metrics::Metrics()
       request_time_per_output_token(kLatencyBounds),
       prefill_forward_seconds(kLatencyBounds),
       decode_forward_seconds(kLatencyBounds),
+      decode_turnaround_seconds(kTurnaroundBounds),
       pass_tokens(kPassTokenBounds),
       iteration_tokens(kPassTokenBounds) {}
 
@@ -192,6 +198,11 @@ std::string Metrics::prometheus_text() const {
              "Seconds of the model's forward pass per batch, without sampling.");
   prefill_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"prefill\"");
   decode_forward_seconds.write(out, "pipeline_forward_seconds", "phase=\"decode\"");
+  write_help(out, "pipeline_decode_turnaround_seconds", "histogram",
+             "Seconds from the end of the forward pass that drew a decode pass's latest token to "
+             "the start of that decode pass: sampling, bookkeeping and scheduling, while the "
+             "device waits.");
+  decode_turnaround_seconds.write(out, "pipeline_decode_turnaround_seconds", "");
   write_help(out, "pipeline_pass_tokens", "histogram",
              "Tokens computed per forward pass: prompt chunks and decoding sequences' tokens.");
   pass_tokens.write(out, "pipeline_pass_tokens", "");

@@ -109,6 +109,10 @@ class Metrics {
   // back), so that a step's time splits into the model's and the host's (sampling, bookkeeping).
   Histogram prefill_forward_seconds;
   Histogram decode_forward_seconds;
+  // From the end of the forward pass that drew the latest token of a decode pass's sequences
+  // to that decode pass's start: the host's turnaround between passes (sampling, bookkeeping,
+  // the scheduler, the hand-offs between nodes), during which the device has nothing to do.
+  Histogram decode_turnaround_seconds;
   Histogram pass_tokens;  // tokens computed per forward pass, prompt chunks and decodes together
   // vLLM's iteration tokens, per forward pass: the tokens drawn, and the whole prompt of each
   // sequence whose first token it drew (cached tokens too, as vLLM counts them).

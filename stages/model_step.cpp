@@ -221,6 +221,16 @@ void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken s
   result.outputs.push_back({seq_ptr, index, std::move(sampled), finish, now, std::move(scores)});
 }
 
+// Metrics::decode_turnaround_seconds. Each sequence's last_token_at is the end of the forward
+// pass that drew its latest token; the latest of them is the pass just before this one.
+void observe_turnaround(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
+                        Clock::time_point start) {
+  Clock::time_point latest{};
+  for (const SequencePtr& seq : seqs) latest = std::max(latest, seq->last_token_at);
+  if (latest != Clock::time_point{})
+    ctx.metrics.decode_turnaround_seconds.observe(seconds_between(latest, start));
+}
+
 }  // namespace
 
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
@@ -229,6 +239,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   result.prefill = prefill;
   result.batch_tokens = batch.total_tokens();
   const auto start = Clock::now();
+  if (!prefill) observe_turnaround(ctx, seqs, start);
   if (!forward(ctx, seqs, batch, prefill, logits, riders, result)) return result;
   const auto now = Clock::now();
   (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)

@@ -997,6 +997,11 @@ TEST(Engine, MetricsCountStagesTokensAndBlocks) {
   EXPECT_EQ(m.prefill_forward_seconds.count(), 1u);
   EXPECT_EQ(m.decode_forward_seconds.count(), 19u);
   EXPECT_GT(m.decode_forward_seconds.sum(), 0.0);
+  // Each decode pass's turnaround runs from the token before it to its forward pass, which
+  // draws the next: together they tile the decode phase.
+  EXPECT_EQ(m.decode_turnaround_seconds.count(), 19u);
+  EXPECT_NEAR(m.decode_turnaround_seconds.sum() + m.decode_forward_seconds.sum(),
+              m.request_decode_seconds.sum(), 1e-6);
   EXPECT_EQ(m.prompt_tokens_prefilled.value(), m.prompt_tokens.value());
   // One pass computed the prompt, 19 one token each.
   EXPECT_EQ(m.pass_tokens.count(), 20u);
