@@ -282,8 +282,9 @@ std::vector<RequestResult> run_all(const SseClient& client, BenchSettings& s) {
       workers.emplace_back([&] {
         start.wait();
         for (int i; (i = next.fetch_add(1)) < s.requests;) {
+          const std::string body = request_body(s, i).dump();  // ready before it is due
           std::this_thread::sleep_until(started + due[size_t(i)]);
-          results[size_t(i)] = run_request(client, s, request_body(s, i).dump());
+          results[size_t(i)] = run_request(client, s, body);
         }
       });
     } catch (const std::system_error& e) {

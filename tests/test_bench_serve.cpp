@@ -348,7 +348,9 @@ TEST(BenchServe, ARequestRateSpreadsTheSendsAsAPoissonProcess) {
   ASSERT_EQ(first.size(), 12u);
   EXPECT_EQ(first.front(), 0.0);
   for (size_t i = 1; i < first.size(); ++i) {
-    EXPECT_GE(first[i], first[i - 1]);
+    // In order, but for the threads' wake-ups: two requests due a millisecond apart on a busy
+    // host may go out the other way round.
+    EXPECT_GE(first[i], first[i - 1] - 30.0) << "request " << i;
     EXPECT_NEAR(first[i], second[i], 30.0) << "request " << i << ": the same times every run";
   }
   // 11 gaps of 50 ms on average: the draws from seed 0 sum to between 0.2 and 2 s.
