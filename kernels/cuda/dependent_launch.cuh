@@ -3,10 +3,12 @@
 // the launch latency between the many small dependent kernels of a decode step. Such a kernel
 // calls wait_for_previous_kernel() before it touches memory that kernels write (it returns once
 // the previous kernel has completed and its writes are visible) and then allow_next_kernel() so
-// that its own successor may be scheduled early in turn. Reads of what no kernel writes (the
-// weights) may come before the wait, and then overlap the previous kernel's last blocks. Captured
-// into a CUDA graph, the pair becomes a programmatic edge. On older devices both calls compile to
-// nothing and the launch is an ordinary one.
+// that its own successor may be scheduled early in turn. Reads of what no kernel of the pass
+// writes (the weights, the pass's uploaded inputs, the keys and values earlier passes cached)
+// may come before the wait, and then overlap the previous kernel's last blocks: every kernel
+// waits before it lets its successor start, so all work before the previous kernel is done.
+// Captured into a CUDA graph, the pair becomes a programmatic edge. On older devices both calls
+// compile to nothing and the launch is an ordinary one.
 #pragma once
 
 #include <cuda_runtime.h>
