@@ -136,12 +136,13 @@ void BM_CudaDecode(benchmark::State& state) {
 BENCHMARK(BM_CudaDecode)->Arg(1)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The serving benchmark's workload on the runner alone: 16 sequences of 32-token prompts,
-// prefilled together, then decoded together for 1024 steps, their contexts growing from 33 to
-// 1056 positions and their cache blocks taken one at a time as each needs the next, so that
-// the sequences' blocks interleave in the pool as a scheduler's do. Its tok/s set beside
-// `pipeline bench-serve`'s on the same checkpoint say how much of serving is the server's.
-// Counters as BM_CudaDecode's (the floor counts each step's own KV bytes), and steps: the
-// forward passes of one iteration.
+// prefilled together (the first of 1024 tokens each), then decoded together for 1023 steps,
+// their contexts growing from 33 to 1055 positions and their cache blocks taken one at a time
+// as each needs the next, so that the sequences' blocks interleave in the pool as a
+// scheduler's do. Its tok/s set beside `pipeline bench-serve`'s on the same checkpoint say how
+// much of serving is the server's. Counters as BM_CudaDecode's (the floor counts each decode
+// step's own KV bytes; the prefill's time counts, its bytes do not), and steps: the forward
+// passes of one iteration.
 void BM_CudaDecodeServing(benchmark::State& state) {
   DecodeSetup& s = setup();
   if (!s.skip_reason.empty()) {
@@ -151,8 +152,13 @@ void BM_CudaDecodeServing(benchmark::State& state) {
   constexpr int kSeqs = 16, kPrompt = 32, kSteps = 1024;
   const LlamaConfig& c = s.weights->config;
   const int block_size = s.runner->kv_shape().block_size;
-  if (kSeqs * ((kPrompt + kSteps) / block_size + 1) > s.runner->kv_shape().num_blocks) {
-    state.SkipWithError("the KV pool is too small for 16 sequences of 1056 positions");
+  const int positions = kPrompt + kSteps - 1;  // the last token drawn is not computed
+  if (positions > c.max_position_embeddings) {
+    state.SkipWithError("the model's context is shorter than 1055 positions");
+    return;
+  }
+  if (kSeqs * (positions / block_size + 1) > s.runner->kv_shape().num_blocks) {
+    state.SkipWithError("the KV pool is too small for 16 sequences of 1055 positions");
     return;
   }
   std::mt19937 rng(99);

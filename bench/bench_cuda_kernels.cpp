@@ -231,7 +231,8 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   int multiprocessors = 0;
   PIPELINE_CUDA_CHECK(
       cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, /*device=*/0));
-  const bool chosen = cuda::decode_partition(batch, kHeads, kContext, multiprocessors) == partition;
+  const bool chosen = cuda::decode_partition(batch, kHeads, kContext, multiprocessors,
+                                             kMaxPositions / cuda::kDecodePartition) == partition;
   state.counters["chosen"] = chosen ? 1.0 : 0.0;
 }
 

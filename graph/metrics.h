@@ -112,6 +112,7 @@ class Metrics {
   // From the end of the forward pass that drew the latest token of a decode pass's sequences
   // to that decode pass's start: the host's turnaround between passes (sampling, bookkeeping,
   // the scheduler, the hand-offs between nodes), during which the device has nothing to do.
+  // Observed for the decode passes that ran; a failed pass in between counts in the next one.
   Histogram decode_turnaround_seconds;
   Histogram pass_tokens;  // tokens computed per forward pass, prompt chunks and decodes together
   // vLLM's iteration tokens, per forward pass: the tokens drawn, and the whole prompt of each

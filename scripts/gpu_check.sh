@@ -302,8 +302,8 @@ import json, os, sys
 tables = [
     (sys.argv[1], "7b parts (rows/seqs)", [("us", "real_time", 8, 1), ("GB/s", "GB/s", 7, 0),
                                            ("floor", "bw_floor", 6, 2), ("TFLOP/s", "TFLOP/s", 8, 1)]),
-    (sys.argv[2], "decode llama2-7b bf16, ctx 1024", [("ms/step", "real_time", 9, 2),
-                                                      ("tok/s", "tok/s", 9, 0), ("floor", "floor", 7, 2)]),
+    (sys.argv[2], "decode 7b bf16, ctx 1024 (serving: 33-1055)",
+     [("ms/step", "real_time", 9, 2), ("tok/s", "tok/s", 9, 0), ("floor", "floor", 7, 2)]),
 ]
 for path, title, columns in tables:
     if not os.path.exists(path):

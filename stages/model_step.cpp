@@ -221,8 +221,10 @@ void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken s
   result.outputs.push_back({seq_ptr, index, std::move(sampled), finish, now, std::move(scores)});
 }
 
-// Metrics::decode_turnaround_seconds. Each sequence's last_token_at is the end of the forward
-// pass that drew its latest token; the latest of them is the pass just before this one.
+// Metrics::decode_turnaround_seconds, for a decode pass that ran. Each sequence's last_token_at
+// is the end of the forward pass that drew its latest token (not yet this pass's); the latest
+// of them is the pass just before this one, unless a pass failed in between, whose time then
+// counts in.
 void observe_turnaround(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
                         Clock::time_point start) {
   Clock::time_point latest{};
@@ -239,9 +241,9 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   result.prefill = prefill;
   result.batch_tokens = batch.total_tokens();
   const auto start = Clock::now();
-  if (!prefill) observe_turnaround(ctx, seqs, start);
   if (!forward(ctx, seqs, batch, prefill, logits, riders, result)) return result;
   const auto now = Clock::now();
+  if (!prefill) observe_turnaround(ctx, seqs, start);
   (prefill ? ctx.metrics.prefill_forward_seconds : ctx.metrics.decode_forward_seconds)
       .observe(seconds_between(start, now));
   ctx.metrics.pass_tokens.observe(double(result.batch_tokens));

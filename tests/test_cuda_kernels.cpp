@@ -68,6 +68,14 @@ DeviceBuffer<T> upload(const std::vector<T>& host) {
   return device;
 }
 
+// Copies `host` over `device` (of the same size), complete on return as upload()'s copy is.
+template <typename T>
+void restore(const std::vector<T>& host, DeviceBuffer<T>& device) {
+  PIPELINE_CUDA_CHECK(
+      cudaMemcpy(device.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Waits for the device, then copies `device` back.
 template <typename T>
 std::vector<T> download(const DeviceBuffer<T>& device) {
@@ -321,6 +329,10 @@ void check_decode_attention(const HeadShape& shape, int block_size = 16) {
   DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * shape.head_dim);
   for (int partition : {kShortDecodePartition, kDecodePartition, kLongDecodePartition}) {
     SCOPED_TRACE("partitions of " + std::to_string(partition));
+    // The pools as they were: without the new tokens' k and v, which each run must append
+    // before it reads them back.
+    restore(pool.k, pool.k_d);
+    restore(pool.v, pool.v_d);
     auto run = [&](int splits) {
       paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
                              step.at(step.layout.context_lens), seqs, shape.num_heads, partition,
@@ -343,17 +355,21 @@ void check_decode_attention(const HeadShape& shape, int block_size = 16) {
 }
 
 // The longest partitions that still give kDecodeBlocksPerSm blocks per multiprocessor: 132 of
-// them (an H100 SXM or H200) and llama2-7b's 32 KV heads, so 528 blocks.
+// them (an H100 SXM or H200) and llama2-7b's 32 KV heads, so 528 blocks; else the short ones
+// where the scratch (32 partitions: 4096 positions in 128-position ones) holds them.
 TEST(CudaKernels, DecodeTakesTheLongestPartitionsThatKeepTheGridFull) {
-  EXPECT_EQ(decode_partition(1, 32, 1024, 132), kShortDecodePartition);  // 512 blocks of 64
-  EXPECT_EQ(decode_partition(2, 32, 1024, 132), kShortDecodePartition);  // 512 of 128
-  EXPECT_EQ(decode_partition(3, 32, 1024, 132), kDecodePartition);       // 768 of 128
-  EXPECT_EQ(decode_partition(4, 32, 1024, 132), kDecodePartition);       // 512 of 256
-  EXPECT_EQ(decode_partition(5, 32, 1024, 132), kLongDecodePartition);   // 640 of 256
-  EXPECT_EQ(decode_partition(16, 32, 1024, 132), kLongDecodePartition);
-  EXPECT_EQ(decode_partition(16, 32, 256, 132), kDecodePartition);       // 1024 of 128
-  EXPECT_EQ(decode_partition(16, 32, 257, 132), kLongDecodePartition);   // 1024 of 256
-  EXPECT_EQ(decode_partition(16, 32, 100, 132), kShortDecodePartition);  // 1024 of 64
+  EXPECT_EQ(decode_partition(1, 32, 1024, 132, 32), kShortDecodePartition);  // 512 blocks of 64
+  EXPECT_EQ(decode_partition(2, 32, 1024, 132, 32), kShortDecodePartition);  // 512 of 128
+  EXPECT_EQ(decode_partition(3, 32, 1024, 132, 32), kDecodePartition);       // 768 of 128
+  EXPECT_EQ(decode_partition(4, 32, 1024, 132, 32), kDecodePartition);       // 512 of 256
+  EXPECT_EQ(decode_partition(5, 32, 1024, 132, 32), kLongDecodePartition);   // 640 of 256
+  EXPECT_EQ(decode_partition(16, 32, 1024, 132, 32), kLongDecodePartition);
+  EXPECT_EQ(decode_partition(16, 32, 256, 132, 32), kDecodePartition);       // 1024 of 128
+  EXPECT_EQ(decode_partition(16, 32, 257, 132, 32), kLongDecodePartition);   // 1024 of 256
+  EXPECT_EQ(decode_partition(16, 32, 100, 132, 32), kShortDecodePartition);  // 1024 of 64
+  // One sequence of 2049 positions would need 33 short partitions: 128-position ones instead.
+  EXPECT_EQ(decode_partition(1, 32, 2048, 132, 32), kShortDecodePartition);
+  EXPECT_EQ(decode_partition(1, 32, 2049, 132, 32), kDecodePartition);
 }
 
 TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {

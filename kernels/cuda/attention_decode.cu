@@ -220,7 +220,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // Each pass loads kUnroll rows per thread before it scores any. (Loading the next pass's rows
   // while scoring these takes registers that cost more in resident blocks than it gains: on an
-  // H200, 108 registers a thread instead of 71, and 11% and 18% slower at 16 and 64 sequences.)
+  // H200, 108 registers a thread instead of 71, and 11% and 18% slower at 16 and 64 sequences
+  // than the kernel of 128-position partitions that read everything after the wait.)
   for (int base = 0; base < n; base += rows_per_iteration) {
     if (base != 0) load_rows(base, -1, current);
 #pragma unroll
@@ -362,13 +363,14 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
   return true;
 }
 
-int decode_partition(int num_seqs, int num_kv_heads, int max_context, int multiprocessors) {
+int decode_partition(int num_seqs, int num_kv_heads, int max_context, int multiprocessors,
+                     int max_splits) {
+  auto splits = [&](int partition) { return int64_t(max_context + partition - 1) / partition; };
   for (int partition : {kLongDecodePartition, kDecodePartition}) {
-    const int64_t splits = (max_context + partition - 1) / partition;
-    if (int64_t(num_seqs) * num_kv_heads * splits >= int64_t(kDecodeBlocksPerSm) * multiprocessors)
-      return partition;
+    const int64_t blocks = int64_t(num_seqs) * num_kv_heads * splits(partition);
+    if (blocks >= int64_t(kDecodeBlocksPerSm) * multiprocessors) return partition;
   }
-  return kShortDecodePartition;
+  return splits(kShortDecodePartition) <= max_splits ? kShortDecodePartition : kDecodePartition;
 }
 
 DecodeScratch::DecodeScratch(int seqs, int num_heads, int num_kv_heads, int head_dim,

@@ -81,7 +81,7 @@ std::string gib_string(size_t bytes) {
 constexpr int kWarmUpTokens = 512;
 
 // Captured decode steps kept at once. A key is (batch size, attention grid): a serve
-// whose batches grow to 64 sequences over 4K-token contexts meets about 700 of them, while the
+// whose batches grow to 64 sequences over 4K-token contexts meets hundreds of them, while the
 // steps of any one stretch of serving, their batches within a few sequences of each other, use
 // a few dozen. The least recently replayed graph goes first; a graph being replayed when it
 // goes is freed once it completes.
@@ -232,7 +232,9 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
   const LlamaConfig& c = config_;
   max_blocks_per_seq_ =
       (c.max_position_embeddings + options.kv_block_size - 1) / options.kv_block_size;
-  max_splits_ = (c.max_position_embeddings + kShortDecodePartition - 1) / kShortDecodePartition;
+  // Sized for kDecodePartition: the short partitions serve only contexts that fit (see
+  // decode_partition), so that they cost the KV cache no memory.
+  max_splits_ = (c.max_position_embeddings + kDecodePartition - 1) / kDecodePartition;
   PIPELINE_CUDA_CHECK(
       cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, /*device=*/0));
 
@@ -434,8 +436,8 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
 // sequence: enough for the longest context, rounded up (to a power of two up to 4, then to a
 // multiple of 4) so that few graphs cover every length and few blocks find nothing to do.
 DecodeGrid CudaRunner::decode_grid(const StepShape& shape) const {
-  const int partition =
-      decode_partition(shape.seqs, config_.num_kv_heads, shape.max_context, multiprocessors_);
+  const int partition = decode_partition(shape.seqs, config_.num_kv_heads, shape.max_context,
+                                         multiprocessors_, max_splits_);
   const int needed = (shape.max_context + partition - 1) / partition;
   const int rounded = needed <= 4 ? round_up_pow2(needed) : (needed + 3) / 4 * 4;
   return {partition, std::min(rounded, max_splits_)};

@@ -73,19 +73,23 @@ bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::stri
 // block each per KV head: the longest that still gives the device enough blocks. Longer ones
 // weigh a block's fixed work (its block table, the rotary angles, q, its share of the merge)
 // over more positions; shorter ones cut the chain of K/V round trips each block waits through
-// when the grid is small. On an H200 with 1024-token contexts (llama2-7b's heads), 256-position
-// partitions took 81 us instead of 85 (128) at 16 sequences and 285 instead of 307 at 64, and
-// 18.8 instead of 12.4 at one sequence, whose 128 blocks left the device short of work. A
-// sequence of n positions uses ceil(n / partition) partitions.
+// when the grid is small. On an H200 with 1024-token contexts (llama2-7b's heads), one layer
+// took 81.9 us in 256-position partitions against 86.4 in 128 at 16 sequences, 286.5 against
+// 312.3 at 64, and at one sequence, whose 128 blocks of 256 positions leave the device short of
+// work, 11.4 in 64-position partitions against 12.7 in 128 and 18.2 in 256. A sequence of n
+// positions uses ceil(n / partition) partitions.
 constexpr int kShortDecodePartition = 64;
 constexpr int kDecodePartition = 128;
 constexpr int kLongDecodePartition = 256;
 
 // The partition a decode step uses: the longest whose grid (sequences x KV heads x partitions
 // of the longest context) gives each of the device's multiprocessors kDecodeBlocksPerSm
-// blocks, or the short one where none does.
+// blocks, or else the short one where a scratch of max_splits partitions holds its splits
+// (a scratch sized for kDecodePartition holds them for the first half of the positions), or
+// else kDecodePartition.
 constexpr int kDecodeBlocksPerSm = 4;
-int decode_partition(int num_seqs, int num_kv_heads, int max_context, int multiprocessors);
+int decode_partition(int num_seqs, int num_kv_heads, int max_context, int multiprocessors,
+                     int max_splits);
 
 // The flash-decoding split's float32 partials and, per (sequence, KV head), the count of its
 // partitions that have finished, for up to `seqs` sequences of up to max_splits partitions.
