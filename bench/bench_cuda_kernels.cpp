@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/cuda_probes.h"
+#include "kernels/cuda/cuda_objects.h"
 #include "kernels/cuda/cuda_runner.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
@@ -228,10 +229,7 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   state.counters["GB/s"] = Counter(kv_bytes * 1e-9, Counter::kIsIterationInvariantRate);
   state.counters["bw_floor"] = Counter(kv_bytes / d.bandwidth, Counter::kIsIterationInvariantRate);
   // 1 where the runner would take this partition for this step.
-  int multiprocessors = 0;
-  PIPELINE_CUDA_CHECK(
-      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, /*device=*/0));
-  const bool chosen = cuda::decode_partition(batch, kHeads, kContext, multiprocessors,
+  const bool chosen = cuda::decode_partition(batch, kHeads, kContext, cuda::multiprocessor_count(),
                                              kMaxPositions / cuda::kDecodePartition) == partition;
   state.counters["chosen"] = chosen ? 1.0 : 0.0;
 }

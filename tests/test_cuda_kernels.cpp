@@ -57,23 +57,22 @@ std::vector<bf16> random_bf16(std::mt19937& rng, size_t n, float low = -1.0f, fl
   return v;
 }
 
-// The copy is complete on return: from pageable memory cudaMemcpy may return before its DMA
-// ends, and the kernels run on a stream that does not wait for the legacy stream's copies.
-template <typename T>
-DeviceBuffer<T> upload(const std::vector<T>& host) {
-  DeviceBuffer<T> device(host.size());
-  PIPELINE_CUDA_CHECK(
-      cudaMemcpy(device.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
-  return device;
-}
-
-// Copies `host` over `device` (of the same size), complete on return as upload()'s copy is.
+// Copies `host` over `device` (of the same size). The copy is complete on return: from
+// pageable memory cudaMemcpy may return before its DMA ends, and the kernels run on a stream
+// that does not wait for the legacy stream's copies.
 template <typename T>
 void restore(const std::vector<T>& host, DeviceBuffer<T>& device) {
   PIPELINE_CUDA_CHECK(
       cudaMemcpy(device.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// `host` in a new device buffer, complete on return as restore()'s copy is.
+template <typename T>
+DeviceBuffer<T> upload(const std::vector<T>& host) {
+  DeviceBuffer<T> device(host.size());
+  restore(host, device);
+  return device;
 }
 
 // Waits for the device, then copies `device` back.

@@ -1,5 +1,5 @@
-// Owned CUDA objects (a stream, an event, an instantiated graph) and the capture of a stream's
-// work into a graph.
+// Owned CUDA objects (a stream, an event, an instantiated graph), the capture of a stream's
+// work into a graph, and the current device's multiprocessor count, which grids are sized by.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +10,13 @@
 #include "kernels/cuda/cuda_check.h"
 
 namespace pipeline::cuda {
+
+inline int multiprocessor_count() {
+  int device = 0, count = 0;
+  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
+  PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
 
 class Stream {
  public:

@@ -174,7 +174,8 @@ class CudaRunner final : public ModelRunner {
   DecodeGrid decode_grid(const StepShape& shape) const;
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
-  void enqueue_attention(const StepShape& shape, int layer);
+  // grid: a decode step's (decode_grid); unused for prefill.
+  void enqueue_attention(const StepShape& shape, const DecodeGrid& grid, int layer);
   // The first element of `layer`'s share of a KV pool (k_cache_ or v_cache_).
   bf16* layer_kv(const DeviceBuffer<bf16>& pool, int layer) const {
     return pool.data() + size_t(layer) * kv_shape_.num_blocks * kv_shape_.block_elems();
@@ -235,8 +236,7 @@ CudaRunner::CudaRunner(std::shared_ptr<const LlamaWeights> weights, const Runner
   // Sized for kDecodePartition: the short partitions serve only contexts that fit (see
   // decode_partition), so that they cost the KV cache no memory.
   max_splits_ = (c.max_position_embeddings + kDecodePartition - 1) / kDecodePartition;
-  PIPELINE_CUDA_CHECK(
-      cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, /*device=*/0));
+  multiprocessors_ = multiprocessor_count();
 
   size_t free_bytes = 0, total_bytes = 0;
   PIPELINE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -481,6 +481,7 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
   cudaStream_t stream = stream_.get();
   const int T = shape.tokens, H = c.hidden_size, I = c.intermediate_size;
   const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  const DecodeGrid grid = shape.decode ? decode_grid(shape) : DecodeGrid{};
   {
     NvtxRange range{"embedding"};
     embedding_gather(device_weights_.embed.data(), ws.index(at.token_ids), T, H, ws.residual.data(),
@@ -499,7 +500,7 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
                       c.num_kv_heads, c.head_dim, c.rope_theta, layer_kv(k_cache_, l),
                       layer_kv(v_cache_, l), stream);
       }
-      enqueue_attention(shape, l);
+      enqueue_attention(shape, grid, l);
       gemm_.linear(ws.attn.data(), w.wo.data(), ws.proj.data(), T, c.q_dim(), H);
     }
     {
@@ -520,7 +521,7 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
                    c.vocab_size);
 }
 
-void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
+void CudaRunner::enqueue_attention(const StepShape& shape, const DecodeGrid& grid, int layer) {
   const LlamaConfig& c = config_;
   Workspace& ws = *workspace_;
   const StepLayout& at = ws.layout;
@@ -538,7 +539,6 @@ void CudaRunner::enqueue_attention(const StepShape& shape, int layer) {
   if (shape.decode) {
     const DecodeNewTokens fresh{ws.index(at.positions), ws.index(at.slots), c.rope_theta, k_layer,
                                 v_layer};
-    const DecodeGrid grid = decode_grid(shape);
     paged_decode_attention(ws.qkv.data(), qkv_dim, kv, fresh, ws.index(at.context_lens), shape.seqs,
                            c.num_heads, grid.partition, grid.splits, ws.decode, ws.attn.data(),
                            stream_.get());

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_objects.h"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/silu.cuh"
 #include "kernels/cuda/skinny_gemm.h"
@@ -222,10 +223,7 @@ int skinny_build_rows(int rows) {
 }
 
 SkinnyGemm::SkinnyGemm(cudaStream_t stream) : stream_(stream) {
-  int device = 0, sms = 0;
-  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
-  PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  target_blocks_ = kBlocksPerSm * sms;
+  target_blocks_ = kBlocksPerSm * multiprocessor_count();
   // A split call has splits * tiles <= target_blocks_ (see launch()), so its partials fit.
   partials_ = DeviceBuffer<float>(size_t(target_blocks_) * kTileColumns * kSkinnyMaxRows);
   arrivals_ = DeviceBuffer<int32_t>(size_t(target_blocks_));
