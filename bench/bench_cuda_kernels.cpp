@@ -1,5 +1,6 @@
 // The CUDA decode step's parts alone, on LLaMA-2-7B's shapes: each projection as the runner does
-// it (1 row: the GEMV kernel; 4, 16, 32 and 64: SkinnyGemm) and, beside it, cuBLAS itself at 4,
+// it before tuning (1 row: the GEMV kernel; 4, 16, 32 and 64: SkinnyGemm), after its warm-up's
+// tuning (the fastest of SkinnyGemm, cuBLAS and cuBLASLt's proposals) and by cuBLAS itself at 4,
 // 16, 32 and 64 rows; paged decode attention over 1024-token contexts at batch 1, 16 and 64. Their
 // sum over 32 layers against `bench_cuda_decode`'s step time says where a step goes.
 //
@@ -29,6 +30,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace pipeline::bench {
 namespace {
@@ -97,8 +99,29 @@ void time_calls(benchmark::State& state, cudaStream_t stream, Call call) {
 }
 
 // The runner's Gemm (runner_silu_mul: its gate/up call, SiLU*mul of the column pairs included)
-// or its cuBLAS path at any row count.
-enum class Path { runner, runner_silu_mul, cublas };
+// before any tuning, the same after Gemm::tune() on this shape (tuned, tuned_silu_mul), or its
+// cublasGemmEx path at any row count.
+enum class Path { runner, runner_silu_mul, tuned, tuned_silu_mul, cublas };
+
+// A Gemm of its own, tuned on this projection's shape up to the SkinnyGemm build of `rows` with
+// each of `weights` in turn, as the runner's warm-up tunes: so the benchmark times the route a
+// decode step of `rows` sequences takes. Its label is what the tuning chose at that build.
+std::unique_ptr<cuda::Gemm> tuned_gemm(benchmark::State& state, cudaStream_t stream, bool silu_mul,
+                                       const std::vector<const bf16*>& weights, int rows, int in,
+                                       int out) {
+  auto gemm = std::make_unique<cuda::Gemm>(stream);
+  const int build = cuda::skinny_build_rows(rows);
+  DeviceBuffer<bf16> x(size_t(build) * in), y(size_t(build) * out), act(size_t(build) * out / 2);
+  fill_random_bf16(x.data(), x.size(), 1.0f, 7);
+  using Product = cuda::Gemm::Product;
+  const std::string report =
+      silu_mul
+          ? gemm->tune(Product::silu_mul, x.data(), weights, act.data(), y.data(), in, out, build)
+          : gemm->tune(Product::bf16, x.data(), weights, y.data(), nullptr, in, out, build);
+  state.SetLabel(
+      report.substr(report.rfind("; ") == std::string::npos ? 0 : report.rfind("; ") + 2));
+  return gemm;
+}
 
 // y [rows, out] = x [rows, in] . W^T for one of the 7B projections, W [out, in] rotating through
 // copies filling at least kPoolBytes.
@@ -115,16 +138,21 @@ void BM_CudaProjection(benchmark::State& state, int out, int in, Path path) {
   DeviceBuffer<bf16> act(size_t(rows) * out / 2);
   fill_random_bf16(weights.data(), weights.size(), 0.02f, 1);
   fill_random_bf16(x.data(), x.size(), 1.0f, 2);
+  auto copy = [&](size_t i) -> const bf16* { return weights.data() + i % copies * weight_elems; };
+  const bool tuned = path == Path::tuned || path == Path::tuned_silu_mul;
+  const bool silu_mul = path == Path::runner_silu_mul || path == Path::tuned_silu_mul;
+  std::unique_ptr<cuda::Gemm> own_gemm;
+  if (tuned) {
+    std::vector<const bf16*> copies_to_tune(copies);
+    for (size_t i = 0; i < copies; ++i) copies_to_tune[i] = copy(i);
+    own_gemm = tuned_gemm(state, d.stream, silu_mul, copies_to_tune, rows, in, out);
+  }
+  cuda::Gemm& gemm = tuned ? *own_gemm : *d.gemm;
   time_calls(state, d.stream, [&](int i) {
-    const bf16* w = weights.data() + size_t(i) % copies * weight_elems;
-    switch (path) {
-      case Path::runner:
-        return d.gemm->linear(x.data(), w, y.data(), rows, in, out);
-      case Path::runner_silu_mul:
-        return d.gemm->linear_silu_mul(x.data(), w, y.data(), act.data(), rows, in, out / 2);
-      case Path::cublas:
-        return d.gemm->linear_cublas(x.data(), w, y.data(), rows, in, out);
-    }
+    const bf16* w = copy(size_t(i));
+    if (path == Path::cublas) return gemm.linear_cublas(x.data(), w, y.data(), rows, in, out);
+    if (silu_mul) return gemm.linear_silu_mul(x.data(), w, y.data(), act.data(), rows, in, out / 2);
+    gemm.linear(x.data(), w, y.data(), rows, in, out);
   });
   const double weight_bytes = double(weight_elems) * sizeof(bf16);
   const double moved = weight_bytes + double(rows) * (in + out) * sizeof(bf16);
@@ -149,14 +177,15 @@ void rows_4_16_32_64(benchmark::internal::Benchmark* b) {
   timed_by_events(b, {4, 16, 32, 64});
 }
 
-#define PROJECTION(name, out, in, path)                                                \
-  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, path)->Apply(rows_1_4_16_32_64); \
+#define PROJECTION(name, out, in, path, tuned_path)                                                \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name, out, in, path)->Apply(rows_1_4_16_32_64);             \
+  BENCHMARK_CAPTURE(BM_CudaProjection, name##_tuned, out, in, tuned_path)->Apply(rows_4_16_32_64); \
   BENCHMARK_CAPTURE(BM_CudaProjection, name##_cublas, out, in, Path::cublas)->Apply(rows_4_16_32_64)
-PROJECTION(qkv_12288x4096, 3 * kHidden, kHidden, Path::runner);
-PROJECTION(o_4096x4096, kHidden, kHidden, Path::runner);
-PROJECTION(gate_up_22016x4096, 2 * 11008, kHidden, Path::runner_silu_mul);
-PROJECTION(down_4096x11008, kHidden, 11008, Path::runner);
-PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner);
+PROJECTION(qkv_12288x4096, 3 * kHidden, kHidden, Path::runner, Path::tuned);
+PROJECTION(o_4096x4096, kHidden, kHidden, Path::runner, Path::tuned);
+PROJECTION(gate_up_22016x4096, 2 * 11008, kHidden, Path::runner_silu_mul, Path::tuned_silu_mul);
+PROJECTION(down_4096x11008, kHidden, 11008, Path::runner, Path::tuned);
+PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner, Path::tuned);
 #undef PROJECTION
 
 // One layer's decode attention for `batch` sequences of kContext positions (the last one the

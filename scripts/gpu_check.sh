@@ -204,13 +204,13 @@ else
   sanitize memcheck $((sanitizer_s / 6)) test_cuda_kernels '*:-*At7BShapes*:*AFailedAllocation*'
   sanitize racecheck $((sanitizer_s / 6)) test_cuda_kernels '*Attention*:-*AtOtherBlockSizes*'
   sanitize memcheck $((sanitizer_s * 2 / 3)) test_cuda_runner \
-    'CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden:CudaRunner.BatchOfEightMatchesSolo:CudaRunner.ProjectionsMatchFloat64Reference'
+    'CudaRunner.ChunkedPrefillAndDecodeMatchOneShotPrefill:CudaRunner.GreedyTokensMatchStories260KGolden:CudaRunner.BatchOfEightMatchesSolo:CudaRunner.ProjectionsMatchFloat64Reference:CudaRunner.CublasLtProposalsMatchFloat64Reference'
 fi
 
 # ---- The decode step's parts alone on llama2-7b's shapes (no checkpoint needed), then the
 # whole step on the checkpoint.
 t=$(date +%s)
-timeout "$(left 60)" "$BIN/bench_cuda_kernels" \
+timeout "$(left 90)" "$BIN/bench_cuda_kernels" \
   --benchmark_out="$OUT/kernels.json" --benchmark_out_format=json > "$LOGS/kernels.log" 2>&1
 note bench_cuda_kernels "exit $?, $(seconds_since "$t") s"
 archive_logs
@@ -318,6 +318,8 @@ for path, title, columns in tables:
         r["real_time"] /= r.get("steps", 1)
         # The decode attention's partition lengths: * marks the one the runner takes.
         name += " *" if r.get("chosen") == 1 else ""
+        # A tuned projection's label ends with the route its tuning chose.
+        name += " " + r["label"][r["label"].rfind("->"):] if "->" in r.get("label", "") else ""
         print(f"{name:44}" + "".join(f" {r.get(key, 0):{width}.{digits}f}"
                                      for _, key, width, digits in columns))
 PY
@@ -354,7 +356,8 @@ for batch, step in zip((1, 16, 64), steps):
         print(f"  {name:72} {n:4d} x {us / n:8.1f} us = {us / 1e3:6.2f} ms")
 PY
 fi
-# Which projections the runner's warm-up found faster on SkinnyGemm or on cuBLAS, per row count.
+# Which route the runner's warm-up found fastest for each projection and row count: SkinnyGemm,
+# cuBLAS's own choice or one of cuBLASLt's proposals.
 grep -h "engine: cuda:" "$LOGS/serve.log" 2>/dev/null | sed 's/^\[[^]]*\] engine: cuda: /tuned: /'
 if [[ -s $OUT/metrics.txt ]]; then
   python3 - "$OUT/metrics.txt" <<'PY'

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +34,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cublaslt_matmul.h"
 #include "kernels/cuda/cuda_runner.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
@@ -429,39 +431,67 @@ std::vector<float> as_floats(const std::vector<__nv_bfloat16>& v) {
   return out;
 }
 
+std::vector<__nv_bfloat16> random_bf16(std::mt19937& rng, size_t n) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<__nv_bfloat16> v(n);
+  for (auto& x : v) x = __float2bfloat16(uniform(rng));
+  return v;
+}
+
+// x [rows, in] . w [out, in]^T in float64, from the same bf16 values the device multiplies.
+std::vector<float> float64_product(const std::vector<__nv_bfloat16>& x,
+                                   const std::vector<__nv_bfloat16>& w, int rows, int in, int out) {
+  std::vector<float> y(size_t(rows) * out);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < out; ++c) {
+      double sum = 0.0;
+      for (int k = 0; k < in; ++k)
+        sum += double(__bfloat162float(x[size_t(r) * in + k])) *
+               double(__bfloat162float(w[size_t(c) * in + k]));
+      y[size_t(r) * out + c] = float(sum);
+    }
+  return y;
+}
+
+template <typename T>
+cuda::DeviceBuffer<T> to_device(const std::vector<T>& host) {
+  cuda::DeviceBuffer<T> device(host.size());
+  EXPECT_EQ(cudaMemcpy(device.data(), host.data(), device.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return device;
+}
+
+template <typename T>
+std::vector<T> to_host(const cuda::DeviceBuffer<T>& device) {
+  std::vector<T> host(device.size());
+  EXPECT_EQ(cudaMemcpy(host.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
 // The projections at one row (the GEMV kernel), 2..64 (SkinnyGemm, each of its builds for up
 // to 8, 16, 32 and 64 rows: 1000 inputs split the k axis across blocks, 264 do not) and more
 // (cuBLAS), bf16 and float32 results and SiLU*mul of the columns taken as interleaved (gate, up)
 // pairs, against a float64 product of the same bf16 values. Sizes are not multiples of the
-// kernels' tiles. Then again after Gemm::tune() has timed SkinnyGemm against cuBLAS for each
-// shape and product, whichever it chose.
+// kernels' tiles. Then again after Gemm::tune() has timed SkinnyGemm, cuBLAS and cuBLASLt's
+// proposals for each shape and product, whichever it chose.
 TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  auto random_bf16 = [&](size_t n) {
-    std::vector<__nv_bfloat16> v(n);
-    for (auto& x : v) x = __float2bfloat16(uniform(rng));
-    return v;
-  };
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {
     cuda::Gemm gemm(stream);
     for (const auto& [in, out, tuned] : {std::tuple{1000, 300, false}, std::tuple{264, 600, false},
                                          std::tuple{1000, 300, true}, std::tuple{264, 600, true}}) {
-      const auto w = random_bf16(size_t(out) * in);
-      cuda::DeviceBuffer<__nv_bfloat16> w_d(w.size());
-      ASSERT_EQ(cudaMemcpy(w_d.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice),
-                cudaSuccess);
+      const auto w = random_bf16(rng, size_t(out) * in);
+      const auto w_d = to_device(w);
       if (tuned) {
         constexpr int kRows = cuda::kSkinnyMaxRows;
-        const auto x = random_bf16(size_t(kRows) * in);
-        cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(size_t(kRows) * out),
+        const auto x_d = to_device(random_bf16(rng, size_t(kRows) * in));
+        cuda::DeviceBuffer<__nv_bfloat16> y16_d(size_t(kRows) * out),
             act_d(size_t(kRows) * out / 2);
         cuda::DeviceBuffer<float> y32_d(size_t(kRows) * out);
-        ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
-                  cudaSuccess);
         const std::vector<const __nv_bfloat16*> weights{w_d.data()};
         using Product = cuda::Gemm::Product;
         for (const auto& [product, y] :
@@ -475,44 +505,79 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
         }
       }
       for (int rows : {1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 40, 64, 65}) {
-        const auto x = random_bf16(size_t(rows) * in);
-        std::vector<float> ref(size_t(rows) * out);
-        for (int r = 0; r < rows; ++r)
-          for (int c = 0; c < out; ++c) {
-            double sum = 0.0;
-            for (int k = 0; k < in; ++k)
-              sum += double(__bfloat162float(x[size_t(r) * in + k])) *
-                     double(__bfloat162float(w[size_t(c) * in + k]));
-            ref[size_t(r) * out + c] = float(sum);
-          }
+        const auto x = random_bf16(rng, size_t(rows) * in);
+        const std::vector<float> ref = float64_product(x, w, rows, in, out);
         std::vector<float> ref_act(ref.size() / 2);
         for (size_t i = 0; i < ref_act.size(); ++i) {
           const double gate = ref[2 * i], up = ref[2 * i + 1];
           ref_act[i] = float(gate / (1.0 + std::exp(-gate)) * up);
         }
-        cuda::DeviceBuffer<__nv_bfloat16> x_d(x.size()), y16_d(ref.size()), act_d(ref_act.size());
+        const auto x_d = to_device(x);
+        cuda::DeviceBuffer<__nv_bfloat16> y16_d(ref.size()), act_d(ref_act.size());
         cuda::DeviceBuffer<float> y32_d(ref.size());
-        ASSERT_EQ(cudaMemcpy(x_d.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
-                  cudaSuccess);
         gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, in, out);
         gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, in, out);
-        std::vector<__nv_bfloat16> y16(ref.size());
-        std::vector<float> y32(ref.size());
-        ASSERT_EQ(cudaMemcpy(y16.data(), y16_d.data(), y16.size() * 2, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(y32.data(), y32_d.data(), y32.size() * 4, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
+        const auto y16 = to_host(y16_d);
+        const auto y32 = to_host(y32_d);
         // gate_up scratch for the cuBLAS rows: y16_d, already compared.
         gemm.linear_silu_mul(x_d.data(), w_d.data(), y16_d.data(), act_d.data(), rows, in, out / 2);
-        std::vector<__nv_bfloat16> act(ref_act.size());
-        ASSERT_EQ(cudaMemcpy(act.data(), act_d.data(), act.size() * 2, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
+        const auto act = to_host(act_d);
         const std::string what = std::to_string(rows) + "x" + std::to_string(in) + " -> " +
                                  std::to_string(out) + (tuned ? " (tuned)" : "");
         EXPECT_LT(relative_l2(y32, ref), 1e-5) << what << ", float32";
         EXPECT_LT(relative_l2(as_floats(y16), ref), 5e-3) << what << ", bf16";
         // Every path rounds gate and up to bf16 before SiLU*mul, as cuBLAS rows are stored.
         EXPECT_LT(relative_l2(as_floats(act), ref_act), 1e-2) << what << ", SiLU*mul of the pairs";
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Every algorithm cuBLASLt proposes for 16 and 64 rows, against a float64 product: which one
+// Gemm::tune() picks, if any, depends on the device's timings, so the test above may never run
+// most of them. Each runs at the rows it was proposed for and at the fewest rows of the same
+// SkinnyGemm build (9, 33), which the tuned route also sends to it where cuBLASLt says it runs
+// there; bf16 and float32 results.
+TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(11);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    constexpr int kIn = 1000, kOut = 600;
+    cuda::DeviceBuffer<std::byte> workspace(size_t(32) << 20);
+    cuda::CublasLtMatmul cublaslt(stream, workspace.data(), workspace.bytes());
+    const auto w = random_bf16(rng, size_t(kOut) * kIn);
+    const auto w_d = to_device(w);
+    for (const auto& [proposed_for, fewest] : {std::pair{16, 9}, std::pair{64, 33}}) {
+      for (const cudaDataType_t y_type : {CUDA_R_16BF, CUDA_R_32F}) {
+        const bool bf16 = y_type == CUDA_R_16BF;
+        const auto proposals =
+            cublaslt.candidates(y_type, proposed_for, kIn, kOut, cuda::Gemm::kCublasLtCandidates);
+        EXPECT_FALSE(proposals.empty()) << proposed_for << " rows, " << (bf16 ? "bf16" : "float32");
+        for (const int rows : {proposed_for, fewest}) {
+          const auto x = random_bf16(rng, size_t(rows) * kIn);
+          const auto x_d = to_device(x);
+          const std::vector<float> ref = float64_product(x, w, rows, kIn, kOut);
+          cuda::DeviceBuffer<__nv_bfloat16> y16_d(ref.size());
+          cuda::DeviceBuffer<float> y32_d(ref.size());
+          for (size_t i = 0; i < proposals.size(); ++i) {
+            const std::string what = "proposal " + std::to_string(i) + " for " +
+                                     std::to_string(proposed_for) + " rows, at " +
+                                     std::to_string(rows) + (bf16 ? ", bf16" : ", float32");
+            const bool runs = cublaslt.runs(proposals[i], y_type, rows, kIn, kOut);
+            EXPECT_TRUE(runs || rows != proposed_for) << what << ": proposed, but does not run";
+            if (!runs) continue;  // Gemm's route sends these rows to cublasGemmEx
+            void* y = bf16 ? static_cast<void*>(y16_d.data()) : static_cast<void*>(y32_d.data());
+            cublaslt.run(proposals[i], x_d.data(), w_d.data(), y, y_type, rows, kIn, kOut);
+            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
+            if (bf16)
+              EXPECT_LT(relative_l2(as_floats(to_host(y16_d)), ref), 5e-3) << what;
+            else
+              EXPECT_LT(relative_l2(to_host(y32_d), ref), 1e-5) << what;
+          }
+        }
       }
     }
   }

@@ -313,7 +313,7 @@ void CudaRunner::warm_up(int max_num_seqs) {
                           " (kernels from compute_" + std::to_string(kernel_ptx_architecture()) +
                           ")");
   // One row: the GEMV; 2, 9, 17, 33: SkinnyGemm's builds for up to 8, 16, 32, 64 rows (or
-  // cuBLAS where it was faster); more: cuBLAS.
+  // a cuBLAS algorithm where one was faster); more: cuBLAS.
   for (int seqs : {1, 2, 9, 17, 33, kSkinnyMaxRows + 1}) {
     if (seqs > max_num_seqs) break;
     // Each sequence writes its token into a block of its own where the pool has enough (else
@@ -326,9 +326,9 @@ void CudaRunner::warm_up(int max_num_seqs) {
   decode_sightings_.clear();  // serving captures its own graphs, as if from a cold start
 }
 
-// SkinnyGemm and cuBLAS, timed on each projection's shape at each SkinnyGemm build's row count;
-// Gemm sends those calls to the faster from now on. Each layer's matrix in turn, so the weights
-// come from memory as in a forward pass.
+// SkinnyGemm, cuBLAS's own choice and cuBLASLt's proposals, timed on each projection's shape at
+// each SkinnyGemm build's row count; Gemm sends those calls to the fastest from now on. Each
+// layer's matrix in turn, so the weights come from memory as in a forward pass.
 void CudaRunner::tune_projections() {
   NvtxRange range{"tune_projections"};
   const LlamaConfig& c = config_;

@@ -1,5 +1,6 @@
 #include "kernels/cuda/gemm.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -16,9 +17,19 @@ namespace {
 // cuBLAS allocates its own workspace on first use unless given one, which a graph capture
 // does not allow; 32 MiB covers the split-K kernels it picks for these shapes.
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+// What a library writes for a product: bf16, float32 for the logits, the bf16 gate/up columns
+// for silu_mul (the SiLU*mul kernel then reads them).
+cudaDataType_t library_output_type(Gemm::Product product) {
+  return product == Gemm::Product::f32 ? CUDA_R_32F : CUDA_R_16BF;
+}
 }  // namespace
 
-Gemm::Gemm(cudaStream_t stream) : stream_(stream), workspace_(kWorkspaceBytes), skinny_(stream) {
+Gemm::Gemm(cudaStream_t stream)
+    : stream_(stream),
+      workspace_(kWorkspaceBytes),
+      skinny_(stream),
+      cublaslt_(stream, workspace_.data(), workspace_.bytes()) {
   PIPELINE_CUBLAS_CHECK(cublasCreate(&handle_));
   try {
     PIPELINE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
@@ -36,94 +47,165 @@ Gemm::~Gemm() {
 void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                   int in, int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
-  project(Product::bf16, !skinny_for(Product::bf16, rows, in, out), x, w, y, nullptr, rows, in,
-          out);
+  project(Product::bf16, route(Product::bf16, rows, in, out), x, w, y, nullptr, rows, in, out);
 }
 
 void Gemm::linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                       int out) {
   if (gemv_applies(rows, in)) return gemv(x, w, y, in, out, stream_);
-  project(Product::f32, !skinny_for(Product::f32, rows, in, out), x, w, y, nullptr, rows, in, out);
+  project(Product::f32, route(Product::f32, rows, in, out), x, w, y, nullptr, rows, in, out);
 }
 
 void Gemm::linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                            __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in,
                            int inter) {
   if (gemv_applies(rows, in)) return gemv_silu_mul(x, w_gate_up, act, in, inter, stream_);
-  project(Product::silu_mul, !skinny_for(Product::silu_mul, rows, in, 2 * inter), x, w_gate_up, act,
+  project(Product::silu_mul, route(Product::silu_mul, rows, in, 2 * inter), x, w_gate_up, act,
           gate_up, rows, in, 2 * inter);
 }
 
 void Gemm::linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                          int in, int out) {
-  run(x, w, y, CUDA_R_16BF, rows, in, out);
+  gemm_ex(x, w, y, CUDA_R_16BF, rows, in, out);
 }
 
 // cuBLAS is column-major: a row-major [rows, n] matrix is a column-major [n, rows] one. So
 // y^T [out, rows] = W [in, out]^T . x^T [in, rows], all leading dimensions the row lengths.
-void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
-               int rows, int in, int out) {
+void Gemm::gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
+                   int rows, int in, int out) {
   const float alpha = 1.0f, beta = 0.0f;
   PIPELINE_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w,
                                      CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, y_type, out,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void Gemm::project(Product product, bool cublas, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                   void* y, __nv_bfloat16* gate_up, int rows, int in, int out) {
-  auto* y16 = static_cast<__nv_bfloat16*>(y);
-  switch (product) {
-    case Product::bf16:
-      return cublas ? run(x, w, y, CUDA_R_16BF, rows, in, out)
-                    : skinny_.run(x, w, y16, rows, in, out);
-    case Product::f32:
-      return cublas ? run(x, w, y, CUDA_R_32F, rows, in, out)
-                    : skinny_.run(x, w, static_cast<float*>(y), rows, in, out);
-    case Product::silu_mul:
-      if (!cublas) return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2);
-      run(x, w, gate_up, CUDA_R_16BF, rows, in, out);
-      return silu_mul(gate_up, rows, out / 2, y16, stream_);
-  }
+void Gemm::library_product(const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                           void* y, cudaDataType_t y_type, int rows, int in, int out) {
+  if (route.path == Route::Path::cublaslt && CublasLtMatmul::aligned(x, w, y))
+    return cublaslt_.run(route.algo, x, w, y, y_type, rows, in, out);
+  gemm_ex(x, w, y, y_type, rows, in, out);
 }
 
-bool Gemm::skinny_for(Product product, int rows, int in, int out) const {
-  if (!skinny_gemm_applies(rows, in)) return false;
-  const auto tuned = cublas_faster_.find({product, in, out, skinny_build_rows(rows)});
-  return tuned == cublas_faster_.end() || !tuned->second;
+void Gemm::project(Product product, const Route& route, const __nv_bfloat16* x,
+                   const __nv_bfloat16* w, void* y, __nv_bfloat16* gate_up, int rows, int in,
+                   int out) {
+  auto* y16 = static_cast<__nv_bfloat16*>(y);
+  if (route.path == Route::Path::skinny) {
+    switch (product) {
+      case Product::bf16:
+        return skinny_.run(x, w, y16, rows, in, out);
+      case Product::f32:
+        return skinny_.run(x, w, static_cast<float*>(y), rows, in, out);
+      case Product::silu_mul:
+        return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2);
+    }
+  }
+  if (product != Product::silu_mul)
+    return library_product(route, x, w, y, library_output_type(product), rows, in, out);
+  library_product(route, x, w, gate_up, CUDA_R_16BF, rows, in, out);
+  silu_mul(gate_up, rows, out / 2, y16, stream_);
+}
+
+Gemm::Route Gemm::route(Product product, int rows, int in, int out) {
+  if (!skinny_gemm_applies(rows, in)) return Route{Route::Path::cublas};
+  const std::tuple key{product, in, out, rows};
+  if (const auto known = routes_.find(key); known != routes_.end()) return known->second;
+  Route chosen;  // untuned: SkinnyGemm
+  if (const auto tuned = tuned_.find({product, in, out, skinny_build_rows(rows)});
+      tuned != tuned_.end()) {
+    chosen = tuned->second;
+    if (chosen.path == Route::Path::cublaslt &&
+        !cublaslt_.runs(chosen.algo, library_output_type(product), rows, in, out))
+      chosen.path = Route::Path::cublas;
+  }
+  return routes_[key] = chosen;
 }
 
 std::string Gemm::tune(Product product, const __nv_bfloat16* x,
                        const std::vector<const __nv_bfloat16*>& weights, void* y,
                        __nv_bfloat16* gate_up, int in, int out, int max_rows) {
   auto matrix = [&](int i) { return weights[size_t(i) % weights.size()]; };
+  // cuBLASLt's proposals assume aligned operands; a call that is not falls back to cublasGemmEx
+  // (library_product), so timing them would time that instead.
+  const void* library_y = product == Product::silu_mul ? gate_up : y;
+  const bool lt_aligned = std::all_of(weights.begin(), weights.end(), [&](const __nv_bfloat16* w) {
+    return CublasLtMatmul::aligned(x, w, library_y);
+  });
   std::string report;
   for (int rows : kSkinnyBuildRows) {
     if (rows > max_rows || !skinny_gemm_applies(rows, in)) break;
-    auto time_path = [&](bool cublas) {
+    const TimeRoute time_route = [&](const Route& route) {
       return time_call(
-          [&](int i) { project(product, cublas, x, matrix(i), y, gate_up, rows, in, out); });
+          [&](int i) { project(product, route, x, matrix(i), y, gate_up, rows, in, out); });
     };
+    report += (report.empty() ? "" : "; ") + std::to_string(rows) + " rows: ";
     float skinny_ms = 0.0f, cublas_ms = 0.0f;
     try {
-      skinny_ms = time_path(false);
-      cublas_ms = time_path(true);
+      skinny_ms = time_route(Route{Route::Path::skinny});
+      cublas_ms = time_route(Route{Route::Path::cublas});
     } catch (const std::runtime_error& e) {
       // A timing that cannot run (its graph capture failed, say) leaves this row count untuned,
       // on SkinnyGemm, as a decode step whose capture fails runs eagerly: the runner still
       // serves. A sticky device error fails the next pass instead.
-      report += std::string(report.empty() ? "" : "; ") + std::to_string(rows) +
-                " rows: not timed (" + e.what() + ") -> SkinnyGemm";
+      report += std::string("not timed (") + e.what() + ") -> SkinnyGemm";
       continue;
     }
-    const bool cublas = cublas_ms < skinny_ms;
-    cublas_faster_[{product, in, out, rows}] = cublas;
-    char clause[128];
-    std::snprintf(clause, sizeof clause, "%s%d rows: SkinnyGemm %.1f us, cuBLAS %.1f us -> %s",
-                  report.empty() ? "" : "; ", rows, 1e3f * skinny_ms, 1e3f * cublas_ms,
-                  cublas ? "cuBLAS" : "SkinnyGemm");
-    report += clause;
+    Route best{cublas_ms < skinny_ms ? Route::Path::cublas : Route::Path::skinny};
+    const float best_ms = std::min(skinny_ms, cublas_ms);
+    std::string lt_clause = "not timed (operands not aligned)";
+    if (lt_aligned) {
+      const ProposalTimes lt =
+          time_proposals(library_output_type(product), rows, in, out, time_route);
+      lt_clause = lt.summary();
+      if (lt.timed > 0 && lt.fastest_ms < best_ms) best = lt.fastest;
+    }
+    tuned_[{product, in, out, rows}] = best;
+    char times[96];
+    std::snprintf(times, sizeof times, "SkinnyGemm %.1f us, cuBLAS %.1f us, cuBLASLt ",
+                  1e3f * skinny_ms, 1e3f * cublas_ms);
+    report += times + lt_clause +
+              (best.path == Route::Path::skinny   ? " -> SkinnyGemm"
+               : best.path == Route::Path::cublas ? " -> cuBLAS"
+                                                  : " -> cuBLASLt");
   }
+  routes_.clear();  // routes from before this tuning may have changed
   return report;
+}
+
+Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in, int out,
+                                         const TimeRoute& time_route) {
+  ProposalTimes times;
+  std::vector<cublasLtMatmulAlgo_t> proposals;
+  try {
+    proposals = cublaslt_.candidates(y_type, rows, in, out, kCublasLtCandidates);
+  } catch (const std::runtime_error& e) {
+    times.error = e.what();
+    return times;
+  }
+  times.proposed = int(proposals.size());
+  for (const cublasLtMatmulAlgo_t& algo : proposals) {
+    const Route proposal{Route::Path::cublaslt, algo};
+    float ms = 0.0f;
+    try {
+      ms = time_route(proposal);
+    } catch (const std::runtime_error&) {
+      continue;  // one that cannot run here is passed over
+    }
+    if (times.timed++ == 0 || ms < times.fastest_ms) {
+      times.fastest = proposal;
+      times.fastest_ms = ms;
+    }
+  }
+  return times;
+}
+
+std::string Gemm::ProposalTimes::summary() const {
+  if (!error.empty()) return "not proposed (" + error + ")";
+  if (timed == 0) return "none of " + std::to_string(proposed) + " proposed ran";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f us (fastest of %d of %d proposed)", 1e3f * fastest_ms,
+                timed, proposed);
+  return text;
 }
 
 float Gemm::time_call(const std::function<void(int)>& call) {

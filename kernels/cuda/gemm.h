@@ -1,8 +1,8 @@
 // The projections of the forward pass: y = x . W^T with x [rows, in] and W in Hugging Face's
-// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(), 2 to 64
-// rows to SkinnyGemm unless tune() found cuBLAS faster for that shape and number of rows, the
-// rest through cuBLAS: one handle per stream, with its own workspace so the calls can be
-// captured into CUDA graphs.
+// [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(); 2 to 64
+// rows to SkinnyGemm, or to whichever cuBLAS algorithm tune() found faster for that shape and
+// number of rows; the rest to cuBLAS's own choice. One cuBLAS handle per stream, with its own
+// workspace so that the calls can be captured into CUDA graphs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/cublaslt_matmul.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -35,38 +36,71 @@ class Gemm {
   void linear_f32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in,
                   int out);
   // act [rows, inter] = silu(gate) * up of x . w_gate_up^T, whose 2 * inter columns are gate and
-  // up interleaved (gate row j of the weights at 2j, up row j at 2j + 1). Up to kSkinnyMaxRows rows
-  // the projection's epilogue applies it; cuBLAS rows land in gate_up [rows, 2 * inter] first.
+  // up interleaved (gate row j of the weights at 2j, up row j at 2j + 1). The GEMV's and
+  // SkinnyGemm's epilogues apply it; a cuBLAS projection's rows land in gate_up [rows, 2 * inter]
+  // first.
   void linear_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                        __nv_bfloat16* gate_up, __nv_bfloat16* act, int rows, int in, int inter);
-  // y = x . w^T by cuBLAS at any row count: what linear() does past kSkinnyMaxRows rows, and
-  // what the benchmarks hold the GEMV and SkinnyGemm paths against.
+  // y = x . w^T by cublasGemmEx at any row count: what linear() does past kSkinnyMaxRows rows,
+  // and what the benchmarks hold the other paths against.
   void linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
                      int in, int out);
 
   // What a call computes: linear(), linear_f32() or linear_silu_mul().
   enum class Product { bf16, f32, silu_mul };
 
-  // Times SkinnyGemm against cuBLAS (with the SiLU*mul kernel after it, for silu_mul) on [out,
-  // in] matrices at each SkinnyGemm build's row count up to max_rows, and from then on sends the
-  // calls of that product, shape and build to the faster. Successive calls take successive
-  // matrices of `weights` (every layer's, say), so that they come from memory, not from L2, as
-  // in a forward pass. x holds max_rows rows of `in`; y (act, for silu_mul) and gate_up take
-  // the results. Not while the stream is being captured. Returns what it measured.
+  // How many of cuBLASLt's proposals tune() times, in its heuristic's order, per product, shape
+  // and row count.
+  static constexpr int kCublasLtCandidates = 8;
+
+  // Times SkinnyGemm, cuBLAS's own choice and up to kCublasLtCandidates algorithms cuBLASLt
+  // proposes (with the SiLU*mul kernel after the library's, for silu_mul) on [out, in] matrices
+  // at each SkinnyGemm build's row count up to max_rows, and from then on sends the calls of
+  // that product, shape and build to the fastest. Successive calls take successive matrices of
+  // `weights` (every layer's, say), so that they come from memory, not from L2, as in a forward
+  // pass. x holds max_rows rows of `in`; y (act, for silu_mul) and gate_up take the results.
+  // Not while the stream is being captured. Returns what it measured.
   std::string tune(Product product, const __nv_bfloat16* x,
                    const std::vector<const __nv_bfloat16*>& weights, void* y,
                    __nv_bfloat16* gate_up, int in, int out, int max_rows);
 
  private:
-  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows,
-           int in, int out);
-  // One product by one path: SkinnyGemm, or cuBLAS (for silu_mul, the gate/up columns into
-  // gate_up, then the SiLU*mul kernel). y is bf16, float32 for f32, act for silu_mul; out is the
-  // weight rows (2 * inter for silu_mul).
-  void project(Product product, bool cublas, const __nv_bfloat16* x, const __nv_bfloat16* w,
+  // The path a call takes: SkinnyGemm, cublasGemmEx (cuBLAS's own choice of algorithm), or
+  // cuBLASLt with an algorithm tune() chose.
+  struct Route {
+    enum class Path { skinny, cublas, cublaslt } path = Path::skinny;
+    cublasLtMatmulAlgo_t algo{};  // for cublaslt
+  };
+
+  // y = x . w^T by cublasGemmEx and the algorithm cuBLAS chooses.
+  void gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
+               int rows, int in, int out);
+  // y = x . w^T by the library: cuBLASLt with the route's algorithm where it has one and the
+  // pointers are aligned as it assumes, else cublasGemmEx.
+  void library_product(const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
+                       cudaDataType_t y_type, int rows, int in, int out);
+  // One product by one route (for silu_mul through a library, the gate/up columns into gate_up,
+  // then the SiLU*mul kernel). y is bf16, float32 for f32, act for silu_mul; out is the weight
+  // rows (2 * inter for silu_mul).
+  void project(Product product, const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w,
                void* y, __nv_bfloat16* gate_up, int rows, int in, int out);
-  // Whether a call goes to SkinnyGemm: it applies, and tune() did not find cuBLAS faster.
-  bool skinny_for(Product product, int rows, int in, int out) const;
+  // The route of a call: the tuned one of its build, if that runs at these rows; SkinnyGemm
+  // where untuned; cublasGemmEx past SkinnyGemm's rows.
+  Route route(Product product, int rows, int in, int out);
+  // Milliseconds a call by a route takes, for tune(): time_call() of that product on successive
+  // matrices.
+  using TimeRoute = std::function<float(const Route&)>;
+  // What time_proposals() found: the fastest of cuBLASLt's proposals and its time, how many
+  // were proposed and how many ran; or why none were.
+  struct ProposalTimes {
+    Route fastest;
+    float fastest_ms = 0.0f;
+    int proposed = 0, timed = 0;
+    std::string error;
+    std::string summary() const;  // for tune()'s report
+  };
+  ProposalTimes time_proposals(cudaDataType_t y_type, int rows, int in, int out,
+                               const TimeRoute& time_route);
   // Milliseconds one call takes: eight calls captured as a graph, the best of three replays
   // after an untimed one; call(i) makes the i-th call.
   float time_call(const std::function<void(int)>& call);
@@ -75,8 +109,12 @@ class Gemm {
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::byte> workspace_;
   SkinnyGemm skinny_;
-  // (product, in, out, SkinnyGemm build) -> cuBLAS was faster; absent: not tuned, SkinnyGemm.
-  std::map<std::tuple<Product, int, int, int>, bool> cublas_faster_;
+  CublasLtMatmul cublaslt_;
+  // (product, in, out, SkinnyGemm build) -> the fastest route; absent: not tuned, SkinnyGemm.
+  std::map<std::tuple<Product, int, int, int>, Route> tuned_;
+  // (product, in, out, rows) -> route(), which checks a tuned cuBLASLt algorithm at the call's
+  // own row count once.
+  std::map<std::tuple<Product, int, int, int>, Route> routes_;
 };
 
 }  // namespace pipeline::cuda

@@ -1,0 +1,110 @@
+#include "kernels/cuda/cublaslt_matmul.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace pipeline::cuda {
+
+namespace {
+// What cuBLASLt's heuristic assumes of the pointers unless told less (MIN_ALIGNMENT_*_BYTES).
+constexpr uintptr_t kAssumedAlignment = 256;
+
+using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                                   decltype(&cublasLtMatmulPreferenceDestroy)>;
+}  // namespace
+
+struct CublasLtMatmul::Problem {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
+
+  Problem() = default;
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+  ~Problem() {
+    if (y) cublasLtMatrixLayoutDestroy(y);
+    if (x) cublasLtMatrixLayoutDestroy(x);
+    if (w) cublasLtMatrixLayoutDestroy(w);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+CublasLtMatmul::CublasLtMatmul(cudaStream_t stream, void* workspace, size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  PIPELINE_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+CublasLtMatmul::~CublasLtMatmul() {
+  problems_.clear();  // the descriptors before the handle
+  cublasLtDestroy(handle_);
+}
+
+// cuBLAS is column-major, and a row-major [rows, n] matrix is a column-major [n, rows] one: so
+// y^T [out, rows] = (w^T)^T . x^T, with w seen as [in, out] and transposed, x as [in, rows].
+const CublasLtMatmul::Problem& CublasLtMatmul::problem(cudaDataType_t y_type, int rows, int in,
+                                                       int out) {
+  std::unique_ptr<Problem>& slot = problems_[{y_type, rows, in, out}];
+  if (slot) return *slot;
+  auto p = std::make_unique<Problem>();
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->operation, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                       &transpose, sizeof transpose));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->w, CUDA_R_16BF, in, out, in));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->x, CUDA_R_16BF, in, rows, in));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->y, y_type, out, rows, out));
+  slot = std::move(p);
+  return *slot;
+}
+
+std::vector<cublasLtMatmulAlgo_t> CublasLtMatmul::candidates(cudaDataType_t y_type, int rows,
+                                                             int in, int out, int max_count) {
+  const Problem& p = problem(y_type, rows, in, out);
+  cublasLtMatmulPreference_t raw = nullptr;
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  const Preference preference(raw, &cublasLtMatmulPreferenceDestroy);
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_));
+  // Where k is split, the parts of a bf16 result are summed in float32, as every other path
+  // sums its products: the in-place and output-type schemes would round each part to bf16.
+  const uint32_t schemes = y_type == CUDA_R_16BF ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                                 : CUBLASLT_REDUCTION_SCHEME_MASK;
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(max_count));
+  int count = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle_, p.operation, p.w, p.x, p.y, p.y, raw, max_count, results.data(), &count);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return {};  // no algorithm for this product here
+  PIPELINE_CUBLAS_CHECK(status);
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; i < count; ++i)
+    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[size_t(i)].algo);
+  return algos;
+}
+
+bool CublasLtMatmul::runs(const cublasLtMatmulAlgo_t& algo, cudaDataType_t y_type, int rows, int in,
+                          int out) {
+  const Problem& p = problem(y_type, rows, in, out);
+  cublasLtMatmulHeuristicResult_t result{};
+  return cublasLtMatmulAlgoCheck(handle_, p.operation, p.w, p.x, p.y, p.y, &algo, &result) ==
+             CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= workspace_bytes_;
+}
+
+bool CublasLtMatmul::aligned(const void* x, const void* w, const void* y) {
+  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  return (address(x) | address(w) | address(y)) % kAssumedAlignment == 0;
+}
+
+void CublasLtMatmul::run(const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* x,
+                         const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows, int in,
+                         int out) {
+  const Problem& p = problem(y_type, rows, in, out);
+  const float alpha = 1.0f, beta = 0.0f;
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmul(handle_, p.operation, &alpha, w, p.w, x, p.x, &beta, y, p.y,
+                                       y, p.y, &algo, workspace_, workspace_bytes_, stream_));
+}
+
+}  // namespace pipeline::cuda
