@@ -28,6 +28,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/batch.h"
 
@@ -644,10 +645,11 @@ std::vector<bf16> hashed_bf16(size_t n, uint64_t seed) {
 
 // The five projections as the runner calls them through Gemm, before any tuning: one row (the
 // GEMV), 5, 16 and 64 rows (SkinnyGemm, whose split of the k axis depends on the shape: none for
-// gate/up and the lm_head, 2 ways for qkv, 8 for o and down on an H200) and 65 (cuBLAS). The
-// test-sized matrices of test_cuda_runner.cpp do not reach those splits (they do reach a
-// partial last column tile, which these shapes, multiples of 128, do not); here 61 output
-// columns (the first, the last and spread between) are checked against float64.
+// gate/up and the lm_head, 2 ways for qkv, 8 for o and down on an H200) and 65 (cuBLAS); then
+// SkinnyGemm at its other split options (more splits, which Gemm::tune() may choose) at 5, 16
+// and 64 rows. The test-sized matrices of test_cuda_runner.cpp do not reach those splits (they
+// do reach a partial last column tile, which these shapes, multiples of 128, do not); here 61
+// output columns (the first, the last and spread between) are checked against float64.
 TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
   SKIP_WITHOUT_CUDA();
   struct Shape {
@@ -663,6 +665,7 @@ TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
   constexpr int kMaxRows = 65, kSamples = 61;
   Stream stream;
   Gemm gemm(stream.get());
+  SkinnyGemm skinny(stream.get());
   for (const Shape& shape : shapes) {
     const bool silu = shape.product == Gemm::Product::silu_mul;
     const int results = silu ? shape.out / 2 : shape.out;  // columns of y
@@ -677,19 +680,8 @@ TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
         sum += value(x[size_t(r) * shape.in + k]) * value(w[size_t(c) * shape.in + k]);
       return sum;
     };
-    for (int rows : {1, 5, 16, 64, kMaxRows}) {
-      switch (shape.product) {
-        case Gemm::Product::bf16:
-          gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out);
-          break;
-        case Gemm::Product::f32:
-          gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, shape.in, shape.out);
-          break;
-        case Gemm::Product::silu_mul:
-          gemm.linear_silu_mul(x_d.data(), w_d.data(), gate_up_d.data(), y16_d.data(), rows,
-                               shape.in, shape.out / 2);
-          break;
-      }
+    // y's sampled columns of `rows` rows, against float64; `how` names the call.
+    auto check = [&](int rows, const std::string& how) {
       const std::vector<bf16> y16 = download(y16_d);
       const std::vector<float> y32 = download(y32_d);
       std::vector<double> ours, ref;
@@ -707,9 +699,62 @@ TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
         }
       const double tolerance = shape.product == Gemm::Product::f32 ? 1e-4 : silu ? 1e-2 : 5e-3;
       EXPECT_LT(relative_l2(ours.data(), ref.data(), ref.size()), tolerance)
-          << shape.name << " " << shape.out << "x" << shape.in << ", " << rows << " rows";
+          << shape.name << " " << shape.out << "x" << shape.in << ", " << rows << " rows, " << how;
+    };
+    for (int rows : {1, 5, 16, 64, kMaxRows}) {
+      switch (shape.product) {
+        case Gemm::Product::bf16:
+          gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out);
+          break;
+        case Gemm::Product::f32:
+          gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, shape.in, shape.out);
+          break;
+        case Gemm::Product::silu_mul:
+          gemm.linear_silu_mul(x_d.data(), w_d.data(), gate_up_d.data(), y16_d.data(), rows,
+                               shape.in, shape.out / 2);
+          break;
+      }
+      check(rows, "Gemm");
     }
+    const std::vector<int> splits = skinny.split_options(shape.in, shape.out);
+    for (int rows : {5, 16, 64})
+      for (size_t i = 1; i < splits.size(); ++i) {
+        switch (shape.product) {
+          case Gemm::Product::bf16:
+            skinny.run(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out, splits[i]);
+            break;
+          case Gemm::Product::f32:
+            skinny.run(x_d.data(), w_d.data(), y32_d.data(), rows, shape.in, shape.out, splits[i]);
+            break;
+          case Gemm::Product::silu_mul:
+            skinny.run_silu_mul(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out / 2,
+                                splits[i]);
+            break;
+        }
+        check(rows, "SkinnyGemm, k split " + std::to_string(splits[i]) + " ways");
+      }
   }
+}
+
+// The split options on an H200 (132 multiprocessors, two SkinnyGemm blocks each) for the 7B
+// projections: the first fills one wave of blocks where the column tiles (128 columns each)
+// leave room, the others double it while k allows 256 per split, 8 splits at most, and the
+// partials' room of four waves. Host code: it runs without a device.
+TEST(CudaKernels, SkinnyGemmSplitOptionsStartAtOneWave) {
+  constexpr int kH200Blocks = 264;
+  EXPECT_EQ(skinny_split_options(4096, 12288, kH200Blocks), (std::vector<int>{2, 4, 8}));  // qkv
+  EXPECT_EQ(skinny_split_options(4096, 4096, kH200Blocks), (std::vector<int>{8}));         // o
+  EXPECT_EQ(skinny_split_options(4096, 22016, kH200Blocks),
+            (std::vector<int>{1, 2, 4}));                                            // gate_up
+  EXPECT_EQ(skinny_split_options(11008, 4096, kH200Blocks), (std::vector<int>{8}));  // down
+  EXPECT_EQ(skinny_split_options(4096, 32000, kH200Blocks),
+            (std::vector<int>{1, 2, 4}));                                          // lm_head
+  EXPECT_EQ(skinny_split_options(264, 600, kH200Blocks), (std::vector<int>{1}));   // k too short
+  EXPECT_EQ(skinny_split_options(1024, 600, kH200Blocks), (std::vector<int>{4}));  // 256 per split
+  // Vocabularies of 64k and 128k (500 and 1000 tiles): more than a wave unsplit, and only the
+  // first has room for 2 splits' partials.
+  EXPECT_EQ(skinny_split_options(4096, 64000, kH200Blocks), (std::vector<int>{1, 2}));
+  EXPECT_EQ(skinny_split_options(4096, 128000, kH200Blocks), (std::vector<int>{1}));
 }
 
 }  // namespace

@@ -93,11 +93,11 @@ void Gemm::project(Product product, const Route& route, const __nv_bfloat16* x,
   if (route.path == Route::Path::skinny) {
     switch (product) {
       case Product::bf16:
-        return skinny_.run(x, w, y16, rows, in, out);
+        return skinny_.run(x, w, y16, rows, in, out, route.splits);
       case Product::f32:
-        return skinny_.run(x, w, static_cast<float*>(y), rows, in, out);
+        return skinny_.run(x, w, static_cast<float*>(y), rows, in, out, route.splits);
       case Product::silu_mul:
-        return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2);
+        return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2, route.splits);
     }
   }
   if (product != Product::silu_mul)
@@ -139,9 +139,10 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
           [&](int i) { project(product, route, x, matrix(i), y, gate_up, rows, in, out); });
     };
     report += (report.empty() ? "" : "; ") + std::to_string(rows) + " rows: ";
+    Route skinny;
     float skinny_ms = 0.0f, cublas_ms = 0.0f;
     try {
-      skinny_ms = time_route(Route{Route::Path::skinny});
+      std::tie(skinny, skinny_ms) = fastest_skinny(in, out, time_route);
       cublas_ms = time_route(Route{Route::Path::cublas});
     } catch (const std::runtime_error& e) {
       // A timing that cannot run (its graph capture failed, say) leaves this row count untuned,
@@ -150,7 +151,7 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       report += std::string("not timed (") + e.what() + ") -> SkinnyGemm";
       continue;
     }
-    Route best{cublas_ms < skinny_ms ? Route::Path::cublas : Route::Path::skinny};
+    Route best = cublas_ms < skinny_ms ? Route{Route::Path::cublas} : skinny;
     const float best_ms = std::min(skinny_ms, cublas_ms);
     std::string lt_clause = "not timed (operands not aligned)";
     if (lt_aligned) {
@@ -160,9 +161,10 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       if (lt.timed > 0 && lt.fastest_ms < best_ms) best = lt.fastest;
     }
     tuned_[{product, in, out, rows}] = best;
-    char times[96];
-    std::snprintf(times, sizeof times, "SkinnyGemm %.1f us, cuBLAS %.1f us, cuBLASLt ",
-                  1e3f * skinny_ms, 1e3f * cublas_ms);
+    char times[128];
+    std::snprintf(times, sizeof times,
+                  "SkinnyGemm %.1f us (k split %d ways), cuBLAS %.1f us, cuBLASLt ",
+                  1e3f * skinny_ms, skinny.splits, 1e3f * cublas_ms);
     report += times + lt_clause +
               (best.path == Route::Path::skinny   ? " -> SkinnyGemm"
                : best.path == Route::Path::cublas ? " -> cuBLAS"
@@ -170,6 +172,16 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
   }
   routes_.clear();  // routes from before this tuning may have changed
   return report;
+}
+
+std::pair<Gemm::Route, float> Gemm::fastest_skinny(int in, int out, const TimeRoute& time_route) {
+  std::pair<Route, float> fastest;
+  for (int splits : skinny_.split_options(in, out)) {
+    const Route option{Route::Path::skinny, splits};
+    const float ms = time_route(option);
+    if (fastest.first.splits == 0 || ms < fastest.second) fastest = {option, ms};
+  }
+  return fastest;
 }
 
 Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in, int out,
@@ -184,7 +196,7 @@ Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in
   }
   times.proposed = int(proposals.size());
   for (const cublasLtMatmulAlgo_t& algo : proposals) {
-    const Route proposal{Route::Path::cublaslt, algo};
+    const Route proposal{Route::Path::cublaslt, 0, algo};
     float ms = 0.0f;
     try {
       ms = time_route(proposal);

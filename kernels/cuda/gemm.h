@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cublaslt_matmul.h"
@@ -53,13 +54,13 @@ class Gemm {
   // and row count.
   static constexpr int kCublasLtCandidates = 8;
 
-  // Times SkinnyGemm, cuBLAS's own choice and up to kCublasLtCandidates algorithms cuBLASLt
-  // proposes (with the SiLU*mul kernel after the library's, for silu_mul) on [out, in] matrices
-  // at each SkinnyGemm build's row count up to max_rows, and from then on sends the calls of
-  // that product, shape and build to the fastest. Successive calls take successive matrices of
-  // `weights` (every layer's, say), so that they come from memory, not from L2, as in a forward
-  // pass. x holds max_rows rows of `in`; y (act, for silu_mul) and gate_up take the results.
-  // Not while the stream is being captured. Returns what it measured.
+  // Times SkinnyGemm at each of its split_options(), cuBLAS's own choice and up to
+  // kCublasLtCandidates algorithms cuBLASLt proposes (with the SiLU*mul kernel after the library's,
+  // for silu_mul) on [out, in] matrices at each SkinnyGemm build's row count up to max_rows, and
+  // from then on sends the calls of that product, shape and build to the fastest. Successive calls
+  // take successive matrices of `weights` (every layer's, say), so that they come from memory, not
+  // from L2, as in a forward pass. x holds max_rows rows of `in`; y (act, for silu_mul) and gate_up
+  // take the results. Not while the stream is being captured. Returns what it measured.
   std::string tune(Product product, const __nv_bfloat16* x,
                    const std::vector<const __nv_bfloat16*>& weights, void* y,
                    __nv_bfloat16* gate_up, int in, int out, int max_rows);
@@ -69,6 +70,7 @@ class Gemm {
   // cuBLASLt with an algorithm tune() chose.
   struct Route {
     enum class Path { skinny, cublas, cublaslt } path = Path::skinny;
+    int splits = 0;               // for skinny: SkinnyGemm's split of k (0: its first option)
     cublasLtMatmulAlgo_t algo{};  // for cublaslt
   };
 
@@ -101,6 +103,8 @@ class Gemm {
   };
   ProposalTimes time_proposals(cudaDataType_t y_type, int rows, int in, int out,
                                const TimeRoute& time_route);
+  // SkinnyGemm's fastest split of k for this shape: its route and time.
+  std::pair<Route, float> fastest_skinny(int in, int out, const TimeRoute& time_route);
   // Milliseconds one call takes: eight calls captured as a graph, the best of three replays
   // after an untimed one; call(i) makes the i-th call.
   float time_call(const std::function<void(int)>& call);

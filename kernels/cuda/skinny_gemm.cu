@@ -13,8 +13,9 @@
 // A block's eight warps take consecutive 16-row groups over the same k range, so x comes from
 // L2 once per block and from L1 after that: at 64 rows, four bytes of x from L1 for every byte
 // of weights from memory. When the weight rows make too few blocks to fill the device, the k
-// axis is split across blocks: each writes float32 partials, and the last block of a column
-// tile to arrive sums them in split order (so results do not depend on timing) and writes y.
+// axis is split across blocks (and further where Gemm::tune() times more splits faster): each
+// writes float32 partials, and the last block of a column tile to arrive sums them in split
+// order (so results do not depend on timing) and writes y.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,8 @@ constexpr int kChunk = 32;                 // k per warp per 16-byte load
 constexpr int kMinSplitLength = 256;       // k a split walks at least
 constexpr int kMaxSplits = 8;
 constexpr int kBlocksPerSm = 2;
+// A split call's blocks are at most this many waves of resident blocks: the partials' bound.
+constexpr int kMaxSplitWaves = 4;
 
 // d += a . b on one m16n8k16 tile: a 16x16 bf16 (4 registers of two), b 16x8 bf16 (2), d 16x8
 // float32 (4), in the fragment layout of the PTX ISA.
@@ -224,40 +227,62 @@ int skinny_build_rows(int rows) {
 
 SkinnyGemm::SkinnyGemm(cudaStream_t stream) : stream_(stream) {
   target_blocks_ = kBlocksPerSm * multiprocessor_count();
-  // A split call has splits * tiles <= target_blocks_ (see launch()), so its partials fit.
-  partials_ = DeviceBuffer<float>(size_t(target_blocks_) * kTileColumns * kSkinnyMaxRows);
-  arrivals_ = DeviceBuffer<int32_t>(size_t(target_blocks_));
+  // A split call has splits * tiles <= kMaxSplitWaves * target_blocks_ (skinny_split_options), so
+  // its partials fit, and at least two splits, so its tiles have counters.
+  const size_t max_split_blocks = size_t(kMaxSplitWaves) * target_blocks_;
+  partials_ = DeviceBuffer<float>(max_split_blocks * kTileColumns * kSkinnyMaxRows);
+  arrivals_ = DeviceBuffer<int32_t>(max_split_blocks / 2);
   // On the stream the kernels run on: cudaMemset's default stream does not order against it.
   PIPELINE_CUDA_CHECK(cudaMemsetAsync(arrivals_.data(), 0, arrivals_.bytes(), stream_));
 }
 
-void SkinnyGemm::run(const bf16* x, const bf16* w, bf16* y, int rows, int in, int out) {
-  launch(x, w, y, rows, in, out);
+std::vector<int> skinny_split_options(int in, int out, int resident_blocks) {
+  const int tiles = tiles_for(out);
+  const int most = std::min(kMaxSplits, std::max(1, in / kMinSplitLength));
+  // Split k only as far as the column tiles leave the device short of blocks.
+  const int fill = std::clamp(resident_blocks / tiles, 1, most);
+  std::vector<int> options{fill};
+  for (int splits = 2 * fill; splits <= most && tiles * splits <= kMaxSplitWaves * resident_blocks;
+       splits *= 2)
+    options.push_back(splits);
+  return options;
 }
 
-void SkinnyGemm::run(const bf16* x, const bf16* w, float* y, int rows, int in, int out) {
-  launch(x, w, y, rows, in, out);
+std::vector<int> SkinnyGemm::split_options(int in, int out) const {
+  return skinny_split_options(in, out, target_blocks_);
+}
+
+void SkinnyGemm::run(const bf16* x, const bf16* w, bf16* y, int rows, int in, int out, int splits) {
+  launch(x, w, y, rows, in, out, splits);
+}
+
+void SkinnyGemm::run(const bf16* x, const bf16* w, float* y, int rows, int in, int out,
+                     int splits) {
+  launch(x, w, y, rows, in, out, splits);
 }
 
 void SkinnyGemm::run_silu_mul(const bf16* x, const bf16* w_gate_up, bf16* act, int rows, int in,
-                              int inter) {
-  launch<bf16, true>(x, w_gate_up, act, rows, in, 2 * inter);
+                              int inter, int splits) {
+  launch<bf16, true>(x, w_gate_up, act, rows, in, 2 * inter, splits);
 }
 
 template <typename Out, bool kSiluMul>
-void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, int out) {
+void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, int out,
+                        int splits) {
   if (!skinny_gemm_applies(rows, in))
     throw std::invalid_argument("SkinnyGemm: " + std::to_string(rows) + " rows of " +
                                 std::to_string(in) + " is outside 2.." +
                                 std::to_string(kSkinnyMaxRows) + " rows of a multiple of 8");
   if (out <= 0) throw std::invalid_argument("SkinnyGemm: no output columns");
-  // Split k only as far as the column tiles leave the device short of blocks.
-  const int tiles = tiles_for(out);
-  const int splits =
-      std::clamp(std::min(target_blocks_ / tiles, in / kMinSplitLength), 1, kMaxSplits);
+  const std::vector<int> options = split_options(in, out);
+  if (splits == 0) splits = options.front();
+  if (std::find(options.begin(), options.end(), splits) == options.end())
+    throw std::invalid_argument("SkinnyGemm: " + std::to_string(splits) + " splits of " +
+                                std::to_string(in) + " for " + std::to_string(out) +
+                                " columns is not one of split_options()");
   const int per_split = (in + splits - 1) / splits;
   const int k_slice = (per_split + kChunk - 1) / kChunk * kChunk;
-  const dim3 grid(tiles, splits);
+  const dim3 grid(tiles_for(out), splits);
   const int build = skinny_build_rows(rows);
   const auto kernel = build == 8    ? skinny_gemm_kernel<1, Out, kSiluMul>
                       : build == 16 ? skinny_gemm_kernel<2, Out, kSiluMul>

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/device_buffer.h"
 
@@ -25,23 +26,37 @@ bool skinny_gemm_applies(int rows, int in);
 // that holds them.
 int skinny_build_rows(int rows);
 
+// The ways a call of `in` by `out` may split k on a device of `resident_blocks` SkinnyGemm
+// blocks at once, which Gemm::tune() times: first the most that still make one wave (or 1
+// where the column tiles alone make more), then twice and four times as many where k is long
+// enough and the partials fit. More, shorter splits balance the multiprocessors' load where
+// the column tiles do not divide evenly among them, for the cost of float32 partials and a
+// reduction.
+std::vector<int> skinny_split_options(int in, int out, int resident_blocks);
+
 // The kernel's launcher, with the scratch of its split-k reduction sized for the device. Its
 // calls go to one stream, in order, as the scratch is reused from call to call.
 class SkinnyGemm {
  public:
   explicit SkinnyGemm(cudaStream_t stream);
 
+  // skinny_split_options() on this device.
+  std::vector<int> split_options(int in, int out) const;
+
+  // splits: one of split_options(in, out), or 0 for its first.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
-           int out);
-  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out);
+           int out, int splits);
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out,
+           int splits);
   // act [rows, inter] = silu(gate) * up, where w_gate_up [2 * inter, in] holds gate row j at 2j
   // and up row j at 2j + 1.
   void run_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act,
-                    int rows, int in, int inter);
+                    int rows, int in, int inter, int splits);
 
  private:
   template <typename Out, bool kSiluMul = false>
-  void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out);
+  void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out,
+              int splits);
 
   cudaStream_t stream_;
   int target_blocks_ = 0;           // resident blocks that fill the device
