@@ -105,7 +105,8 @@ enum class Path { runner, runner_silu_mul, tuned, tuned_silu_mul, cublas };
 
 // A Gemm of its own, tuned on this projection's shape up to the SkinnyGemm build of `rows` with
 // each of `weights` in turn, as the runner's warm-up tunes: so the benchmark times the route a
-// decode step of `rows` sequences takes. Its label is what the tuning chose at that build.
+// decode step of `rows` sequences takes. Its label is that route, then (after " | ") what the
+// tuning measured at that build.
 std::unique_ptr<cuda::Gemm> tuned_gemm(benchmark::State& state, cudaStream_t stream, bool silu_mul,
                                        const std::vector<const bf16*>& weights, int rows, int in,
                                        int out) {
@@ -114,12 +115,13 @@ std::unique_ptr<cuda::Gemm> tuned_gemm(benchmark::State& state, cudaStream_t str
   DeviceBuffer<bf16> x(size_t(build) * in), y(size_t(build) * out), act(size_t(build) * out / 2);
   fill_random_bf16(x.data(), x.size(), 1.0f, 7);
   using Product = cuda::Gemm::Product;
+  const Product product = silu_mul ? Product::silu_mul : Product::bf16;
   const std::string report =
-      silu_mul
-          ? gemm->tune(Product::silu_mul, x.data(), weights, act.data(), y.data(), in, out, build)
-          : gemm->tune(Product::bf16, x.data(), weights, y.data(), nullptr, in, out, build);
-  state.SetLabel(
-      report.substr(report.rfind("; ") == std::string::npos ? 0 : report.rfind("; ") + 2));
+      silu_mul ? gemm->tune(product, x.data(), weights, act.data(), y.data(), in, out, build)
+               : gemm->tune(product, x.data(), weights, y.data(), nullptr, in, out, build);
+  const size_t last = report.rfind("; ");
+  state.SetLabel(gemm->route_name(product, rows, in, out) + " | " +
+                 report.substr(last == std::string::npos ? 0 : last + 2));
   return gemm;
 }
 

@@ -308,19 +308,19 @@ tables = [
 for path, title, columns in tables:
     if not os.path.exists(path):
         continue
-    print(f"{title:44}" + "".join(f" {name:>{width}}" for name, _, width, _ in columns))
+    print(f"{title:80}" + "".join(f" {name:>{width}}" for name, _, width, _ in columns))
     for r in json.load(open(path))["benchmarks"]:
         name = r["name"].split("/iterations")[0]
         if r.get("error_occurred"):
-            print(f"{name:44} skipped: {r.get('error_message')}")
+            print(f"{name:80} skipped: {r.get('error_message')}")
             continue
         # A benchmark that times many steps per iteration (the serving-shaped one) says how many.
         r["real_time"] /= r.get("steps", 1)
         # The decode attention's partition lengths: * marks the one the runner takes.
         name += " *" if r.get("chosen") == 1 else ""
-        # A tuned projection's label ends with the route its tuning chose.
-        name += " " + r["label"][r["label"].rfind("->"):] if "->" in r.get("label", "") else ""
-        print(f"{name:44}" + "".join(f" {r.get(key, 0):{width}.{digits}f}"
+        # A tuned projection's label starts with the route its calls take.
+        name += " -> " + r["label"].split(" | ")[0] if " | " in r.get("label", "") else ""
+        print(f"{name:80}" + "".join(f" {r.get(key, 0):{width}.{digits}f}"
                                      for _, key, width, digits in columns))
 PY
 if [[ -s $OUT/ncu.csv ]]; then

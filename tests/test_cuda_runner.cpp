@@ -534,48 +534,86 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
   cudaStreamDestroy(stream);
 }
 
-// Every algorithm cuBLASLt proposes for 16 and 64 rows, against a float64 product: which one
-// Gemm::tune() picks, if any, depends on the device's timings, so the test above may never run
-// most of them. Each runs at the rows it was proposed for and at the fewest rows of the same
-// SkinnyGemm build (9, 33), which the tuned route also sends to it where cuBLASLt says it runs
-// there; bf16 and float32 results.
+// An algorithm's split of k and how it sums the parts, from its configuration.
+std::pair<int32_t, uint32_t> split_and_scheme(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splits = 0;
+  uint32_t scheme = 0;
+  size_t written = 0;
+  EXPECT_EQ(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                 sizeof splits, &written),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &scheme, sizeof scheme, &written),
+            CUBLAS_STATUS_SUCCESS);
+  return {splits, scheme};
+}
+
+// Every algorithm cuBLASLt proposes for each SkinnyGemm build's row count (8, 16, 32, 64),
+// against a float64 product: which one Gemm::tune() picks, if any, depends on the device's
+// timings, so the test above may never run most of them. Each runs at the rows it was proposed
+// for and at the fewest rows of the same build (2, 9, 17, 33), which the tuned route also sends
+// to it where cuBLASLt takes them; bf16 and float32 results, on a shape whose long k and few
+// columns invite splitting k (4096 -> 256) and one whose sizes are not multiples of tiles. A
+// bf16 result's split-k parts must be summed in float32. y is cleared before each run, so a
+// proposal that writes nothing, or part of y, fails.
 TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(11);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {
-    constexpr int kIn = 1000, kOut = 600;
     cuda::DeviceBuffer<std::byte> workspace(size_t(32) << 20);
     cuda::CublasLtMatmul cublaslt(stream, workspace.data(), workspace.bytes());
-    const auto w = random_bf16(rng, size_t(kOut) * kIn);
-    const auto w_d = to_device(w);
-    for (const auto& [proposed_for, fewest] : {std::pair{16, 9}, std::pair{64, 33}}) {
-      for (const cudaDataType_t y_type : {CUDA_R_16BF, CUDA_R_32F}) {
-        const bool bf16 = y_type == CUDA_R_16BF;
-        const auto proposals =
-            cublaslt.candidates(y_type, proposed_for, kIn, kOut, cuda::Gemm::kCublasLtCandidates);
-        EXPECT_FALSE(proposals.empty()) << proposed_for << " rows, " << (bf16 ? "bf16" : "float32");
-        for (const int rows : {proposed_for, fewest}) {
-          const auto x = random_bf16(rng, size_t(rows) * kIn);
-          const auto x_d = to_device(x);
-          const std::vector<float> ref = float64_product(x, w, rows, kIn, kOut);
-          cuda::DeviceBuffer<__nv_bfloat16> y16_d(ref.size());
-          cuda::DeviceBuffer<float> y32_d(ref.size());
+    for (const auto& [in, out] : {std::pair{4096, 256}, std::pair{1000, 600}}) {
+      const auto w = random_bf16(rng, size_t(out) * in);
+      const auto w_d = to_device(w);
+      for (const auto& [proposed_for, fewest] :
+           {std::pair{8, 2}, std::pair{16, 9}, std::pair{32, 17}, std::pair{64, 33}}) {
+        for (const cudaDataType_t y_type : {CUDA_R_16BF, CUDA_R_32F}) {
+          const bool bf16 = y_type == CUDA_R_16BF;
+          const std::string problem = std::to_string(out) + "x" + std::to_string(in) + ", " +
+                                      (bf16 ? "bf16" : "float32") + ", proposed for " +
+                                      std::to_string(proposed_for) + " rows";
+          const auto proposals =
+              cublaslt.candidates(y_type, proposed_for, in, out, cuda::Gemm::kCublasLtCandidates);
+          EXPECT_FALSE(proposals.empty()) << problem;
           for (size_t i = 0; i < proposals.size(); ++i) {
-            const std::string what = "proposal " + std::to_string(i) + " for " +
-                                     std::to_string(proposed_for) + " rows, at " +
-                                     std::to_string(rows) + (bf16 ? ", bf16" : ", float32");
-            const bool runs = cublaslt.runs(proposals[i], y_type, rows, kIn, kOut);
-            EXPECT_TRUE(runs || rows != proposed_for) << what << ": proposed, but does not run";
-            if (!runs) continue;  // Gemm's route sends these rows to cublasGemmEx
+            const auto [splits, scheme] = split_and_scheme(proposals[i]);
+            std::cout << problem << ": proposal " << i << " splits k " << splits
+                      << " ways, reduction scheme " << scheme << "\n";
+            // No part summed in bf16: neither in y itself nor in bf16 scratch.
+            const uint32_t bf16_sums =
+                CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+            if (bf16) {
+              EXPECT_EQ(scheme & bf16_sums, 0u) << problem << ", proposal " << i;
+            }
+          }
+          for (const int rows : {proposed_for, fewest}) {
+            const auto x = random_bf16(rng, size_t(rows) * in);
+            const auto x_d = to_device(x);
+            const std::vector<float> ref = float64_product(x, w, rows, in, out);
+            cuda::DeviceBuffer<__nv_bfloat16> y16_d(ref.size());
+            cuda::DeviceBuffer<float> y32_d(ref.size());
             void* y = bf16 ? static_cast<void*>(y16_d.data()) : static_cast<void*>(y32_d.data());
-            cublaslt.run(proposals[i], x_d.data(), w_d.data(), y, y_type, rows, kIn, kOut);
-            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
-            if (bf16)
-              EXPECT_LT(relative_l2(as_floats(to_host(y16_d)), ref), 5e-3) << what;
-            else
-              EXPECT_LT(relative_l2(to_host(y32_d), ref), 1e-5) << what;
+            const size_t y_bytes = bf16 ? y16_d.bytes() : y32_d.bytes();
+            for (size_t i = 0; i < proposals.size(); ++i) {
+              const std::string what = problem + ", proposal " + std::to_string(i) + " at " +
+                                       std::to_string(rows) + " rows";
+              // Where cuBLASLt does not take these rows, Gemm's route takes its fallback.
+              if (!cublaslt.runs(proposals[i], y_type, rows, in, out)) {
+                EXPECT_NE(rows, proposed_for) << what << ": proposed, but does not run";
+                continue;
+              }
+              ASSERT_EQ(cudaMemsetAsync(y, 0, y_bytes, stream), cudaSuccess);
+              if (!cublaslt.run(proposals[i], x_d.data(), w_d.data(), y, y_type, rows, in, out)) {
+                EXPECT_NE(rows, proposed_for) << what << ": proposed, but turned down";
+                continue;
+              }
+              ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
+              const double error = bf16 ? relative_l2(as_floats(to_host(y16_d)), ref)
+                                        : relative_l2(to_host(y32_d), ref);
+              EXPECT_LT(error, bf16 ? 5e-3 : 1e-5) << what;
+            }
           }
         }
       }

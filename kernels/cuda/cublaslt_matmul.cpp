@@ -36,7 +36,6 @@ CublasLtMatmul::CublasLtMatmul(cudaStream_t stream, void* workspace, size_t work
 }
 
 CublasLtMatmul::~CublasLtMatmul() {
-  problems_.clear();  // the descriptors before the handle
   cublasLtDestroy(handle_);
 }
 
@@ -98,13 +97,18 @@ bool CublasLtMatmul::aligned(const void* x, const void* w, const void* y) {
   return (address(x) | address(w) | address(y)) % kAssumedAlignment == 0;
 }
 
-void CublasLtMatmul::run(const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* x,
+bool CublasLtMatmul::run(const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* x,
                          const __nv_bfloat16* w, void* y, cudaDataType_t y_type, int rows, int in,
                          int out) {
   const Problem& p = problem(y_type, rows, in, out);
   const float alpha = 1.0f, beta = 0.0f;
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmul(handle_, p.operation, &alpha, w, p.w, x, p.x, &beta, y, p.y,
-                                       y, p.y, &algo, workspace_, workspace_bytes_, stream_));
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, p.operation, &alpha, w, p.w, x, p.x, &beta, y, p.y, y, p.y, &algo,
+                     workspace_, workspace_bytes_, stream_);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) return false;
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw_cublas_error(status, "cublasLtMatmul", __FILE__, __LINE__);
+  return true;
 }
 
 }  // namespace pipeline::cuda

@@ -33,7 +33,10 @@ class CublasLtMatmul {
   bool runs(const cublasLtMatmulAlgo_t& algo, cudaDataType_t y_type, int rows, int in, int out);
   // Whether x, w and y are aligned as the proposals assume (cuBLASLt's default: 256 bytes).
   static bool aligned(const void* x, const void* w, const void* y);
-  void run(const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* x, const __nv_bfloat16* w,
+  // Queues the product; false where cuBLASLt turns the call down before queueing anything (an
+  // algorithm that runs() does not always run: the operands may not suit it). Other failures
+  // throw.
+  bool run(const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* x, const __nv_bfloat16* w,
            void* y, cudaDataType_t y_type, int rows, int in, int out);
 
  private:

@@ -15,7 +15,8 @@ namespace pipeline::cuda {
 
 namespace {
 // cuBLAS allocates its own workspace on first use unless given one, which a graph capture
-// does not allow; 32 MiB covers the split-K kernels it picks for these shapes.
+// does not allow; 32 MiB covers the split-K kernels it picks for these shapes. It also bounds
+// the workspace of the cuBLASLt algorithms tune() is offered.
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
 // What a library writes for a product: bf16, float32 for the logits, the bf16 gate/up columns
@@ -32,6 +33,11 @@ Gemm::Gemm(cudaStream_t stream)
       cublaslt_(stream, workspace_.data(), workspace_.bytes()) {
   PIPELINE_CUBLAS_CHECK(cublasCreate(&handle_));
   try {
+    // Split-k parts summed in float32, never in a bf16 result's own type: the precision every
+    // other path keeps (and cublaslt_matmul.cpp asks of cuBLASLt).
+    PIPELINE_CUBLAS_CHECK(cublasSetMathMode(
+        handle_,
+        cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     PIPELINE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
     PIPELINE_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
   } catch (...) {
@@ -79,31 +85,29 @@ void Gemm::gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cuda
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void Gemm::library_product(const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                           void* y, cudaDataType_t y_type, int rows, int in, int out) {
-  if (route.path == Route::Path::cublaslt && CublasLtMatmul::aligned(x, w, y))
-    return cublaslt_.run(route.algo, x, w, y, y_type, rows, in, out);
-  gemm_ex(x, w, y, y_type, rows, in, out);
-}
-
 void Gemm::project(Product product, const Route& route, const __nv_bfloat16* x,
                    const __nv_bfloat16* w, void* y, __nv_bfloat16* gate_up, int rows, int in,
                    int out) {
   auto* y16 = static_cast<__nv_bfloat16*>(y);
-  if (route.path == Route::Path::skinny) {
-    switch (product) {
-      case Product::bf16:
-        return skinny_.run(x, w, y16, rows, in, out, route.splits);
-      case Product::f32:
+  const bool silu = product == Product::silu_mul;
+  void* library_y = silu ? static_cast<void*>(gate_up) : y;
+  const cudaDataType_t library_type = library_output_type(product);
+  switch (route.path) {
+    case Route::Path::skinny:
+      if (product == Product::f32)
         return skinny_.run(x, w, static_cast<float*>(y), rows, in, out, route.splits);
-      case Product::silu_mul:
-        return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2, route.splits);
-    }
+      if (silu) return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2, route.splits);
+      return skinny_.run(x, w, y16, rows, in, out, route.splits);
+    case Route::Path::cublas:
+      gemm_ex(x, w, library_y, library_type, rows, in, out);
+      break;
+    case Route::Path::cublaslt:
+      if (!CublasLtMatmul::aligned(x, w, library_y) ||
+          !cublaslt_.run(route.algo, x, w, library_y, library_type, rows, in, out))
+        return project(product, fallback_of(route), x, w, y, gate_up, rows, in, out);
+      break;
   }
-  if (product != Product::silu_mul)
-    return library_product(route, x, w, y, library_output_type(product), rows, in, out);
-  library_product(route, x, w, gate_up, CUDA_R_16BF, rows, in, out);
-  silu_mul(gate_up, rows, out / 2, y16, stream_);
+  if (silu) silu_mul(gate_up, rows, out / 2, y16, stream_);
 }
 
 Gemm::Route Gemm::route(Product product, int rows, int in, int out) {
@@ -116,17 +120,32 @@ Gemm::Route Gemm::route(Product product, int rows, int in, int out) {
     chosen = tuned->second;
     if (chosen.path == Route::Path::cublaslt &&
         !cublaslt_.runs(chosen.algo, library_output_type(product), rows, in, out))
-      chosen.path = Route::Path::cublas;
+      chosen = fallback_of(chosen);
   }
   return routes_[key] = chosen;
+}
+
+std::string Gemm::route_name(Product product, int rows, int in, int out) {
+  if (gemv_applies(rows, in)) return "GEMV";
+  const Route r = route(product, rows, in, out);
+  switch (r.path) {
+    case Route::Path::skinny:
+      return "SkinnyGemm, k split " +
+             std::to_string(r.splits ? r.splits : skinny_.split_options(in, out).front()) + " ways";
+    case Route::Path::cublas:
+      return "cuBLAS";
+    case Route::Path::cublaslt:
+      return "cuBLASLt";
+  }
+  return "";
 }
 
 std::string Gemm::tune(Product product, const __nv_bfloat16* x,
                        const std::vector<const __nv_bfloat16*>& weights, void* y,
                        __nv_bfloat16* gate_up, int in, int out, int max_rows) {
   auto matrix = [&](int i) { return weights[size_t(i) % weights.size()]; };
-  // cuBLASLt's proposals assume aligned operands; a call that is not falls back to cublasGemmEx
-  // (library_product), so timing them would time that instead.
+  // cuBLASLt's proposals assume aligned operands; a call that is not takes its fallback
+  // (project()), so timing them would time that instead.
   const void* library_y = product == Product::silu_mul ? gate_up : y;
   const bool lt_aligned = std::all_of(weights.begin(), weights.end(), [&](const __nv_bfloat16* w) {
     return CublasLtMatmul::aligned(x, w, library_y);
@@ -158,7 +177,12 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       const ProposalTimes lt =
           time_proposals(library_output_type(product), rows, in, out, time_route);
       lt_clause = lt.summary();
-      if (lt.timed > 0 && lt.fastest_ms < best_ms) best = lt.fastest;
+      if (lt.timed > 0 && lt.fastest_ms < best_ms) {
+        Route fastest = lt.fastest;
+        fastest.fallback = best.path;
+        fastest.splits = skinny.splits;
+        best = fastest;
+      }
     }
     tuned_[{product, in, out, rows}] = best;
     char times[128];
@@ -196,12 +220,15 @@ Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in
   }
   times.proposed = int(proposals.size());
   for (const cublasLtMatmulAlgo_t& algo : proposals) {
+    // One that cuBLASLt says does not run here is passed over (project() would time its
+    // fallback instead), as is one whose timing fails.
+    if (!cublaslt_.runs(algo, y_type, rows, in, out)) continue;
     const Route proposal{Route::Path::cublaslt, 0, algo};
     float ms = 0.0f;
     try {
       ms = time_route(proposal);
     } catch (const std::runtime_error&) {
-      continue;  // one that cannot run here is passed over
+      continue;
     }
     if (times.timed++ == 0 || ms < times.fastest_ms) {
       times.fastest = proposal;
@@ -213,6 +240,7 @@ Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in
 
 std::string Gemm::ProposalTimes::summary() const {
   if (!error.empty()) return "not proposed (" + error + ")";
+  if (proposed == 0) return "none proposed";
   if (timed == 0) return "none of " + std::to_string(proposed) + " proposed ran";
   char text[64];
   std::snprintf(text, sizeof text, "%.1f us (fastest of %d of %d proposed)", 1e3f * fastest_ms,

@@ -2,7 +2,8 @@
 // [out, in] layout, bf16 operands, float32 accumulation. A single row goes to gemv(); 2 to 64
 // rows to SkinnyGemm, or to whichever cuBLAS algorithm tune() found faster for that shape and
 // number of rows; the rest to cuBLAS's own choice. One cuBLAS handle per stream, with its own
-// workspace so that the calls can be captured into CUDA graphs.
+// workspace so that the calls can be captured into CUDA graphs; the cuBLASLt calls share that
+// workspace, which is safe as both libraries only queue work on the one stream.
 #pragma once
 
 #include <cublas_v2.h>
@@ -50,6 +51,10 @@ class Gemm {
   // What a call computes: linear(), linear_f32() or linear_silu_mul().
   enum class Product { bf16, f32, silu_mul };
 
+  // The route a call of `rows` rows takes, in words ("GEMV", "SkinnyGemm, k split 2 ways",
+  // "cuBLAS", "cuBLASLt"); out is the weight rows, as for tune().
+  std::string route_name(Product product, int rows, int in, int out);
+
   // How many of cuBLASLt's proposals tune() times, in its heuristic's order, per product, shape
   // and row count.
   static constexpr int kCublasLtCandidates = 8;
@@ -70,24 +75,27 @@ class Gemm {
   // cuBLASLt with an algorithm tune() chose.
   struct Route {
     enum class Path { skinny, cublas, cublaslt } path = Path::skinny;
-    int splits = 0;               // for skinny: SkinnyGemm's split of k (0: its first option)
+    // SkinnyGemm's split of k (0: its first option), for skinny and a cublaslt fallback.
+    int splits = 0;
     cublasLtMatmulAlgo_t algo{};  // for cublaslt
+    // For cublaslt: the route of the calls its algorithm does not run (at some row count or on
+    // unaligned operands), the faster of the other two.
+    Path fallback = Path::cublas;
   };
+  static Route fallback_of(const Route& route) { return Route{route.fallback, route.splits}; }
 
   // y = x . w^T by cublasGemmEx and the algorithm cuBLAS chooses.
   void gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
                int rows, int in, int out);
-  // y = x . w^T by the library: cuBLASLt with the route's algorithm where it has one and the
-  // pointers are aligned as it assumes, else cublasGemmEx.
-  void library_product(const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
-                       cudaDataType_t y_type, int rows, int in, int out);
   // One product by one route (for silu_mul through a library, the gate/up columns into gate_up,
   // then the SiLU*mul kernel). y is bf16, float32 for f32, act for silu_mul; out is the weight
-  // rows (2 * inter for silu_mul).
+  // rows (2 * inter for silu_mul). A cublaslt route whose algorithm refuses the call (it is
+  // not aligned as cuBLASLt assumes, or cuBLASLt turns it down) takes its fallback.
   void project(Product product, const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w,
                void* y, __nv_bfloat16* gate_up, int rows, int in, int out);
-  // The route of a call: the tuned one of its build, if that runs at these rows; SkinnyGemm
-  // where untuned; cublasGemmEx past SkinnyGemm's rows.
+  // The route of a call: the tuned one of its build, or its fallback where cuBLASLt says the
+  // tuned algorithm does not run these rows; SkinnyGemm where untuned; cublasGemmEx past
+  // SkinnyGemm's rows.
   Route route(Product product, int rows, int in, int out);
   // Milliseconds a call by a route takes, for tune(): time_call() of that product on successive
   // matrices.
