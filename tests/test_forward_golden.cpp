@@ -291,9 +291,10 @@ TEST(CpuRunnerOptions, DerivesPoolFromMaxNumSeqsAndRejectsBadOptions) {
 TEST(CpuRunnerOptions, ReportsTheMatmulActivations) {
   RunnerOptions options;
   options.max_num_seqs = 1;
-  // vdpbf16ps serves bf16 weights only (where it was timed the faster); float32 ones take the
-  // AVX-512 kernel on such a CPU.
+  // vdpbf16ps serves bf16 weights only (where it was timed the faster, for each kind of
+  // activations on its own); float32 ones take the AVX-512 kernel on such a CPU.
   const std::string bf16_isa = cpu::isa_name(cpu::bf16_matmul_isa(DType::BF16));
+  const std::string bf16_f32_isa = cpu::isa_name(cpu::bf16_matmul_isa(DType::F32));
   const std::string f32_isa = cpu::isa_name(cpu::best_isa());
   const auto bf16_weights = load_model("models/stories260K-bf16");
   EXPECT_EQ(make_cpu_runner(bf16_weights, options)->setup_report(),
@@ -302,7 +303,7 @@ TEST(CpuRunnerOptions, ReportsTheMatmulActivations) {
             std::vector<std::string>{"matmuls on " + f32_isa + ", activations in F32"});
   options.matmul_activations = DType::F32;
   EXPECT_EQ(make_cpu_runner(bf16_weights, options)->setup_report(),
-            std::vector<std::string>{"matmuls on " + bf16_isa + ", activations in F32"});
+            std::vector<std::string>{"matmuls on " + bf16_f32_isa + ", activations in F32"});
 }
 
 // Auto follows the weights: float32 KV for a float32 checkpoint, bf16 for a bf16 one, which
