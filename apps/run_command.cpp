@@ -131,8 +131,9 @@ int run_command(int argc, char** argv) {
     std::unique_lock lock(stop_mutex);
     stop_changed.wait(lock, [&] { return stop_asked || engine_failed || serve_returned; });
     if (!stop_asked && !engine_failed) return;
-    // After an engine failure nothing is left to finish: the engine failed every request.
-    const std::chrono::seconds grace(engine_failed ? 0 : config.server.shutdown_grace_s);
+    // After an engine failure what is left to finish are the answers the model had completed,
+    // on their way to their clients: the grace is theirs.
+    const std::chrono::seconds grace(config.server.shutdown_grace_s);
     lock.unlock();
     server.shutdown(grace);
   });

@@ -184,21 +184,33 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
   live_changed.notify_all();
 }
 
-// Every request in flight fails now, not at the scheduler's next step: nothing can run them.
+// Every request in flight that still needs the model fails now, not at the scheduler's next
+// step: nothing can run them. An answer already complete is left to detokenize and emit, which
+// need no model, so that the client gets what the model finished; a shutdown's grace ends it
+// like any request still in flight.
 void Engine::Impl::fail_for_good(const std::string& why) {
   std::vector<SequencePtr> remaining;
+  size_t delivering = 0;
   std::function<void(const std::string&)> listener;
   {
     std::lock_guard lock(live_mutex);
     if (failure) return;
     failure = why;
     accepting = false;
-    for (auto& [number, weak] : live)
-      if (auto seq = weak.lock()) remaining.push_back(std::move(seq));
+    for (auto& [number, weak] : live) {
+      auto seq = weak.lock();
+      if (!seq) continue;
+      if (seq->answer_complete())
+        ++delivering;
+      else
+        remaining.push_back(std::move(seq));
+    }
     listener = failure_listener;
   }
-  log_line("engine: failed for good (%s): failing the %zu requests in flight", why.c_str(),
-           remaining.size());
+  log_line(
+      "engine: failed for good (%s): failing the %zu requests in flight that need the model, "
+      "delivering the %zu complete answers",
+      why.c_str(), remaining.size(), delivering);
   for (const auto& seq : remaining) seq->stream.fail(engine_failed_error(why));
   if (listener) listener(why);
 }

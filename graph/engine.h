@@ -64,8 +64,10 @@ class Engine {
 
   // Why the engine failed for good, once it has: its model runner threw RunnerFailure ("the
   // model runner failed: ...") or its scheduler thread threw ("the scheduler failed: ...").
-  // Every request in flight then failed with engine_failed_error, and submit() answers
-  // EngineFailed: the process is meant to exit, for a supervisor to start a fresh one.
+  // Every request in flight that still needed the model then failed with engine_failed_error
+  // (an answer already complete is still delivered: a shutdown's grace gives it the time), and
+  // submit() answers EngineFailed: the process is meant to exit, for a supervisor to start a
+  // fresh one.
   std::optional<std::string> failure() const;
   // Calls `listener` with the reason when the engine fails for good, once, from the pipeline
   // thread that saw it (at once if it already has). One listener; a later call replaces it.

@@ -4,7 +4,8 @@
 // sampler; detokenize owns the text state; every sink call goes through `stream`. Hand-offs
 // happen along graph edges, so those parts need no lock of their own; what other threads touch
 // while the owner works is synchronised where it is declared (`stream`'s mutex, the text
-// state's in-order tokens, the `stopped` flag and the waiting count's atomics).
+// state's in-order tokens, the `stopped` and `last_token_drawn` flags and the waiting count's
+// atomics).
 #pragma once
 
 #include <algorithm>
@@ -136,9 +137,14 @@ struct Sequence {
 
   // Detokenize sets it when a stop string ended the text; the scheduler then drops the sequence.
   std::atomic<bool> stopped{false};
+  // The model step sets it when it draws the token that ends the answer.
+  std::atomic<bool> last_token_drawn{false};
   WaitingCount waiting;
 
   int generated() const { return int(tokens.size()) - prompt_len; }
+  // Whether its answer is complete, so that only detokenize and emit, which need no model, are
+  // left to deliver it: an engine that fails for good lets it arrive. Any thread.
+  bool answer_complete() const { return last_token_drawn.load() || stopped.load(); }
   // Prefill tokens still to compute; 0 once it decodes (scheduler thread).
   int prompt_left() const { return std::max(0, prefill_end - computed); }
   // Whether its prompt still needs logits rows for its scores (rows 0 .. prompt_len - 2 score

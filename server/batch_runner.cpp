@@ -163,10 +163,10 @@ BatchProgress BatchRunner::run(const std::vector<BatchInput>& todo, const std::a
     failure = std::current_exception();
   }
   if (progress.written < todo.size()) {
-    // Stopped: the engine finishes what it can within its grace and fails the rest; after a
-    // failed write there is no grace, and nothing more is written.
-    const std::chrono::seconds grace(
-        failure || engine_.failure() ? 0 : engine_.config().server.shutdown_grace_s);
+    // Stopped: the engine finishes what it can within its grace and fails the rest (after it
+    // failed for good, what it finishes are the answers the model had completed); after a failed
+    // write there is no grace, and nothing more is written.
+    const std::chrono::seconds grace(failure ? 0 : engine_.config().server.shutdown_grace_s);
     engine_.shutdown(grace);
     drain(results, progress, failure);
     // The grace may have finished every request left, and with them the batch.

@@ -150,7 +150,9 @@ bool forward(EngineContext& ctx, const std::vector<SequencePtr>& seqs, const Bat
     log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
              e.what());
     const std::string why = std::string("the model runner failed: ") + e.what();
-    for (const SequencePtr& seq : seqs) seq->stream.fail(engine_failed_error(why));
+    // One a stop string ended (the scheduler had not seen it yet) is delivered, not failed.
+    for (const SequencePtr& seq : seqs)
+      if (!seq->answer_complete()) seq->stream.fail(engine_failed_error(why));
     result.failed = seqs;
     ctx.engine_failed(why);
   } catch (const std::exception& e) {
@@ -208,6 +210,7 @@ void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken s
     finish = FinishReason::Stop;
   else if (seq.generated() >= seq.max_tokens)
     finish = FinishReason::Length;
+  if (finish) seq.last_token_drawn.store(true);
   std::vector<SampledToken> scores;
   if (index == 0) {
     ctx.metrics.time_to_first_token.observe(seconds_between(seq.request->arrival, now));

@@ -1,10 +1,10 @@
 // The model stages' shared body. When the forward pass throws, the prompts of the pass fail with
 // a 500 naming the cause, and the decoding sequences that rode along a prefill pass are handed
 // back untouched, to decode again in the next pass, instead of failing with the prompt; when the
-// runner fails for good, every sequence of the pass fails and the engine is told. A prompt
-// to score gets each token's score from the row before it, once. A token sampled after a stop
-// string ended the text counts nowhere: neither in the usage nor among the metrics' generated
-// tokens.
+// runner fails for good, every sequence of the pass fails, but one whose answer a stop string
+// already ended, and the engine is told. A prompt to score gets each token's score from the row
+// before it, once. A token sampled after a stop string ended the text counts nowhere: neither in
+// the usage nor among the metrics' generated tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -160,6 +160,25 @@ TEST(ModelStep, ARunnerFailureFailsEverySequenceRidersTooAndIsReported) {
     EXPECT_EQ(sink_of(seq).error()->http_status, 503);
     EXPECT_EQ(sink_of(seq).error()->code, "engine_failed");
   }
+  EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"the model runner failed: device lost"}));
+}
+
+// Detokenize found a stop string in a sequence's last token, and the scheduler, which had not
+// seen it yet, put the sequence in the next pass: its answer is complete, on its way to the
+// client, and the runner's failure does not take it.
+TEST(ModelStep, ARunnerFailureLeavesAnAnswerAStopStringEndedToBeDelivered) {
+  StepFixture<LostRunner> f;
+  std::vector<SequencePtr> seqs;
+  Batch batch;
+  const auto stopped = f.add({1, 10, 11}, 2, seqs, batch);
+  stopped->stopped.store(true);
+  const auto decoding = f.add({1, 20, 21}, 2, seqs, batch);
+  Logits logits;
+  const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/false, logits);
+  EXPECT_EQ(result.failed, seqs) << "the scheduler frees both";
+  EXPECT_FALSE(stopped->stream.ended()) << "the complete answer was failed";
+  ASSERT_TRUE(sink_of(decoding).error().has_value());
+  EXPECT_EQ(sink_of(decoding).error()->code, "engine_failed");
   EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"the model runner failed: device lost"}));
 }
 

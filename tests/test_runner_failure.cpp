@@ -1,23 +1,29 @@
 // A model runner that fails for good (it throws RunnerFailure, as the CUDA runner does after a
-// device error that leaves its context unusable): the engine fails every request in flight with
-// a 503 and takes no more, the HTTP server's completions and /health say so, and a batch run
-// stops with an error, leaving the lines that failed unwritten for a rerun.
+// device error that leaves its context unusable): the engine fails every request in flight that
+// still needs the model with a 503 and takes no more, while an answer the model had completed is
+// still delivered; the HTTP server's completions and /health say so, and a batch run stops with
+// an error, leaving the lines that failed unwritten for a rerun.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "graph/engine.h"
+#include "graph/stage_registry.h"
 #include "model/cpu_runner.h"
 #include "server/batch_runner.h"
 #include "server/http_server.h"
+#include "stages/emit.h"
 #include "tests/support/collecting_sink.h"
 #include "tests/support/engine_config.h"
 
@@ -28,45 +34,151 @@ using testing::CollectingSink;
 using json = nlohmann::json;
 
 // stories260K's CPU runner, except that its forward pass number `fail_at` (from 1) and every
-// later one throw RunnerFailure("device lost"), after waiting `settle`: the engine's failure
-// fails every request whose answer has not reached its client yet, so a test that counts the
-// answers delivered gives those already drawn the time to get there.
+// later one throw RunnerFailure("device lost").
 class RunnerFailingAt final : public ModelRunner {
  public:
-  RunnerFailingAt(std::unique_ptr<ModelRunner> runner, int fail_at,
-                  std::chrono::milliseconds settle)
-      : runner_(std::move(runner)), fail_at_(fail_at), settle_(settle) {}
+  RunnerFailingAt(std::unique_ptr<ModelRunner> runner, int fail_at)
+      : runner_(std::move(runner)), fail_at_(fail_at) {}
   const LlamaConfig& config() const override { return runner_->config(); }
   const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
   std::string device_name() const override { return "failing"; }
   void forward(const Batch& batch, Logits& logits) override {
-    if (++passes_ >= fail_at_) {
-      std::this_thread::sleep_for(settle_);
-      throw RunnerFailure("device lost");
-    }
+    if (++passes_ >= fail_at_) throw RunnerFailure("device lost");
     runner_->forward(batch, logits);
   }
 
  private:
   std::unique_ptr<ModelRunner> runner_;
   int fail_at_;
-  std::chrono::milliseconds settle_;
   std::atomic<int> passes_{0};
 };
 
-RunnerMaker failing_at(int pass, std::chrono::milliseconds settle = std::chrono::milliseconds(0)) {
-  return [pass, settle](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
-    return std::make_unique<RunnerFailingAt>(make_cpu_runner(std::move(weights), options), pass,
-                                             settle);
+RunnerMaker failing_at(int pass) {
+  return [pass](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+    return std::make_unique<RunnerFailingAt>(make_cpu_runner(std::move(weights), options), pass);
   };
 }
 
+// Holds an answer's ending back on its way to its client until the engine has failed for good,
+// so that the failure comes while a complete answer is being delivered, whatever the timing: the
+// emit_held stage waits at hold() (for at most 20 s, so that a failing test ends), the runner
+// fails every forward pass from then on (RunnerFailingOnceHeld), and the test's failure listener
+// opens the gate.
+class EndingGate {
+ public:
+  void hold() {
+    std::unique_lock lock(mutex_);
+    held_ = true;
+    changed_.notify_all();
+    changed_.wait_for(lock, std::chrono::seconds(20), [&] { return open_; });
+  }
+  bool held() const {
+    std::lock_guard lock(mutex_);
+    return held_;
+  }
+  // False when no ending was held within 20 s.
+  bool wait_held() {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::seconds(20), [&] { return held_; });
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool held_ = false;
+  bool open_ = false;
+};
+
+// stories260K's CPU runner, except that once its gate holds an ending, every forward pass
+// throws RunnerFailure("device lost").
+class RunnerFailingOnceHeld final : public ModelRunner {
+ public:
+  RunnerFailingOnceHeld(std::unique_ptr<ModelRunner> runner, EndingGate& gate)
+      : runner_(std::move(runner)), gate_(gate) {}
+  const LlamaConfig& config() const override { return runner_->config(); }
+  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
+  std::string device_name() const override { return "failing"; }
+  void forward(const Batch& batch, Logits& logits) override {
+    if (gate_.held()) throw RunnerFailure("device lost");
+    runner_->forward(batch, logits);
+  }
+  EndingGate& gate() const { return gate_; }
+
+ private:
+  std::unique_ptr<ModelRunner> runner_;
+  EndingGate& gate_;
+};
+
+RunnerMaker failing_once_held(EndingGate& gate) {
+  return [&gate](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+    return std::make_unique<RunnerFailingOnceHeld>(make_cpu_runner(std::move(weights), options),
+                                                   gate);
+  };
+}
+
+bool ends_an_answer(const Message& message) {
+  const auto& events = std::get<StreamEvents>(message).events;
+  return std::any_of(events.begin(), events.end(), [](const StreamEvent& event) {
+    return std::holds_alternative<Completion>(event.payload);
+  });
+}
+
+// The emit stage, except that it holds the first message that ends an answer at `gate`.
+class EmitHeldStage final : public Stage {
+ public:
+  explicit EmitHeldStage(EndingGate& gate) : gate_(gate) {}
+  void operator()(Message message, const Emit& emit) override {
+    if (ends_an_answer(message) && !held_once_.exchange(true)) gate_.hold();
+    emit_(std::move(message), emit);
+  }
+
+ private:
+  EmitStage emit_;
+  EndingGate& gate_;
+  std::atomic<bool> held_once_{false};
+};
+
 // stories260K on the CPU, one sequence running at a time, so that the forward passes come in
-// the order requests were submitted.
-ServeConfig make_config() {
+// the order requests were submitted; `graph`: the config's graph section, or none for the
+// default graph.
+ServeConfig make_config(const std::string& graph = "") {
   return testing::stories_engine_config(
       "server: {shutdown_grace_s: 5}\n"
-      "scheduler: {window_ms: 0, max_batch: 1, max_num_seqs: 1}\n");
+      "scheduler: {window_ms: 0, max_batch: 1, max_num_seqs: 1}\n" +
+      graph);
+}
+
+// make_config's, except that emit holds the first answer's ending at the gate of the engine's
+// runner, which must be a RunnerFailingOnceHeld (failing_once_held).
+ServeConfig make_held_config() {
+  static const bool added = [] {
+    StageInfo info = EmitStage::info();
+    info.name = "emit_held";
+    info.make = [](const GraphNodeSpec&, EngineContext& ctx) {
+      return std::make_unique<EmitHeldStage>(
+          dynamic_cast<RunnerFailingOnceHeld&>(ctx.runner).gate());
+    };
+    StageRegistry::global().add(std::move(info));
+    return true;
+  }();
+  (void)added;
+  return make_config(
+      "graph:\n  nodes:\n"
+      "    - {name: tokenize, stage: tokenize}\n"
+      "    - {name: batch, stage: batch_window}\n"
+      "    - {name: prefill, stage: prefill}\n"
+      "    - {name: decode, stage: decode_step}\n"
+      "    - {name: detok, stage: detokenize, concurrency: unlimited}\n"
+      "    - {name: emit, stage: emit_held}\n"
+      "  edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
+      "prefill->batch, decode->batch, prefill->detok, decode->detok, detok->emit]\n");
 }
 
 std::shared_ptr<Request> make_request(int max_tokens) {
@@ -84,6 +196,25 @@ std::shared_ptr<Request> make_request(int max_tokens) {
 
 CollectingSink& sink_of(const std::shared_ptr<Request>& request) {
   return static_cast<CollectingSink&>(*request->sink);
+}
+
+// The text make_request(max_tokens) is answered with by an engine that does not fail.
+std::string answer_text(int max_tokens) {
+  Engine engine(make_config());
+  const auto request = make_request(max_tokens);
+  EXPECT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  EXPECT_TRUE(sink_of(request).wait() && sink_of(request).completion().has_value());
+  return sink_of(request).text();
+}
+
+void expect_delivered(const std::shared_ptr<Request>& request, const std::string& text,
+                      FinishReason reason) {
+  ASSERT_TRUE(sink_of(request).wait()) << request->id << " did not end";
+  const auto error = sink_of(request).error();
+  ASSERT_FALSE(error.has_value()) << "the complete answer was lost to a " << error->http_status
+                                  << ": " << error->message;
+  EXPECT_EQ(sink_of(request).completion()->reason, reason);
+  EXPECT_EQ(sink_of(request).text(), text);
 }
 
 // What an Engine::on_failure listener heard. The engine calls it after failing the
@@ -134,6 +265,46 @@ TEST(RunnerFailure, FailsEveryRequestInFlightAndRefusesNewOnes) {
   engine.shutdown(std::chrono::seconds(5));
 }
 
+// An answer's last token is drawn, and its ending is on its way to the client when the engine
+// fails for good (in the next request's prefill): the answer is delivered whole, and only the
+// request that needed the model fails.
+TEST(RunnerFailure, AnAnswerTheModelFinishedIsDeliveredThoughTheEngineFailsBeforeItArrives) {
+  const std::string text = answer_text(4);
+  EndingGate gate;
+  Engine engine(make_held_config(), failing_once_held(gate));
+  engine.on_failure([&](const std::string&) { gate.open(); });
+  const auto finished = make_request(4);
+  ASSERT_EQ(engine.submit(finished), SubmitStatus::Accepted);
+  ASSERT_TRUE(gate.wait_held()) << "the answer's ending never reached emit";
+  const auto next = make_request(4);
+  ASSERT_EQ(engine.submit(next), SubmitStatus::Accepted);
+  ASSERT_TRUE(sink_of(next).wait()) << "the request that needed the model did not end";
+  ASSERT_TRUE(sink_of(next).error().has_value()) << "the request that needed the model finished";
+  EXPECT_EQ(sink_of(next).error()->code, "engine_failed");
+  expect_delivered(finished, text, FinishReason::Length);
+  EXPECT_EQ(engine.failure(), "the model runner failed: device lost");
+}
+
+// The same for an answer a stop string ended, which detokenize finds: the scheduler may not
+// have seen the stop yet, and then the pass that fails may be the sequence's own next one.
+TEST(RunnerFailure, AnAnswerAStopStringEndedIsDeliveredThoughTheEngineFailsBeforeItArrives) {
+  const std::string full = answer_text(32);
+  ASSERT_GT(full.size(), 20u);
+  const std::string stop = full.substr(10, 5);
+  EndingGate gate;
+  Engine engine(make_held_config(), failing_once_held(gate));
+  engine.on_failure([&](const std::string&) { gate.open(); });
+  const auto stopped = make_request(32);
+  stopped->stop = {stop};
+  ASSERT_EQ(engine.submit(stopped), SubmitStatus::Accepted);
+  ASSERT_TRUE(gate.wait_held()) << "the answer's ending never reached emit";
+  // Its prefill fails the engine, unless the stopped sequence's next pass did so first.
+  const SubmitStatus next = engine.submit(make_request(4));
+  EXPECT_TRUE(next == SubmitStatus::Accepted || next == SubmitStatus::EngineFailed);
+  expect_delivered(stopped, full.substr(0, full.find(stop)), FinishReason::Stop);
+  EXPECT_EQ(engine.failure(), "the model runner failed: device lost");
+}
+
 TEST(RunnerFailure, TheHttpServerAnswers503AndHealthSaysWhy) {
   Engine engine(make_config(), failing_at(1));
   HttpServer server(engine);
@@ -164,10 +335,10 @@ TEST(RunnerFailure, TheHttpServerAnswers503AndHealthSaysWhy) {
 }
 
 // Three lines, one sequence running at a time: the first line's two passes answer it, and the
-// next line's prefill, the third pass, fails (after 200 ms, time for the first answer to reach
-// the batch runner).
+// next line's prefill, the third pass, fails, perhaps before the first answer reached the batch
+// runner: it still arrives, within the shutdown's grace, and is written.
 TEST(RunnerFailure, ABatchStopsAndWritesOnlyTheLinesThatFinished) {
-  Engine engine(make_config(), failing_at(3, std::chrono::milliseconds(200)));
+  Engine engine(make_config(), failing_at(3));
   std::vector<BatchInput> inputs;
   for (const char* id : {"a", "b", "c"}) {
     BatchInput input;
