@@ -158,8 +158,10 @@ bool forward(EngineContext& ctx, const std::vector<SequencePtr>& seqs, const Bat
   } catch (const std::exception& e) {
     log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
     const auto first_rider = seqs.end() - riders;
+    // As above, an answer a stop string ended is delivered, not failed.
     for (auto it = seqs.begin(); it != first_rider; ++it)
-      (*it)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
+      if (!(*it)->answer_complete())
+        (*it)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
     result.failed.assign(seqs.begin(), first_rider);
     result.retry.assign(first_rider, seqs.end());
   }

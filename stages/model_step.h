@@ -15,10 +15,11 @@ namespace pipeline {
 
 // A forward pass that throws fails its sequences (500) and lists them in StepResult::failed,
 // except the last `riders`, decoding sequences that rode along a prefill pass: those go to
-// StepResult::retry untouched. One that throws RunnerFailure fails them all, riders too, but
-// those whose answer is complete (Sequence::answer_complete), and calls ctx.engine_failed. A pass
-// whose sequences have all ended (their clients left, or shutdown failed them) is stopped part-way
-// by the runner (ModelRunner::watch_pass) and lists them all in StepResult::failed.
+// StepResult::retry untouched. One that throws RunnerFailure fails them all, riders too, and
+// calls ctx.engine_failed. Either way a sequence whose answer is complete
+// (Sequence::answer_complete: a stop string ended it before the scheduler saw) is not failed. A
+// pass whose sequences have all ended (their clients left, or shutdown failed them) is stopped
+// part-way by the runner (ModelRunner::watch_pass) and lists them all in StepResult::failed.
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
                           const Batch& batch, bool prefill, Logits& logits, int riders = 0);
 

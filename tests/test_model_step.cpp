@@ -182,6 +182,23 @@ TEST(ModelStep, ARunnerFailureLeavesAnAnswerAStopStringEndedToBeDelivered) {
   EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"the model runner failed: device lost"}));
 }
 
+// The same for a pass that fails without the runner: the complete answer is delivered, the
+// other sequence gets the 500.
+TEST(ModelStep, AFailedPassLeavesAnAnswerAStopStringEndedToBeDelivered) {
+  StepFixture<FailingRunner> f;
+  std::vector<SequencePtr> seqs;
+  Batch batch;
+  const auto stopped = f.add({1, 10, 11}, 2, seqs, batch);
+  stopped->stopped.store(true);
+  const auto decoding = f.add({1, 20, 21}, 2, seqs, batch);
+  Logits logits;
+  const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/false, logits);
+  EXPECT_EQ(result.failed, seqs) << "the scheduler frees both";
+  EXPECT_FALSE(stopped->stream.ended()) << "the complete answer was failed";
+  ASSERT_TRUE(sink_of(decoding).error().has_value());
+  EXPECT_EQ(sink_of(decoding).error()->http_status, 500);
+}
+
 // A prompt preempted during its prefill after two of its tokens were scored computes its prompt
 // again from the start: the rows it scored then are not scored twice, the others are, each
 // token from the row before it, and the first token sampled comes from the chunk's last row.
