@@ -164,10 +164,10 @@ TEST(ModelStep, ARunnerFailureFailsEverySequenceRidersTooAndIsReported) {
 }
 
 // Detokenize found a stop string in a sequence's last token, and the scheduler, which had not
-// seen it yet, put the sequence in the next pass: its answer is complete, on its way to the
-// client, and the runner's failure does not take it.
-TEST(ModelStep, ARunnerFailureLeavesAnAnswerAStopStringEndedToBeDelivered) {
-  StepFixture<LostRunner> f;
+// seen it yet, put the sequence in the next pass, which fails: its answer is complete, on its
+// way to the client, and the failure does not take it. Returns the other sequence's error.
+template <typename Runner>
+RequestError error_beside_a_stopped_answer(StepFixture<Runner>& f) {
   std::vector<SequencePtr> seqs;
   Batch batch;
   const auto stopped = f.add({1, 10, 11}, 2, seqs, batch);
@@ -177,26 +177,20 @@ TEST(ModelStep, ARunnerFailureLeavesAnAnswerAStopStringEndedToBeDelivered) {
   const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/false, logits);
   EXPECT_EQ(result.failed, seqs) << "the scheduler frees both";
   EXPECT_FALSE(stopped->stream.ended()) << "the complete answer was failed";
-  ASSERT_TRUE(sink_of(decoding).error().has_value());
-  EXPECT_EQ(sink_of(decoding).error()->code, "engine_failed");
+  EXPECT_TRUE(sink_of(decoding).error().has_value());
+  return sink_of(decoding).error().value_or(RequestError{});
+}
+
+TEST(ModelStep, ARunnerFailureLeavesAnAnswerAStopStringEndedToBeDelivered) {
+  StepFixture<LostRunner> f;
+  EXPECT_EQ(error_beside_a_stopped_answer(f).code, "engine_failed");
   EXPECT_EQ(f.runner_failures, (std::vector<std::string>{"the model runner failed: device lost"}));
 }
 
-// The same for a pass that fails without the runner: the complete answer is delivered, the
-// other sequence gets the 500.
+// The same for a pass that fails without the runner (a 500).
 TEST(ModelStep, AFailedPassLeavesAnAnswerAStopStringEndedToBeDelivered) {
   StepFixture<FailingRunner> f;
-  std::vector<SequencePtr> seqs;
-  Batch batch;
-  const auto stopped = f.add({1, 10, 11}, 2, seqs, batch);
-  stopped->stopped.store(true);
-  const auto decoding = f.add({1, 20, 21}, 2, seqs, batch);
-  Logits logits;
-  const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/false, logits);
-  EXPECT_EQ(result.failed, seqs) << "the scheduler frees both";
-  EXPECT_FALSE(stopped->stream.ended()) << "the complete answer was failed";
-  ASSERT_TRUE(sink_of(decoding).error().has_value());
-  EXPECT_EQ(sink_of(decoding).error()->http_status, 500);
+  EXPECT_EQ(error_beside_a_stopped_answer(f).http_status, 500);
 }
 
 // A prompt preempted during its prefill after two of its tokens were scored computes its prompt
