@@ -31,6 +31,7 @@
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/batch.h"
+#include "tests/support/cuda_buffers.h"
 
 namespace pipeline::cuda {
 namespace {
@@ -56,34 +57,6 @@ std::vector<bf16> random_bf16(std::mt19937& rng, size_t n, float low = -1.0f, fl
   std::vector<bf16> v(n);
   for (auto& x : v) x = __float2bfloat16(uniform(rng));
   return v;
-}
-
-// Copies `host` over `device` (of the same size). The copy is complete on return: from
-// pageable memory cudaMemcpy may return before its DMA ends, and the kernels run on a stream
-// that does not wait for the legacy stream's copies.
-template <typename T>
-void restore(const std::vector<T>& host, DeviceBuffer<T>& device) {
-  PIPELINE_CUDA_CHECK(
-      cudaMemcpy(device.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-// `host` in a new device buffer, complete on return as restore()'s copy is.
-template <typename T>
-DeviceBuffer<T> upload(const std::vector<T>& host) {
-  DeviceBuffer<T> device(host.size());
-  restore(host, device);
-  return device;
-}
-
-// Waits for the device, then copies `device` back.
-template <typename T>
-std::vector<T> download(const DeviceBuffer<T>& device) {
-  PIPELINE_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<T> host(device.size());
-  PIPELINE_CUDA_CHECK(
-      cudaMemcpy(host.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost));
-  return host;
 }
 
 // sqrt(sum (ours - ref)^2 / sum ref^2) over n values from each.

@@ -38,6 +38,7 @@
 #include "kernels/cuda/cuda_runner.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "tests/support/cuda_buffers.h"
 #endif
 
 namespace pipeline {
@@ -453,22 +454,6 @@ std::vector<float> float64_product(const std::vector<__nv_bfloat16>& x,
   return y;
 }
 
-template <typename T>
-cuda::DeviceBuffer<T> to_device(const std::vector<T>& host) {
-  cuda::DeviceBuffer<T> device(host.size());
-  EXPECT_EQ(cudaMemcpy(device.data(), host.data(), device.bytes(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return device;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer<T>& device) {
-  std::vector<T> host(device.size());
-  EXPECT_EQ(cudaMemcpy(host.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  return host;
-}
-
 // The projections at one row (the GEMV kernel), 2..64 (SkinnyGemm, each of its builds for up
 // to 8, 16, 32 and 64 rows: 1000 inputs split the k axis across blocks, 264 do not) and more
 // (cuBLAS), bf16 and float32 results and SiLU*mul of the columns taken as interleaved (gate, up)
@@ -485,10 +470,10 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
     for (const auto& [in, out, tuned] : {std::tuple{1000, 300, false}, std::tuple{264, 600, false},
                                          std::tuple{1000, 300, true}, std::tuple{264, 600, true}}) {
       const auto w = random_bf16(rng, size_t(out) * in);
-      const auto w_d = to_device(w);
+      const auto w_d = cuda::upload(w);
       if (tuned) {
         constexpr int kRows = cuda::kSkinnyMaxRows;
-        const auto x_d = to_device(random_bf16(rng, size_t(kRows) * in));
+        const auto x_d = cuda::upload(random_bf16(rng, size_t(kRows) * in));
         cuda::DeviceBuffer<__nv_bfloat16> y16_d(size_t(kRows) * out),
             act_d(size_t(kRows) * out / 2);
         cuda::DeviceBuffer<float> y32_d(size_t(kRows) * out);
@@ -512,16 +497,16 @@ TEST(CudaRunner, ProjectionsMatchFloat64Reference) {
           const double gate = ref[2 * i], up = ref[2 * i + 1];
           ref_act[i] = float(gate / (1.0 + std::exp(-gate)) * up);
         }
-        const auto x_d = to_device(x);
+        const auto x_d = cuda::upload(x);
         cuda::DeviceBuffer<__nv_bfloat16> y16_d(ref.size()), act_d(ref_act.size());
         cuda::DeviceBuffer<float> y32_d(ref.size());
         gemm.linear(x_d.data(), w_d.data(), y16_d.data(), rows, in, out);
         gemm.linear_f32(x_d.data(), w_d.data(), y32_d.data(), rows, in, out);
-        const auto y16 = to_host(y16_d);
-        const auto y32 = to_host(y32_d);
+        const auto y16 = cuda::download(y16_d);
+        const auto y32 = cuda::download(y32_d);
         // gate_up scratch for the cuBLAS rows: y16_d, already compared.
         gemm.linear_silu_mul(x_d.data(), w_d.data(), y16_d.data(), act_d.data(), rows, in, out / 2);
-        const auto act = to_host(act_d);
+        const auto act = cuda::download(act_d);
         const std::string what = std::to_string(rows) + "x" + std::to_string(in) + " -> " +
                                  std::to_string(out) + (tuned ? " (tuned)" : "");
         EXPECT_LT(relative_l2(y32, ref), 1e-5) << what << ", float32";
@@ -566,7 +551,7 @@ TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
     cuda::CublasLtMatmul cublaslt(stream, workspace.data(), workspace.bytes());
     for (const auto& [in, out] : {std::pair{4096, 256}, std::pair{1000, 600}}) {
       const auto w = random_bf16(rng, size_t(out) * in);
-      const auto w_d = to_device(w);
+      const auto w_d = cuda::upload(w);
       for (const auto& [proposed_for, fewest] :
            {std::pair{8, 2}, std::pair{16, 9}, std::pair{32, 17}, std::pair{64, 33}}) {
         for (const cudaDataType_t y_type : {CUDA_R_16BF, CUDA_R_32F}) {
@@ -590,7 +575,7 @@ TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
           }
           for (const int rows : {proposed_for, fewest}) {
             const auto x = random_bf16(rng, size_t(rows) * in);
-            const auto x_d = to_device(x);
+            const auto x_d = cuda::upload(x);
             const std::vector<float> ref = float64_product(x, w, rows, in, out);
             cuda::DeviceBuffer<__nv_bfloat16> y16_d(ref.size());
             cuda::DeviceBuffer<float> y32_d(ref.size());
@@ -610,8 +595,8 @@ TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
                 continue;
               }
               ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
-              const double error = bf16 ? relative_l2(as_floats(to_host(y16_d)), ref)
-                                        : relative_l2(to_host(y32_d), ref);
+              const double error = bf16 ? relative_l2(as_floats(cuda::download(y16_d)), ref)
+                                        : relative_l2(cuda::download(y32_d), ref);
               EXPECT_LT(error, bf16 ? 5e-3 : 1e-5) << what;
             }
           }
