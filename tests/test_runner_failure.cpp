@@ -11,8 +11,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <variant>
@@ -33,36 +36,10 @@ namespace {
 using testing::CollectingSink;
 using json = nlohmann::json;
 
-// stories260K's CPU runner, except that its forward pass number `fail_at` (from 1) and every
-// later one throw RunnerFailure("device lost").
-class RunnerFailingAt final : public ModelRunner {
- public:
-  RunnerFailingAt(std::unique_ptr<ModelRunner> runner, int fail_at)
-      : runner_(std::move(runner)), fail_at_(fail_at) {}
-  const LlamaConfig& config() const override { return runner_->config(); }
-  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
-  std::string device_name() const override { return "failing"; }
-  void forward(const Batch& batch, Logits& logits) override {
-    if (++passes_ >= fail_at_) throw RunnerFailure("device lost");
-    runner_->forward(batch, logits);
-  }
-
- private:
-  std::unique_ptr<ModelRunner> runner_;
-  int fail_at_;
-  std::atomic<int> passes_{0};
-};
-
-RunnerMaker failing_at(int pass) {
-  return [pass](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
-    return std::make_unique<RunnerFailingAt>(make_cpu_runner(std::move(weights), options), pass);
-  };
-}
-
 // Holds an answer's ending back on its way to its client until the engine has failed for good,
 // so that the failure comes while a complete answer is being delivered, whatever the timing: the
 // emit_held stage waits at hold() (for at most 20 s, so that a failing test ends), the runner
-// fails every forward pass from then on (RunnerFailingOnceHeld), and the test's failure listener
+// fails every forward pass from then on (failing_once_held), and the test's failure listener
 // opens the gate.
 class EndingGate {
  public:
@@ -96,30 +73,46 @@ class EndingGate {
   bool open_ = false;
 };
 
-// stories260K's CPU runner, except that once its gate holds an ending, every forward pass
-// throws RunnerFailure("device lost").
-class RunnerFailingOnceHeld final : public ModelRunner {
+// stories260K's CPU runner, except that a forward pass for which `fails` answers true (each
+// maker's answer stays true from its first) throws RunnerFailure("device lost"). `gate`: the one
+// emit_held holds endings at, where the test has one.
+class FailingRunner final : public ModelRunner {
  public:
-  RunnerFailingOnceHeld(std::unique_ptr<ModelRunner> runner, EndingGate& gate)
-      : runner_(std::move(runner)), gate_(gate) {}
+  FailingRunner(std::unique_ptr<ModelRunner> runner, std::function<bool()> fails,
+                EndingGate* gate = nullptr)
+      : runner_(std::move(runner)), fails_(std::move(fails)), gate_(gate) {}
   const LlamaConfig& config() const override { return runner_->config(); }
   const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
   std::string device_name() const override { return "failing"; }
   void forward(const Batch& batch, Logits& logits) override {
-    if (gate_.held()) throw RunnerFailure("device lost");
+    if (fails_()) throw RunnerFailure("device lost");
     runner_->forward(batch, logits);
   }
-  EndingGate& gate() const { return gate_; }
+  EndingGate& gate() const {
+    if (!gate_) throw std::logic_error("emit_held needs a runner made by failing_once_held");
+    return *gate_;
+  }
 
  private:
   std::unique_ptr<ModelRunner> runner_;
-  EndingGate& gate_;
+  std::function<bool()> fails_;
+  EndingGate* gate_;
 };
 
+// Fails forward pass number `pass` (from 1) and every later one.
+RunnerMaker failing_at(int pass) {
+  return [pass](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
+    auto passes = std::make_shared<std::atomic<int>>(0);
+    return std::make_unique<FailingRunner>(make_cpu_runner(std::move(weights), options),
+                                           [pass, passes] { return ++*passes >= pass; });
+  };
+}
+
+// Fails every forward pass once `gate` holds an ending.
 RunnerMaker failing_once_held(EndingGate& gate) {
   return [&gate](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
-    return std::make_unique<RunnerFailingOnceHeld>(make_cpu_runner(std::move(weights), options),
-                                                   gate);
+    return std::make_unique<FailingRunner>(
+        make_cpu_runner(std::move(weights), options), [&gate] { return gate.held(); }, &gate);
   };
 }
 
@@ -156,14 +149,13 @@ ServeConfig make_config(const std::string& graph = "") {
 }
 
 // make_config's, except that emit holds the first answer's ending at the gate of the engine's
-// runner, which must be a RunnerFailingOnceHeld (failing_once_held).
+// runner, which must come from failing_once_held.
 ServeConfig make_held_config() {
   static const bool added = [] {
     StageInfo info = EmitStage::info();
     info.name = "emit_held";
     info.make = [](const GraphNodeSpec&, EngineContext& ctx) {
-      return std::make_unique<EmitHeldStage>(
-          dynamic_cast<RunnerFailingOnceHeld&>(ctx.runner).gate());
+      return std::make_unique<EmitHeldStage>(dynamic_cast<FailingRunner&>(ctx.runner).gate());
     };
     StageRegistry::global().add(std::move(info));
     return true;
