@@ -114,7 +114,7 @@ Gemm::Route Gemm::route(Product product, int rows, int in, int out) {
   if (!skinny_gemm_applies(rows, in)) return Route{Route::Path::cublas};
   const std::tuple key{product, in, out, rows};
   if (const auto known = routes_.find(key); known != routes_.end()) return known->second;
-  Route chosen;  // untuned: SkinnyGemm
+  Route chosen{Route::Path::skinny, skinny_.split_options(in, out).front()};  // untuned
   if (const auto tuned = tuned_.find({product, in, out, skinny_build_rows(rows)});
       tuned != tuned_.end()) {
     chosen = tuned->second;
@@ -130,8 +130,7 @@ std::string Gemm::route_name(Product product, int rows, int in, int out) {
   const Route r = route(product, rows, in, out);
   switch (r.path) {
     case Route::Path::skinny:
-      return "SkinnyGemm, k split " +
-             std::to_string(r.splits ? r.splits : skinny_.split_options(in, out).front()) + " ways";
+      return "SkinnyGemm, k split " + std::to_string(r.splits) + " ways";
     case Route::Path::cublas:
       return "cuBLAS";
     case Route::Path::cublaslt:

@@ -75,7 +75,7 @@ class Gemm {
   // cuBLASLt with an algorithm tune() chose.
   struct Route {
     enum class Path { skinny, cublas, cublaslt } path = Path::skinny;
-    // SkinnyGemm's split of k (0: its first option), for skinny and a cublaslt fallback.
+    // SkinnyGemm's split of k (one of its split_options()), for skinny and a cublaslt fallback.
     int splits = 0;
     cublasLtMatmulAlgo_t algo{};  // for cublaslt
     // For cublaslt: the route of the calls its algorithm does not run (at some row count or on

@@ -275,7 +275,6 @@ void SkinnyGemm::launch(const bf16* x, const bf16* w, Out* y, int rows, int in, 
                                 std::to_string(kSkinnyMaxRows) + " rows of a multiple of 8");
   if (out <= 0) throw std::invalid_argument("SkinnyGemm: no output columns");
   const std::vector<int> options = split_options(in, out);
-  if (splits == 0) splits = options.front();
   if (std::find(options.begin(), options.end(), splits) == options.end())
     throw std::invalid_argument("SkinnyGemm: " + std::to_string(splits) + " splits of " +
                                 std::to_string(in) + " for " + std::to_string(out) +

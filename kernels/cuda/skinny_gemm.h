@@ -43,7 +43,7 @@ class SkinnyGemm {
   // skinny_split_options() on this device.
   std::vector<int> split_options(int in, int out) const;
 
-  // splits: one of split_options(in, out), or 0 for its first.
+  // splits: one of split_options(in, out).
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
            int out, int splits);
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out,
