@@ -7,7 +7,7 @@
 #include "apps/commands.h"
 #include "apps/config_overrides.h"
 #include "apps/options.h"
-#include "graph/graph_builder.h"
+#include "graph/graph_plan.h"
 #include "graph/serve_config.h"
 
 namespace pipeline {

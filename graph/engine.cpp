@@ -10,7 +10,8 @@
 #include <stdexcept>
 
 #include "graph/engine_context.h"
-#include "graph/graph_builder.h"
+#include "graph/flow_graph.h"
+#include "graph/graph_plan.h"
 #include "graph/log.h"
 #include "graph/runner_factory.h"
 #include "graph/scheduler.h"

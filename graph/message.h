@@ -1,6 +1,6 @@
 // What travels along the flow graph's edges. Every node takes and sends a Message; each stage
 // declares which kinds it accepts and produces, and an edge only carries the kinds its target
-// accepts (graph_builder checks that every kind produced has somewhere to go).
+// accepts (graph_plan checks that every kind produced has somewhere to go).
 #pragma once
 
 #include <chrono>

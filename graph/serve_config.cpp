@@ -447,7 +447,7 @@ std::vector<GraphNodeSpec> read_nodes(const FieldReader& r, const YAML::Node& li
     const auto& n = list[i];
     const auto field = "graph.nodes[" + std::to_string(i) + "]";
     r.require_map(n, field);
-    r.check_unique_keys(n, field);  // which keys a stage takes, graph_builder checks
+    r.check_unique_keys(n, field);  // which keys a stage takes, graph_plan checks
     GraphNodeSpec out;
     out.at = r.where(n, field);
     out.in_file = r.in_file(n, field);
@@ -459,7 +459,7 @@ std::vector<GraphNodeSpec> read_nodes(const FieldReader& r, const YAML::Node& li
     out.stage = n["stage"] ? r.string(n["stage"], field + ".stage") : out.name;
     if (n["concurrency"])
       out.concurrency = read_concurrency(r, n["concurrency"], field + ".concurrency");
-    out.params = n;  // the stage checks its own parameters (graph_builder)
+    out.params = n;  // the stage checks its own parameters (graph_plan)
     nodes.push_back(std::move(out));
   }
   return nodes;

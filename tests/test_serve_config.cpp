@@ -138,7 +138,7 @@ TEST_F(ServeConfigTest, AnOverrideReplacesOneHalfOfTheDefaultGraph) {
   const auto nodes = load_serve_config(file, {"graph.nodes=[{name: tokenize, concurrency: 3}]"});
   ASSERT_EQ(nodes.graph.nodes.size(), 1u);
   EXPECT_EQ(nodes.graph.nodes[0].concurrency, 3);
-  EXPECT_EQ(nodes.graph.edges.size(), 9u);  // the default's: graph_builder finds their nodes gone
+  EXPECT_EQ(nodes.graph.edges.size(), 9u);  // the default's: graph_plan finds their nodes gone
   EXPECT_EQ(error_of("model: {path: m}\ngraph:\n  nodes: [{name: t, stage: tokenize}]\n"),
             (dir_ / "serve.yaml").string() +
                 ":3: field 'graph.edges': is missing: a graph section lists both nodes and edges "
@@ -303,7 +303,7 @@ TEST_F(ServeConfigTest, UnknownSectionsAndKeysAreErrors) {
             file + ":3: field 'device': given twice (first on line 2)");
 }
 
-// A graph node's keys are its stage's to check (graph_builder), but none may come twice: yaml-cpp
+// A graph node's keys are its stage's to check (graph_plan), but none may come twice: yaml-cpp
 // read the first of two and dropped the other without a word.
 TEST_F(ServeConfigTest, AKeyRepeatedInAGraphNodeIsAnError) {
   const std::string file = (dir_ / "serve.yaml").string();

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "graph/engine.h"
-#include "graph/graph_builder.h"
+#include "graph/graph_plan.h"
 #include "stages/emit.h"
 #include "tests/support/collecting_sink.h"
 #include "tests/support/shared_data.h"
@@ -92,7 +92,7 @@ StageInfo thread_probe_emit_info() {
   return info;
 }
 
-class GraphBuilderTest : public ::testing::Test {
+class GraphTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     auto& registry = StageRegistry::global();
@@ -146,7 +146,7 @@ std::string six_nodes(const std::string& emit_node = "{ name: emit, stage: emit 
          edges + "\n";
 }
 
-TEST_F(GraphBuilderTest, TheDefaultGraphPlans) {
+TEST_F(GraphTest, TheDefaultGraphPlans) {
   const auto plan = plan_graph(load_serve_config(write(six_nodes())));
   ASSERT_EQ(plan.nodes.size(), 6u);
   EXPECT_EQ(plan.nodes[plan.input].spec.name, "tokenize");
@@ -157,21 +157,21 @@ TEST_F(GraphBuilderTest, TheDefaultGraphPlans) {
   EXPECT_NE(dot.find("\"prefill\" -> \"detok\""), std::string::npos) << dot;
 }
 
-TEST_F(GraphBuilderTest, UnknownStage) {
+TEST_F(GraphTest, UnknownStage) {
   const auto error = error_of(six_nodes("{ name: emit, stage: emitt }"));
   EXPECT_EQ(error.substr(0, error.find(" (known")),
             file() + ":12: field 'graph.nodes[5].stage': unknown stage 'emitt'");
   EXPECT_NE(error.find("detokenize"), std::string::npos) << "the known stages are listed";
 }
 
-TEST_F(GraphBuilderTest, DuplicateNode) {
+TEST_F(GraphTest, DuplicateNode) {
   EXPECT_EQ(error_of(six_nodes("{ name: detok, stage: emit }")),
             file() + ":12: field 'graph.nodes[5].name': duplicate node 'detok' (first defined at " +
                 file() + ":11)");
 }
 
 // A graph written by --set overrides has no line of the file: its errors name the override.
-TEST_F(GraphBuilderTest, ErrorsInAGraphAnOverrideWroteNameTheOverride) {
+TEST_F(GraphTest, ErrorsInAGraphAnOverrideWroteNameTheOverride) {
   const auto base = write("");
   const std::string nodes =
       "graph.nodes=[{name: tokenize, stage: tokenize}, {name: batch, stage: batch_window}, "
@@ -200,7 +200,7 @@ TEST_F(GraphBuilderTest, ErrorsInAGraphAnOverrideWroteNameTheOverride) {
                 "join nodes by name: tokenize, batch, prefill, decode, detok, emit)");
 }
 
-TEST_F(GraphBuilderTest, UnknownNodeInAnEdge) {
+TEST_F(GraphTest, UnknownNodeInAnEdge) {
   const auto error = error_of(
       six_nodes("{ name: emit, stage: emit }",
                 "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
@@ -221,7 +221,7 @@ TEST_F(GraphBuilderTest, UnknownNodeInAnEdge) {
       << by_stage;
 }
 
-TEST_F(GraphBuilderTest, AMissingLoopEdge) {
+TEST_F(GraphTest, AMissingLoopEdge) {
   const auto error = error_of(
       six_nodes("{ name: emit, stage: emit }",
                 "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
@@ -232,7 +232,7 @@ TEST_F(GraphBuilderTest, AMissingLoopEdge) {
   EXPECT_NE(error.find("no edge decode->batch"), std::string::npos) << error;
 }
 
-TEST_F(GraphBuilderTest, AnEdgeThatCarriesNothing) {
+TEST_F(GraphTest, AnEdgeThatCarriesNothing) {
   const auto error = error_of(
       six_nodes("{ name: emit, stage: emit }",
                 "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill->batch, "
@@ -243,7 +243,7 @@ TEST_F(GraphBuilderTest, AnEdgeThatCarriesNothing) {
       << error;
 }
 
-TEST_F(GraphBuilderTest, ANodeOffThePathFromInputToOutput) {
+TEST_F(GraphTest, ANodeOffThePathFromInputToOutput) {
   // A second output that nothing feeds.
   std::string graph = six_nodes();
   graph.insert(graph.find("  edges:"),
@@ -253,7 +253,7 @@ TEST_F(GraphBuilderTest, ANodeOffThePathFromInputToOutput) {
                                  "path from the input 'tokenize' to an output");
 }
 
-TEST_F(GraphBuilderTest, AGraphWithoutAnOutputSaysSo) {
+TEST_F(GraphTest, AGraphWithoutAnOutputSaysSo) {
   const auto error = error_of(
       "graph:\n  nodes:\n    - { name: tokenize, stage: tokenize }\n"
       "    - { name: batch, stage: batch_window }\n  edges: [tokenize->batch]\n");
@@ -262,7 +262,7 @@ TEST_F(GraphBuilderTest, AGraphWithoutAnOutputSaysSo) {
 
 // Two nodes of a stage that owns the runner, the scheduler's state or a request's text and event
 // order would each run every message they are handed: the graph refuses them.
-TEST_F(GraphBuilderTest, StatefulStagesAppearOnce) {
+TEST_F(GraphTest, StatefulStagesAppearOnce) {
   std::string graph = six_nodes("{ name: emit, stage: emit }",
                                 "[tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
                                 "prefill->batch, decode->batch, prefill->detok, decode->detok, "
@@ -282,7 +282,7 @@ TEST_F(GraphBuilderTest, StatefulStagesAppearOnce) {
   }
 }
 
-TEST_F(GraphBuilderTest, SerialStagesStaySerial) {
+TEST_F(GraphTest, SerialStagesStaySerial) {
   std::string graph = six_nodes();
   graph.replace(graph.find("{ name: prefill, stage: prefill }"),
                 std::string("{ name: prefill, stage: prefill }").size(),
@@ -292,7 +292,7 @@ TEST_F(GraphBuilderTest, SerialStagesStaySerial) {
                                  "runs one message at a time; it must be serial");
 }
 
-TEST_F(GraphBuilderTest, StageParameters) {
+TEST_F(GraphTest, StageParameters) {
   EXPECT_EQ(error_of(six_nodes("{ name: emit, stage: test_counted_sink }")),
             file() +
                 ":12: field 'graph.nodes[5].limit': stage 'test_counted_sink' requires "
@@ -330,7 +330,7 @@ std::string run_one(const std::filesystem::path& config) {
   return sink->text();
 }
 
-TEST_F(GraphBuilderTest, AStageSwappedInYamlRunsInTheEngine) {
+TEST_F(GraphTest, AStageSwappedInYamlRunsInTheEngine) {
   const std::string plain = run_one(write(six_nodes()));
   const std::string shouted = run_one(write(six_nodes("{ name: emit, stage: test_shout_emit }")));
   ASSERT_FALSE(plain.empty());
@@ -342,7 +342,7 @@ TEST_F(GraphBuilderTest, AStageSwappedInYamlRunsInTheEngine) {
 
 // The thread that submits a request waits outside the graph (as the HTTP handlers and main do),
 // so the graph's nodes, and the forward passes in them, must get every core without it.
-TEST_F(GraphBuilderTest, ANodesParallelLoopRunsOnEveryCoreWhileTheSubmitterWaits) {
+TEST_F(GraphTest, ANodesParallelLoopRunsOnEveryCoreWhileTheSubmitterWaits) {
   ASSERT_FALSE(run_one(write(six_nodes("{ name: emit, stage: test_thread_probe_emit }"))).empty());
   EXPECT_EQ(ThreadProbeEmit::most_at_once.load(), tbb::info::default_concurrency());
 }
