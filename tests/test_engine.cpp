@@ -21,6 +21,7 @@
 #include "tests/support/engine_config.h"
 #include "tests/support/eventually.h"
 #include "tests/support/shared_data.h"
+#include "tests/support/wrapping_runner.h"
 
 namespace pipeline {
 namespace {
@@ -210,20 +211,16 @@ class DecodeGate {
   std::once_flag held_once_;
 };
 
-class DecodeHeldRunner final : public ModelRunner {
+class DecodeHeldRunner final : public WrappingRunner {
  public:
   DecodeHeldRunner(std::unique_ptr<ModelRunner> runner, DecodeGate& gate)
-      : runner_(std::move(runner)), gate_(gate) {}
-  const LlamaConfig& config() const override { return runner_->config(); }
-  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
-  std::string device_name() const override { return runner_->device_name(); }
+      : WrappingRunner(std::move(runner)), gate_(gate) {}
   void forward(const Batch& batch, Logits& logits) override {
     if (batch.is_decode()) gate_.hold();
-    runner_->forward(batch, logits);
+    WrappingRunner::forward(batch, logits);
   }
 
  private:
-  std::unique_ptr<ModelRunner> runner_;
   DecodeGate& gate_;
 };
 
@@ -471,13 +468,10 @@ TEST(Engine, APromptOnlyAnswerMayFillTheWholeKvPool) {
 // held, to stand for long ones (a CPU's prefill of a large model): a held pass waits until
 // released (10 s at most), asking the model step's watch every 5 ms as the CPU runner asks it
 // before each layer.
-class PassRecordingRunner final : public ModelRunner {
+class PassRecordingRunner final : public WrappingRunner {
  public:
   PassRecordingRunner(std::unique_ptr<ModelRunner> runner, const RunnerOptions& options)
-      : runner_(std::move(runner)), options_(options) {}
-  const LlamaConfig& config() const override { return runner_->config(); }
-  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
-  std::string device_name() const override { return runner_->device_name(); }
+      : WrappingRunner(std::move(runner)), options_(options) {}
   void forward(const Batch& batch, Logits& logits) override {
     most_tokens_ = std::max(most_tokens_.load(), batch.total_tokens());
     most_logit_rows_ = std::max(most_logit_rows_.load(), batch.logit_rows());
@@ -490,11 +484,11 @@ class PassRecordingRunner final : public ModelRunner {
       }
       std::this_thread::sleep_for(5ms);
     }
-    runner_->forward(batch, logits);
+    WrappingRunner::forward(batch, logits);
   }
   void watch_pass(std::function<bool()> wanted) override {
     wanted_ = wanted;
-    runner_->watch_pass(std::move(wanted));
+    WrappingRunner::watch_pass(std::move(wanted));
   }
   void hold_passes(bool hold) { holding_ = hold; }
   // Waits until `passes` passes have started (5 s at most); false if they did not.
@@ -508,7 +502,6 @@ class PassRecordingRunner final : public ModelRunner {
   int most_logit_rows() const { return most_logit_rows_; }
 
  private:
-  std::unique_ptr<ModelRunner> runner_;
   RunnerOptions options_;
   std::function<bool()> wanted_;  // set and asked on the model step's thread
   // Passes are serial, on the model step's thread; the test reads and sets these.

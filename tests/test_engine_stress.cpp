@@ -44,6 +44,7 @@
 #include "tests/support/engine_config.h"
 #include "tests/support/eventually.h"
 #include "tests/support/shared_data.h"
+#include "tests/support/wrapping_runner.h"
 
 namespace pipeline {
 namespace {
@@ -168,28 +169,25 @@ ServeConfig make_serve_config(const StressConfig& stress) {
 // Each pass is also held back a random while first (seeded), so that submissions and
 // cancellations land at more points of a pass, asking the pass's watch meanwhile, as the CPU
 // runner does before each layer, so that a pass every client has left is abandoned here too.
-class CheckingRunner final : public ModelRunner {
+class CheckingRunner final : public WrappingRunner {
  public:
   CheckingRunner(std::unique_ptr<ModelRunner> runner, const RunnerOptions& options,
                  int max_num_seqs, int jitter_us, uint64_t seed)
-      : runner_(std::move(runner)),
+      : WrappingRunner(std::move(runner)),
         options_(options),
         max_num_seqs_(max_num_seqs),
         jitter_us_(jitter_us),
         rng_(seed),
-        slots_(size_t(runner_->kv_shape().num_blocks) * size_t(runner_->kv_shape().block_size)) {}
-  const LlamaConfig& config() const override { return runner_->config(); }
-  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
-  std::string device_name() const override { return runner_->device_name(); }
+        slots_(size_t(kv_shape().num_blocks) * size_t(kv_shape().block_size)) {}
   void forward(const Batch& batch, Logits& logits) override {
     hold();
     check(batch);
-    runner_->forward(batch, logits);
+    WrappingRunner::forward(batch, logits);
     write(batch);  // only once the pass ran: an abandoned pass leaves its writes unfinished
   }
   void watch_pass(std::function<bool()> wanted) override {
     wanted_ = wanted;
-    runner_->watch_pass(std::move(wanted));
+    WrappingRunner::watch_pass(std::move(wanted));
   }
 
   // What the passes broke, the first few; read once the engine has shut down.
@@ -302,7 +300,6 @@ class CheckingRunner final : public ModelRunner {
     }
   }
 
-  std::unique_ptr<ModelRunner> runner_;
   RunnerOptions options_;
   int max_num_seqs_;
   int jitter_us_;

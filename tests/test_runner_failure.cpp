@@ -29,6 +29,7 @@
 #include "stages/emit.h"
 #include "tests/support/collecting_sink.h"
 #include "tests/support/engine_config.h"
+#include "tests/support/wrapping_runner.h"
 
 namespace pipeline {
 namespace {
@@ -76,17 +77,15 @@ class EndingGate {
 // stories260K's CPU runner, except that a forward pass for which `fails` answers true (each
 // maker's answer stays true from its first) throws RunnerFailure("device lost"). `gate`: the one
 // emit_held holds endings at, where the test has one.
-class FailingRunner final : public ModelRunner {
+class FailingRunner final : public WrappingRunner {
  public:
   FailingRunner(std::unique_ptr<ModelRunner> runner, std::function<bool()> fails,
                 EndingGate* gate = nullptr)
-      : runner_(std::move(runner)), fails_(std::move(fails)), gate_(gate) {}
-  const LlamaConfig& config() const override { return runner_->config(); }
-  const KvCacheShape& kv_shape() const override { return runner_->kv_shape(); }
+      : WrappingRunner(std::move(runner)), fails_(std::move(fails)), gate_(gate) {}
   std::string device_name() const override { return "failing"; }
   void forward(const Batch& batch, Logits& logits) override {
     if (fails_()) throw RunnerFailure("device lost");
-    runner_->forward(batch, logits);
+    WrappingRunner::forward(batch, logits);
   }
   EndingGate& gate() const {
     if (!gate_) throw std::logic_error("emit_held needs a runner made by failing_once_held");
@@ -94,7 +93,6 @@ class FailingRunner final : public ModelRunner {
   }
 
  private:
-  std::unique_ptr<ModelRunner> runner_;
   std::function<bool()> fails_;
   EndingGate* gate_;
 };
