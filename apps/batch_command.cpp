@@ -22,6 +22,7 @@
 #include "apps/stop_signals.h"
 #include "graph/engine.h"
 #include "graph/serve_config.h"
+#include "model/seconds.h"
 #include "server/batch_file.h"
 #include "server/batch_runner.h"
 
@@ -51,10 +52,6 @@ constexpr const char* kUsage =
     "no line, so the next run does them).";
 
 constexpr auto kReportPeriod = std::chrono::seconds(2);
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // "37/100 done, 2 failed, 8 in flight, 12034 tokens (412 tok/s), 29 s, about 50 s left": the
 // whole batch's requests done, `earlier` of them by earlier runs; the rest of the line is this

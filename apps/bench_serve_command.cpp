@@ -25,6 +25,7 @@
 
 #include "apps/commands.h"
 #include "apps/options.h"
+#include "model/seconds.h"
 #include "server/sse_client.h"
 
 namespace pipeline {
@@ -212,9 +213,9 @@ class StreamMeter {
     for (const int index : choices_with_output(chunk)) {
       const auto last = last_output_.find(index);
       if (last != last_output_.end())
-        result_.inter_token.push_back(std::chrono::duration<double>(now - last->second).count());
+        result_.inter_token.push_back(seconds_between(last->second, now));
       else if (index == 0)
-        result_.ttft = std::chrono::duration<double>(now - result_.sent).count();
+        result_.ttft = seconds_between(result_.sent, now);
       last_output_[index] = now;
     }
   }
@@ -247,7 +248,7 @@ RequestResult run_request(const SseClient& client, const BenchSettings& s,
     result.error = e.what();
   }
   result.finished = Clock::now();
-  result.total = std::chrono::duration<double>(result.finished - result.sent).count();
+  result.total = seconds_between(result.sent, result.finished);
   return result;
 }
 
@@ -335,7 +336,7 @@ Summary summarize(const std::vector<RequestResult>& results) {
     sum.inter_token.insert(sum.inter_token.end(), r.inter_token.begin(), r.inter_token.end());
     sum.request_tokens_per_s.push_back(r.completion_tokens / r.total);
   }
-  sum.duration = std::chrono::duration<double>(last - first).count();
+  sum.duration = seconds_between(first, last);
   return sum;
 }
 

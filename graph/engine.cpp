@@ -17,6 +17,7 @@
 #include "graph/scheduler.h"
 #include "graph/vllm_metrics.h"
 #include "model/llama_weights.h"
+#include "model/seconds.h"
 #include "stages/tokenize.h"
 
 namespace pipeline {
@@ -42,10 +43,6 @@ int max_pass_tokens(const SchedulerSection& scheduler, const LlamaConfig& model)
       std::min<int64_t>(scheduler.max_prefill_tokens.value_or(kGpuPrefillTokens),
                         int64_t(scheduler.max_num_seqs) * model.max_position_embeddings);
   return int(std::min<int64_t>(prompts + scheduler.max_num_seqs, std::numeric_limits<int>::max()));
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
@@ -145,16 +142,13 @@ void Engine::Impl::observe_phases(const Sequence& seq, const Completion& complet
   if (seq.scheduled_at == Clock::time_point{} || seq.first_token_at == Clock::time_point{} ||
       completion.last_token_at == Clock::time_point{})
     return;
-  const auto seconds = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  };
   const auto end = completion.last_token_at;
   const int completion_tokens = completion.completion_tokens;
-  metrics.request_queue_seconds.observe(seconds(seq.queued_at, seq.scheduled_at));
-  metrics.request_prefill_seconds.observe(seconds(seq.scheduled_at, seq.first_token_at));
-  const double decode = seconds(seq.first_token_at, end);
+  metrics.request_queue_seconds.observe(seconds_between(seq.queued_at, seq.scheduled_at));
+  metrics.request_prefill_seconds.observe(seconds_between(seq.scheduled_at, seq.first_token_at));
+  const double decode = seconds_between(seq.first_token_at, end);
   metrics.request_decode_seconds.observe(decode);
-  metrics.request_inference_seconds.observe(seconds(seq.scheduled_at, end));
+  metrics.request_inference_seconds.observe(seconds_between(seq.scheduled_at, end));
   metrics.request_time_per_output_token.observe(
       completion_tokens > 1 ? decode / double(completion_tokens - 1) : 0.0);
 }

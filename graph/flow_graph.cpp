@@ -6,6 +6,7 @@
 
 #include "graph/log.h"
 #include "graph/nvtx.h"
+#include "model/seconds.h"
 
 namespace pipeline {
 namespace {
@@ -37,8 +38,7 @@ struct FlowGraph::Node {
       fail_carried(message, emit, e.what());
     }
     metrics.calls.add();
-    metrics.seconds.observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    metrics.seconds.observe(seconds_since(start));
   }
 
   // After the stage threw: every sequence the message carries ends with a 500, rather than

@@ -5,15 +5,9 @@
 
 #include "graph/log.h"
 #include "graph/nvtx.h"
+#include "model/seconds.h"
 
 namespace pipeline {
-namespace {
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-}  // namespace
 
 Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_size,
                      Metrics& metrics, FailureListener on_failure)

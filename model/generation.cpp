@@ -6,15 +6,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/seconds.h"
+
 namespace pipeline {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string request_name(size_t index) {
   return "request " + std::to_string(index) + ": ";

@@ -12,15 +12,12 @@
 #include "graph/log.h"
 #include "graph/nvtx.h"
 #include "io/grammar_syntax.h"
+#include "model/seconds.h"
 
 namespace pipeline {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point start, Clock::time_point end) {
-  return std::chrono::duration<double>(end - start).count();
-}
 
 RequestError server_error(const std::string& what) {
   return {500, what, "server_error", "", ""};
