@@ -50,13 +50,6 @@ void BlockManager::evict(int32_t block) {
   free_.push_back(block);
 }
 
-void BlockManager::retain(int32_t block) {
-  check_block(block, num_total(), "retain");
-  if (ref_counts_[block] == 0)
-    throw std::logic_error("BlockManager::retain: block " + std::to_string(block) + " is free");
-  ++ref_counts_[block];
-}
-
 void BlockManager::release(int32_t block) {
   check_block(block, num_total(), "release");
   if (ref_counts_[block] == 0)
@@ -81,7 +74,7 @@ bool BlockManager::ensure_capacity(std::vector<int32_t>& table, int tokens, int 
                                 std::to_string(block_size));
   const size_t needed = size_t((std::max(tokens, 0) + block_size - 1) / block_size);
   if (needed <= table.size()) return true;
-  if (!can_allocate(int(needed - table.size()))) return false;
+  if (int(needed - table.size()) > num_free()) return false;
   while (table.size() < needed) table.push_back(allocate());
   return true;
 }

@@ -52,12 +52,10 @@ class BlockManager {
   int num_free() const { return int(free_.size() + evictable_.size()); }
   int num_used() const { return num_total() - num_free(); }
   int num_cached() const { return int(cached_.size()); }  // registered, in use or evictable
-  bool can_allocate(int n) const { return n <= num_free(); }
   int ref_count(int32_t block) const { return ref_counts_.at(size_t(block)); }
 
   // Returns a block id with reference count 1; throws std::runtime_error when none is free.
   int32_t allocate();
-  void retain(int32_t block);
   // Drops one reference; the block returns to the free list at zero (a registered one as
   // evictable).
   void release(int32_t block);

@@ -29,8 +29,6 @@ TEST(BlockManager, HandsOutEveryBlockOnceThenRefuses) {
   EXPECT_EQ(handed_out.size(), 4u);
   EXPECT_EQ(blocks.num_free(), 0);
   EXPECT_EQ(blocks.num_used(), 4);
-  EXPECT_FALSE(blocks.can_allocate(1));
-  EXPECT_TRUE(blocks.can_allocate(0));
   EXPECT_THROW(blocks.allocate(), std::runtime_error);
 }
 
@@ -49,8 +47,10 @@ TEST(BlockManager, ReleasedBlocksComeBack) {
 TEST(BlockManager, SharedBlockReturnsWithItsLastReference) {
   BlockManager blocks(3);
   const int32_t shared = blocks.allocate();
-  blocks.retain(shared);
-  blocks.retain(shared);
+  const int32_t tokens[] = {1, 2, 3, 4};
+  ASSERT_EQ(blocks.register_block(shared, BlockManager::kNoParent, tokens), shared);
+  blocks.share(shared);
+  blocks.share(shared);
   blocks.release(shared);
   blocks.release(shared);
   EXPECT_EQ(blocks.num_used(), 1);
@@ -63,9 +63,9 @@ TEST(BlockManager, MisuseIsAnError) {
   const int32_t block = blocks.allocate();
   blocks.release(block);
   EXPECT_THROW(blocks.release(block), std::logic_error);  // double free
-  EXPECT_THROW(blocks.retain(block), std::logic_error);   // retain of a free block
+  EXPECT_THROW(blocks.share(block), std::logic_error);    // share of a block that caches nothing
   EXPECT_THROW(blocks.release(2), std::out_of_range);
-  EXPECT_THROW(blocks.retain(-1), std::out_of_range);
+  EXPECT_THROW(blocks.share(-1), std::out_of_range);
   EXPECT_EQ(blocks.num_free(), 2);  // the pool is intact after the errors
   EXPECT_THROW(BlockManager(-1), std::invalid_argument);
 }
@@ -95,7 +95,9 @@ TEST(BlockManager, ReleaseAllFreesTheTableAndEmptiesIt) {
   BlockManager blocks(4);
   std::vector<int32_t> table;
   ASSERT_TRUE(blocks.ensure_capacity(table, 10, 4));
-  blocks.retain(table[0]);  // shared with another sequence
+  const int32_t tokens[] = {1, 2, 3, 4};
+  ASSERT_EQ(blocks.register_block(table[0], BlockManager::kNoParent, tokens), table[0]);
+  blocks.share(table[0]);  // shared with another sequence
   blocks.release_all(table);
   EXPECT_TRUE(table.empty());
   EXPECT_EQ(blocks.num_used(), 1);
