@@ -199,8 +199,10 @@ Draws draw_tokens(const std::vector<SequencePtr>& seqs, const Batch& batch, cons
 
 // Appends the drawn token to its sequence, times it, and lists it in `result` with whether it
 // ends the answer; a sequence's first token carries its prompt's scores (empty unless asked for).
-void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken sampled,
-                  Clock::time_point now, StepResult& result) {
+// Returns the tokens it counts for vLLM's iteration tokens (Metrics::iteration_tokens): itself,
+// and with a sequence's first token its prompt.
+int64_t append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken sampled,
+                     Clock::time_point now, StepResult& result) {
   Sequence& seq = *seq_ptr;
   seq.tokens.push_back(sampled.token);
   const int index = seq.generated() - 1;
@@ -211,16 +213,19 @@ void append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToken s
     finish = FinishReason::Length;
   if (finish) seq.last_token_drawn.store(true);
   std::vector<SampledToken> scores;
+  int64_t iteration_tokens = 1;
   if (index == 0) {
     ctx.metrics.time_to_first_token.observe(seconds_between(seq.request->arrival, now));
     ctx.metrics.prompt_tokens_prefilled.add(uint64_t(seq.prompt_len));
     seq.first_token_at = now;
     scores = std::move(seq.prompt_scores);
+    iteration_tokens += seq.prompt_len;
   } else {
     ctx.metrics.inter_token_latency.observe(seconds_between(seq.last_token_at, now));
   }
   seq.last_token_at = now;
   result.outputs.push_back({seq_ptr, index, std::move(sampled), finish, now, std::move(scores)});
+  return iteration_tokens;
 }
 
 // Metrics::decode_turnaround_seconds, for a decode pass that ran. Each sequence's last_token_at
@@ -257,8 +262,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
       seqs[i]->stream.fail(*draws.errors[i]);
       result.failed.push_back(seqs[i]);
     } else if (reaches_the_end(batch.seqs[i], *seqs[i])) {
-      append_token(ctx, seqs[i], std::move(draws.sampled[i]), now, result);
-      iteration_tokens += 1 + (seqs[i]->generated() == 1 ? seqs[i]->prompt_len : 0);
+      iteration_tokens += append_token(ctx, seqs[i], std::move(draws.sampled[i]), now, result);
     }
   }
   ctx.metrics.iteration_tokens.observe(double(iteration_tokens));
