@@ -3,6 +3,8 @@
 #include <map>
 #include <set>
 
+#include "graph/config_fields.h"
+
 namespace pipeline {
 namespace {
 

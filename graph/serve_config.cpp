@@ -2,7 +2,6 @@
 // naming the file, the line and the field ("serve.yaml:7: field 'scheduler.window_ms': ...").
 #include "graph/serve_config.h"
 
-#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
@@ -11,14 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
 #include <system_error>
-#include <type_traits>
 #include <vector>
 
+#include "graph/config_fields.h"
 #include "graph/runner_factory.h"
 #include "io/chat_template.h"
 #include "io/utf8.h"
@@ -26,8 +24,8 @@
 namespace pipeline {
 namespace {
 
-// The fields of each section, and the sections of the top level (""): what check_keys takes,
-// and where it looks for a field written in the wrong section.
+// The fields of each section, and the sections of the top level (""): what check_section_keys
+// takes, and where it looks for a field written in the wrong section.
 const std::map<std::string, std::set<std::string>>& section_fields() {
   static const std::map<std::string, std::set<std::string>> fields = {
       {"", {"model", "device", "threads", "server", "scheduler", "sampling", "graph"}},
@@ -75,184 +73,17 @@ edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, prefill-
 // The most requests waiting (server.max_queue), and the most running (scheduler.max_num_seqs).
 constexpr int kMaxRequests = 4096;
 
-// What is wrong with YAML that yaml-cpp refused: its message for nesting past its limit is just
-// "bad file".
-std::string yaml_problem(const YAML::Exception& e) {
-  if (dynamic_cast<const YAML::DeepRecursion*>(&e))
-    return "lists and mappings nested deeper than yaml-cpp reads";
-  return e.msg;
+// A section's keys, one of section_fields(); an unknown one that is another section's field says
+// so.
+void check_section_keys(const FieldReader& r, const YAML::Node& node, const std::string& section) {
+  r.check_keys(node, section, section_fields().at(section),
+               [&](const std::string& key) { return other_section_hint(key, section); });
 }
-
-// Reads fields of one YAML document and words errors with the file and line they came from.
-// Overridden fields are reported as the override that set them.
-class FieldReader {
- public:
-  FieldReader(std::string file, std::map<std::string, std::string> overrides)
-      : file_(std::move(file)), overrides_(std::move(overrides)) {}
-
-  [[noreturn]] void fail(const YAML::Node& node, const std::string& field,
-                         const std::string& what) const {
-    throw ConfigError(where(node, field) + ": field '" + field + "': " + what);
-  }
-
-  std::string where(const YAML::Node& node, const std::string& field) const {
-    if (auto it = overrides_.find(field); it != overrides_.end()) return override_named(*it);
-    if (const auto* enclosing = enclosing_override(field)) return override_named(*enclosing);
-    // An empty value's mark is that of the next token, lines below: name its key's line.
-    if (node && node.IsNull())
-      if (auto it = key_lines_.find(field); it != key_lines_.end())
-        return file_ + ":" + std::to_string(it->second);
-    if (node && node.Mark().line >= 0) return file_ + ":" + std::to_string(node.Mark().line + 1);
-    // No line of the file holds it: an override of a field within it wrote it (--set bogus.x=1
-    // writes the section 'bogus').
-    const auto within = overrides_.lower_bound(field + ".");
-    if (within != overrides_.end() && within->first.starts_with(field + "."))
-      return override_named(*within);
-    return file_;
-  }
-
-  // A mistake in a key itself: the key's line in the file, whatever an override did to its
-  // value; a key only an override wrote has no line, and is the override's.
-  [[noreturn]] void fail_key(const YAML::Node& key, const std::string& field,
-                             const std::string& what) const {
-    if (!in_file(key, field)) fail(key, field, what);
-    throw ConfigError(file_ + ":" + std::to_string(line(key)) + ": field '" + field + "': " + what);
-  }
-
-  int line(const YAML::Node& node) const { return node ? node.Mark().line + 1 : 0; }
-
-  // Whether the file wrote `key` (an override's keys have no line of it).
-  bool in_file(const YAML::Node& key, const std::string& field) const {
-    return key.Mark().line >= 0 && !enclosing_override(field);
-  }
-
-  void require_map(const YAML::Node& node, const std::string& field) const {
-    if (!node.IsMap()) fail(node, field, "expected a mapping");
-  }
-
-  // A key is a name: not a list or a mapping ("? [a, b]", "{x: 1}: 2"), nor null, of which
-  // yaml-cpp's conversion said only "bad conversion", naming no file.
-  std::string key_name(const YAML::Node& key, const std::string& section) const {
-    if (key.IsScalar()) return key.Scalar();
-    const std::string kind = key.IsSequence() ? "a list" : key.IsMap() ? "a mapping" : "null";
-    throw ConfigError(file_ + ":" + std::to_string(line(key)) + ": " +
-                      (section.empty() ? "" : "field '" + section + "': ") +
-                      "a key must be a name, not " + kind);
-  }
-
-  // Every key of `node` must be one of `known`, and appear once.
-  void check_keys(const YAML::Node& node, const std::string& section,
-                  const std::set<std::string>& known) const {
-    for (const auto& entry : node)
-      if (const auto key = key_name(entry.first, section); !known.contains(key))
-        fail_key(
-            entry.first, field_in(section, key),
-            "unknown field (known: " + comma_list(known) + ")" + other_section_hint(key, section));
-    check_unique_keys(node, section);
-  }
-  // A section's keys, one of section_fields().
-  void check_keys(const YAML::Node& node, const std::string& section) const {
-    check_keys(node, section, section_fields().at(section));
-  }
-
-  // Every key of `node` must be a name and appear once: yaml-cpp keeps a repeated key and reads
-  // the first, which would silently drop the second.
-  void check_unique_keys(const YAML::Node& node, const std::string& section) const {
-    std::map<std::string, int> first_line;
-    for (const auto& entry : node) {
-      const auto key = key_name(entry.first, section);
-      const std::string field = field_in(section, key);
-      if (const auto [it, fresh] = first_line.emplace(key, line(entry.first)); !fresh)
-        fail_key(entry.first, field,
-                 in_file(entry.first, field)
-                     ? "given twice (first on line " + std::to_string(it->second) + ")"
-                     : "given twice");
-      key_lines_[field] = line(entry.first);
-    }
-  }
-
-  template <typename T>
-  T scalar(const YAML::Node& node, const std::string& field, const char* expected) const {
-    if (!node.IsScalar()) fail(node, field, std::string("expected ") + expected);
-    try {
-      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-        return yaml_integer<T>(node);
-      else
-        return node.as<T>();
-    } catch (const YAML::Exception&) {
-      fail(node, field, std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
-    }
-  }
-
-  // `why`, when given, says what the maximum protects.
-  int integer(const YAML::Node& node, const std::string& field, int min,
-              int max = std::numeric_limits<int>::max(), const std::string& why = "") const {
-    // Read wide, so that a value past int's range is called too large, not "not an integer".
-    const int64_t value = scalar<int64_t>(node, field, "an integer");
-    if (value < min) fail(node, field, "must be at least " + std::to_string(min));
-    if (value > max)
-      fail(node, field,
-           "must be at most " + std::to_string(max) + (why.empty() ? "" : " (" + why + ")"));
-    return int(value);
-  }
-  bool boolean(const YAML::Node& node, const std::string& field) const {
-    return scalar<bool>(node, field, "true or false");
-  }
-  double number(const YAML::Node& node, const std::string& field) const {
-    return scalar<double>(node, field, "a number");
-  }
-  std::string string(const YAML::Node& node, const std::string& field) const {
-    return scalar<std::string>(node, field, "a string");
-  }
-  std::string one_of(const YAML::Node& node, const std::string& field,
-                     const std::set<std::string>& allowed) const {
-    if (!node.IsScalar()) fail(node, field, "expected one of " + comma_list(allowed));
-    const auto value = string(node, field);
-    if (!allowed.contains(value))
-      fail(node, field, "'" + value + "' is not one of " + comma_list(allowed));
-    return value;
-  }
-
-  const std::string& file() const { return file_; }
-
- private:
-  using Override = std::pair<const std::string, std::string>;  // field -> value as written
-
-  std::string override_named(const Override& applied) const {
-    return file_ + ": override '" + applied.first + "=" + applied.second + "'";
-  }
-
-  // The override that wrote a whole section or list holding `field` (--set
-  // 'scheduler={window_ms: fast}'), whose text the marks of everything in it point into.
-  const Override* enclosing_override(const std::string& field) const {
-    for (const auto& applied : overrides_) {
-      const std::string& name = applied.first;
-      if (field.size() > name.size() && field.starts_with(name) &&
-          (field[name.size()] == '.' || field[name.size()] == '['))
-        return &applied;
-    }
-    return nullptr;
-  }
-
-  static std::string field_in(const std::string& section, const std::string& key) {
-    return section.empty() ? key : section + "." + key;
-  }
-
-  static std::string comma_list(const std::set<std::string>& words) {
-    std::string list;
-    for (const auto& w : words) list += (list.empty() ? "" : ", ") + w;
-    return list;
-  }
-
-  std::string file_;
-  std::map<std::string, std::string> overrides_;
-  mutable std::map<std::string, int> key_lines_;  // field -> its key's line, as check_keys met it
-};
 
 void read_model(const FieldReader& r, const YAML::Node& node, const std::filesystem::path& base,
                 bool path_overridden, ModelSection& model) {
   r.require_map(node, "model");
-  r.check_keys(node, "model");
+  check_section_keys(r, node, "model");
   if (!node["path"]) r.fail(node, "model.path", "is required (a Hugging Face model folder)");
   model.path = r.string(node["path"], "model.path");
   if (model.path.empty()) r.fail(node["path"], "model.path", "must not be empty");
@@ -306,7 +137,7 @@ std::vector<std::string> read_origins(const FieldReader& r, const YAML::Node& no
 
 void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& server) {
   r.require_map(node, "server");
-  r.check_keys(node, "server");
+  check_section_keys(r, node, "server");
   if (node["host"]) server.host = r.string(node["host"], "server.host");
   // An empty host binds wherever cpp-httplib's lookup of "" lands (IPv6 loopback, here).
   if (server.host.empty())
@@ -334,7 +165,7 @@ void read_server(const FieldReader& r, const YAML::Node& node, ServerSection& se
 
 void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSection& s) {
   r.require_map(node, "scheduler");
-  r.check_keys(node, "scheduler");
+  check_section_keys(r, node, "scheduler");
   if (node["window_ms"]) s.window_ms = r.integer(node["window_ms"], "scheduler.window_ms", 0);
   if (node["max_batch"]) s.max_batch = r.integer(node["max_batch"], "scheduler.max_batch", 1);
   if (node["max_num_seqs"])
@@ -368,7 +199,7 @@ void read_scheduler(const FieldReader& r, const YAML::Node& node, SchedulerSecti
 
 void read_sampling(const FieldReader& r, const YAML::Node& node, SamplingDefaults& sampling) {
   r.require_map(node, "sampling");
-  r.check_keys(node, "sampling");
+  check_section_keys(r, node, "sampling");
   auto& p = sampling.params;
   auto real = [&](const char* key, float& out) {
     if (node[key]) out = float(r.number(node[key], std::string("sampling.") + key));
@@ -473,7 +304,7 @@ GraphSpec read_graph(const FieldReader& r, const YAML::Node& node, bool in_file)
   const YAML::Node defaults = YAML::Load(kDefaultGraph);
   if (node) {
     r.require_map(node, "graph");
-    r.check_keys(node, "graph");
+    check_section_keys(r, node, "graph");
   }
   const auto half = [&](const char* key) -> std::pair<const FieldReader*, YAML::Node> {
     if (!in_file && !(node && node[key])) return {&builtin, defaults[key]};
@@ -627,7 +458,7 @@ ServeConfig load_serve_config(const std::filesystem::path& file,
   const bool graph_in_file = bool(root["graph"]);
   for (const auto& text : overrides) apply_override(root, text, name, applied);
   const FieldReader r(name, applied);
-  r.check_keys(root, "");
+  check_section_keys(r, root, "");
 
   ServeConfig config;
   config.file = file;

@@ -2,7 +2,6 @@
 // field defaulted, plus command-line overrides of the form section.key=value.
 #pragma once
 
-#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -123,21 +122,6 @@ struct ServeConfig {
   SamplingDefaults sampling;
   GraphSpec graph;
 };
-
-// A YAML integer as YAML 1.2's core schema reads it, as every integer field and stage parameter
-// is read: "023417" is 23417, as --port reads it, where yaml-cpp's conversion takes a leading 0
-// for octal (YAML 1.1). Signs and hex (0x1F) as yaml-cpp reads them. Throws YAML::BadConversion
-// on a scalar that is not an integer of type T.
-template <typename T>
-T yaml_integer(const YAML::Node& node) {
-  const std::string& text = node.Scalar();
-  const size_t digits = text.find_first_not_of("+-");
-  const size_t nonzero = text.find_first_not_of('0', digits);
-  const bool leading_zeros = digits != std::string::npos && nonzero != digits &&
-                             nonzero != std::string::npos && std::isdigit(uint8_t(text[nonzero]));
-  if (!leading_zeros) return node.as<T>();
-  return YAML::Node(text.substr(0, digits) + text.substr(nonzero)).as<T>();
-}
 
 // Reads a config file and applies "section.key=value" overrides (value parsed as YAML).
 // Throws ConfigError naming the file, line and field.
