@@ -181,8 +181,9 @@ void Engine::Impl::on_end(Sequence& seq, const ResponseStream::Payload& ending) 
 
 // Every request in flight that still needs the model fails now, not at the scheduler's next
 // step: nothing can run them. An answer already complete is left to detokenize and emit, which
-// need no model, so that the client gets what the model finished; a shutdown's grace ends it
-// like any request still in flight.
+// need no model, so that the client gets what the model finished; so is one whose drawn tokens
+// detokenize has yet to have, which fails only if they do not end it (a stop string). A
+// shutdown's grace ends them like any request still in flight.
 void Engine::Impl::fail_for_good(const std::string& why) {
   std::vector<SequencePtr> remaining;
   size_t delivering = 0;
@@ -203,10 +204,11 @@ void Engine::Impl::fail_for_good(const std::string& why) {
     listener = failure_listener;
   }
   log_line(
-      "engine: failed for good (%s): failing the %zu requests in flight that need the model, "
+      "engine: failed for good (%s): failing the %zu requests in flight that need the model "
+      "(unless the tokens drawn for them, on their way to detokenize, end their answers), "
       "delivering the %zu complete answers",
       why.c_str(), remaining.size(), delivering);
-  for (const auto& seq : remaining) seq->stream.fail(engine_failed_error(why));
+  for (const auto& seq : remaining) seq->fail_unless_answered(engine_failed_error(why));
   if (listener) listener(why);
 }
 

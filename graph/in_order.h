@@ -24,6 +24,14 @@ class InOrder {
     }
   }
 
+  // Calls f(handled), `handled` being how many items were handled, with the lock held: none is
+  // handled meanwhile.
+  template <typename F>
+  void locked(F&& f) {
+    std::lock_guard lock(mutex_);
+    f(next_);
+  }
+
  private:
   std::mutex mutex_;
   uint64_t next_ = 0;

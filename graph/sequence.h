@@ -4,8 +4,8 @@
 // sampler; detokenize owns the text state; every sink call goes through `stream`. Hand-offs
 // happen along graph edges, so those parts need no lock of their own; what other threads touch
 // while the owner works is synchronised where it is declared (`stream`'s mutex, the text
-// state's in-order tokens, the `stopped` and `last_token_drawn` flags and the waiting count's
-// atomics).
+// state's in-order tokens, the `stopped` and `last_token_drawn` flags, the drawn tokens' count
+// and the waiting count's atomics).
 #pragma once
 
 #include <algorithm>
@@ -55,6 +55,8 @@ struct TextState {
   bool done = false;
   int completion_tokens = 0;
   uint64_t next_event = 0;  // numbers the StreamEvents sent to emit
+  // Sequence::fail_unless_answered's error, while it waits for the tokens drawn before it.
+  std::optional<RequestError> failure_after_drawn;
 };
 
 // Whether a sequence counts among the engine's waiting requests (Metrics::waiting_sequences,
@@ -139,12 +141,31 @@ struct Sequence {
   std::atomic<bool> stopped{false};
   // The model step sets it when it draws the token that ends the answer.
   std::atomic<bool> last_token_drawn{false};
+  // Generated tokens the model step has drawn: detokenize has had them all once its text state's
+  // in-order tokens have handled as many.
+  std::atomic<int> tokens_drawn{0};
   WaitingCount waiting;
 
   int generated() const { return int(tokens.size()) - prompt_len; }
   // Whether its answer is complete, so that only detokenize and emit, which need no model, are
   // left to deliver it: an engine that fails for good lets it arrive. Any thread.
   bool answer_complete() const { return last_token_drawn.load() || stopped.load(); }
+  // Ends the request with `error` (its pass failed, or the engine did for good) unless the tokens
+  // already drawn end its answer. Some may still be on their way to detokenize, whose stop
+  // strings may end it there: then the failure waits until detokenize has had them all
+  // (DetokenizeStage), and ends the request only if they did not. Any thread.
+  void fail_unless_answered(const RequestError& error) {
+    if (answer_complete()) return;
+    const int drawn = tokens_drawn.load();
+    bool now = drawn == 0;  // nothing drawn: perhaps not through tokenize, and `text` unset
+    if (!now)
+      text->tokens.locked([&](uint64_t handled) {
+        if (stopped.load()) return;  // detokenize found a stop string just now
+        now = handled >= uint64_t(drawn);
+        if (!now && !text->failure_after_drawn) text->failure_after_drawn = error;
+      });
+    if (now) stream.fail(error);
+  }
   // Prefill tokens still to compute; 0 once it decodes (scheduler thread).
   int prompt_left() const { return std::max(0, prefill_end - computed); }
   // Whether its prompt still needs logits rows for its scores (rows 0 .. prompt_len - 2 score

@@ -15,6 +15,16 @@ bool is_named_stop_token(const Request& request, const std::vector<int32_t>& eos
   return holds(request.stop_token_ids) && (request.ignore_eos || !holds(eos_ids));
 }
 
+// The failure that waited for the tokens drawn before it (Sequence::fail_unless_answered) ends
+// the request once detokenize has had them all, unless they ended its answer.
+void fail_once_caught_up(const SequencePtr& seq, StreamEvents& out) {
+  TextState& state = *seq->text;
+  if (state.done || !state.failure_after_drawn) return;
+  if (state.completion_tokens < seq->tokens_drawn.load()) return;
+  state.done = true;
+  out.events.push_back({seq, state.next_event++, *state.failure_after_drawn});
+}
+
 }  // namespace
 
 StageInfo DetokenizeStage::info() {
@@ -38,7 +48,10 @@ void DetokenizeStage::operator()(Message message, const Emit& emit) {
     seq->text->tokens.push(uint64_t(output.index),
                            {std::move(output.sampled), output.finish, output.drawn_at,
                             std::move(output.prompt_scores)},
-                           [&](const GeneratedToken& token) { add_token(seq, token, out); });
+                           [&](const GeneratedToken& token) {
+                             add_token(seq, token, out);
+                             fail_once_caught_up(seq, out);
+                           });
   }
   if (!out.events.empty()) emit(std::move(out));
 }

@@ -147,18 +147,17 @@ bool forward(EngineContext& ctx, const std::vector<SequencePtr>& seqs, const Bat
     log_line("%s forward pass failed, and the runner with it: %s", prefill ? "prefill" : "decode",
              e.what());
     const std::string why = std::string("the model runner failed: ") + e.what();
-    // One a stop string ended (the scheduler had not seen it yet) is delivered, not failed.
-    for (const SequencePtr& seq : seqs)
-      if (!seq->answer_complete()) seq->stream.fail(engine_failed_error(why));
+    // One whose drawn tokens end its answer (with a stop string the scheduler has not seen) is
+    // delivered, not failed.
+    for (const SequencePtr& seq : seqs) seq->fail_unless_answered(engine_failed_error(why));
     result.failed = seqs;
     ctx.engine_failed(why);
   } catch (const std::exception& e) {
     log_line("%s forward pass failed: %s", prefill ? "prefill" : "decode", e.what());
     const auto first_rider = seqs.end() - riders;
-    // As above, an answer a stop string ended is delivered, not failed.
+    // As above, an answer the drawn tokens end is delivered, not failed.
     for (auto it = seqs.begin(); it != first_rider; ++it)
-      if (!(*it)->answer_complete())
-        (*it)->stream.fail(server_error(std::string("forward pass failed: ") + e.what()));
+      (*it)->fail_unless_answered(server_error(std::string("forward pass failed: ") + e.what()));
     result.failed.assign(seqs.begin(), first_rider);
     result.retry.assign(first_rider, seqs.end());
   }
@@ -212,6 +211,7 @@ int64_t append_token(EngineContext& ctx, const SequencePtr& seq_ptr, SampledToke
   else if (seq.generated() >= seq.max_tokens)
     finish = FinishReason::Length;
   if (finish) seq.last_token_drawn.store(true);
+  seq.tokens_drawn.fetch_add(1);
   std::vector<SampledToken> scores;
   int64_t iteration_tokens = 1;
   if (index == 0) {
@@ -259,7 +259,7 @@ StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& se
   int64_t iteration_tokens = 0;  // vLLM's count: see Metrics::iteration_tokens
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (draws.errors[i]) {
-      seqs[i]->stream.fail(*draws.errors[i]);
+      seqs[i]->fail_unless_answered(*draws.errors[i]);
       result.failed.push_back(seqs[i]);
     } else if (reaches_the_end(batch.seqs[i], *seqs[i])) {
       iteration_tokens += append_token(ctx, seqs[i], std::move(draws.sampled[i]), now, result);

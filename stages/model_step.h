@@ -16,8 +16,9 @@ namespace pipeline {
 // A forward pass that throws fails its sequences (500) and lists them in StepResult::failed,
 // except the last `riders`, decoding sequences that rode along a prefill pass: those go to
 // StepResult::retry untouched. One that throws RunnerFailure fails them all, riders too, and
-// calls ctx.engine_failed. Either way a sequence whose answer is complete
-// (Sequence::answer_complete: a stop string ended it before the scheduler saw) is not failed. A
+// calls ctx.engine_failed. Either way a sequence whose tokens drawn so far end its answer is not
+// failed (Sequence::fail_unless_answered: a stop string among them, found by detokenize before
+// the scheduler saw, or still to be found). A
 // pass whose sequences have all ended (their clients left, or shutdown failed them) is stopped
 // part-way by the runner (ModelRunner::watch_pass) and lists them all in StepResult::failed.
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,

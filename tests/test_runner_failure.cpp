@@ -26,6 +26,7 @@
 #include "model/cpu_runner.h"
 #include "server/batch_runner.h"
 #include "server/http_server.h"
+#include "stages/detokenize.h"
 #include "stages/emit.h"
 #include "tests/support/collecting_sink.h"
 #include "tests/support/engine_config.h"
@@ -37,13 +38,15 @@ namespace {
 using testing::CollectingSink;
 using json = nlohmann::json;
 
-// Holds an answer's ending back on its way to its client until the engine has failed for good,
-// so that the failure comes while a complete answer is being delivered, whatever the timing: the
-// emit_held stage waits at hold() (for at most 20 s, so that a failing test ends), the runner
-// fails every forward pass from then on (failing_once_held), and the test's failure listener
-// opens the gate.
-class EndingGate {
+// Holds an answer back on its way to its client until the engine has failed for good, so that
+// the failure comes while the answer is being delivered, whatever the timing: the emit_held stage
+// (an answer's ending) or the detokenize_held stage (the token `token_index` of an answer) waits
+// at hold() (for at most 20 s, so that a failing test ends), the runner fails every forward
+// pass from then on (failing_once_held), and the test's failure listener opens the gate.
+class DeliveryGate {
  public:
+  explicit DeliveryGate(int token_index = -1) : token_index_(token_index) {}
+  int token_index() const { return token_index_; }
   void hold() {
     std::unique_lock lock(mutex_);
     held_ = true;
@@ -68,6 +71,7 @@ class EndingGate {
   }
 
  private:
+  const int token_index_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool held_ = false;
@@ -76,25 +80,25 @@ class EndingGate {
 
 // stories260K's CPU runner, except that a forward pass for which `fails` answers true (each
 // maker's answer stays true from its first) throws RunnerFailure("device lost"). `gate`: the one
-// emit_held holds endings at, where the test has one.
+// a held stage holds answers at, where the test has one.
 class FailingRunner final : public WrappingRunner {
  public:
   FailingRunner(std::unique_ptr<ModelRunner> runner, std::function<bool()> fails,
-                EndingGate* gate = nullptr)
+                DeliveryGate* gate = nullptr)
       : WrappingRunner(std::move(runner)), fails_(std::move(fails)), gate_(gate) {}
   std::string device_name() const override { return "failing"; }
   void forward(const Batch& batch, Logits& logits) override {
     if (fails_()) throw RunnerFailure("device lost");
     WrappingRunner::forward(batch, logits);
   }
-  EndingGate& gate() const {
-    if (!gate_) throw std::logic_error("emit_held needs a runner made by failing_once_held");
+  DeliveryGate& gate() const {
+    if (!gate_) throw std::logic_error("a held stage needs a runner made by failing_once_held");
     return *gate_;
   }
 
  private:
   std::function<bool()> fails_;
-  EndingGate* gate_;
+  DeliveryGate* gate_;
 };
 
 // Fails forward pass number `pass` (from 1) and every later one.
@@ -107,7 +111,7 @@ RunnerMaker failing_at(int pass) {
 }
 
 // Fails every forward pass once `gate` holds an ending.
-RunnerMaker failing_once_held(EndingGate& gate) {
+RunnerMaker failing_once_held(DeliveryGate& gate) {
   return [&gate](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
     return std::make_unique<FailingRunner>(
         make_cpu_runner(std::move(weights), options), [&gate] { return gate.held(); }, &gate);
@@ -124,7 +128,7 @@ bool ends_an_answer(const Message& message) {
 // The emit stage, except that it holds the first message that ends an answer at `gate`.
 class EmitHeldStage final : public Stage {
  public:
-  explicit EmitHeldStage(EndingGate& gate) : gate_(gate) {}
+  explicit EmitHeldStage(DeliveryGate& gate) : gate_(gate) {}
   void operator()(Message message, const Emit& emit) override {
     if (ends_an_answer(message) && !held_once_.exchange(true)) gate_.hold();
     emit_(std::move(message), emit);
@@ -132,7 +136,7 @@ class EmitHeldStage final : public Stage {
 
  private:
   EmitStage emit_;
-  EndingGate& gate_;
+  DeliveryGate& gate_;
   std::atomic<bool> held_once_{false};
 };
 
@@ -146,27 +150,62 @@ ServeConfig make_config(const std::string& graph = "") {
       graph);
 }
 
-// make_config's, except that emit holds the first answer's ending at the gate of the engine's
-// runner, which must come from failing_once_held.
-ServeConfig make_held_config() {
+// The detokenize stage, except that it holds the first message with token `gate.token_index()`
+// of an answer at `gate`.
+class DetokenizeHeldStage final : public Stage {
+ public:
+  DetokenizeHeldStage(EngineContext& ctx, DeliveryGate& gate) : detokenize_(ctx), gate_(gate) {}
+  void operator()(Message message, const Emit& emit) override {
+    const auto& outputs = std::get<StepResult>(message).outputs;
+    const bool holds_the_token =
+        std::any_of(outputs.begin(), outputs.end(),
+                    [&](const SampledOutput& out) { return out.index == gate_.token_index(); });
+    if (holds_the_token && !held_once_.exchange(true)) gate_.hold();
+    detokenize_(std::move(message), emit);
+  }
+
+ private:
+  DetokenizeStage detokenize_;
+  DeliveryGate& gate_;
+  std::atomic<bool> held_once_{false};
+};
+
+// Where make_held_config holds an answer: its ending at emit, or a token at detokenize.
+enum class Held { ending, token };
+
+// make_config's, except that one stage holds an answer at the gate of the engine's runner, which
+// must come from failing_once_held.
+ServeConfig make_held_config(Held held) {
   static const bool added = [] {
-    StageInfo info = EmitStage::info();
-    info.name = "emit_held";
-    info.make = [](const GraphNodeSpec&, EngineContext& ctx) {
+    StageInfo emit = EmitStage::info();
+    emit.name = "emit_held";
+    emit.make = [](const GraphNodeSpec&, EngineContext& ctx) {
       return std::make_unique<EmitHeldStage>(dynamic_cast<FailingRunner&>(ctx.runner).gate());
     };
-    StageRegistry::global().add(std::move(info));
+    StageRegistry::global().add(std::move(emit));
+    StageInfo detokenize = DetokenizeStage::info();
+    detokenize.name = "detokenize_held";
+    detokenize.make = [](const GraphNodeSpec&, EngineContext& ctx) {
+      return std::make_unique<DetokenizeHeldStage>(ctx,
+                                                   dynamic_cast<FailingRunner&>(ctx.runner).gate());
+    };
+    StageRegistry::global().add(std::move(detokenize));
     return true;
   }();
   (void)added;
+  const bool at_emit = held == Held::ending;
   return make_config(
-      "graph:\n  nodes:\n"
-      "    - {name: tokenize, stage: tokenize}\n"
-      "    - {name: batch, stage: batch_window}\n"
-      "    - {name: prefill, stage: prefill}\n"
-      "    - {name: decode, stage: decode_step}\n"
-      "    - {name: detok, stage: detokenize, concurrency: unlimited}\n"
-      "    - {name: emit, stage: emit_held}\n"
+      std::string("graph:\n  nodes:\n"
+                  "    - {name: tokenize, stage: tokenize}\n"
+                  "    - {name: batch, stage: batch_window}\n"
+                  "    - {name: prefill, stage: prefill}\n"
+                  "    - {name: decode, stage: decode_step}\n"
+                  "    - {name: detok, stage: ") +
+      (at_emit ? "detokenize" : "detokenize_held") +
+      ", concurrency: unlimited}\n"
+      "    - {name: emit, stage: " +
+      (at_emit ? "emit_held" : "emit") +
+      "}\n"
       "  edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
       "prefill->batch, decode->batch, prefill->detok, decode->detok, detok->emit]\n");
 }
@@ -195,6 +234,17 @@ std::string answer_text(int max_tokens) {
   EXPECT_EQ(engine.submit(request), SubmitStatus::Accepted);
   EXPECT_TRUE(sink_of(request).wait() && sink_of(request).completion().has_value());
   return sink_of(request).text();
+}
+
+// Tokens of the answer make_request(max_tokens) gets with the stop string `stop`, from an engine
+// that does not fail: the last is the one whose text completes the stop string.
+int stopped_answer_tokens(int max_tokens, const std::string& stop) {
+  Engine engine(make_config());
+  const auto request = make_request(max_tokens);
+  request->stop = {stop};
+  EXPECT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  EXPECT_TRUE(sink_of(request).wait() && sink_of(request).completion().has_value());
+  return sink_of(request).completion()->completion_tokens;
 }
 
 void expect_delivered(const std::shared_ptr<Request>& request, const std::string& text,
@@ -260,8 +310,8 @@ TEST(RunnerFailure, FailsEveryRequestInFlightAndRefusesNewOnes) {
 // request that needed the model fails.
 TEST(RunnerFailure, AnAnswerTheModelFinishedIsDeliveredThoughTheEngineFailsBeforeItArrives) {
   const std::string text = answer_text(4);
-  EndingGate gate;
-  Engine engine(make_held_config(), failing_once_held(gate));
+  DeliveryGate gate;
+  Engine engine(make_held_config(Held::ending), failing_once_held(gate));
   engine.on_failure([&](const std::string&) { gate.open(); });
   const auto finished = make_request(4);
   ASSERT_EQ(engine.submit(finished), SubmitStatus::Accepted);
@@ -281,8 +331,8 @@ TEST(RunnerFailure, AnAnswerAStopStringEndedIsDeliveredThoughTheEngineFailsBefor
   const std::string full = answer_text(32);
   ASSERT_GT(full.size(), 20u);
   const std::string stop = full.substr(10, 5);
-  EndingGate gate;
-  Engine engine(make_held_config(), failing_once_held(gate));
+  DeliveryGate gate;
+  Engine engine(make_held_config(Held::ending), failing_once_held(gate));
   engine.on_failure([&](const std::string&) { gate.open(); });
   const auto stopped = make_request(32);
   stopped->stop = {stop};
@@ -292,6 +342,48 @@ TEST(RunnerFailure, AnAnswerAStopStringEndedIsDeliveredThoughTheEngineFailsBefor
   const SubmitStatus next = engine.submit(make_request(4));
   EXPECT_TRUE(next == SubmitStatus::Accepted || next == SubmitStatus::EngineFailed);
   expect_delivered(stopped, full.substr(0, full.find(stop)), FinishReason::Stop);
+  EXPECT_EQ(engine.failure(), "the model runner failed: device lost");
+}
+
+// The same for a stop string detokenize has yet to find when the engine fails: the token that
+// completes it is held on its way into detokenize, so the scheduler keeps the sequence, whose
+// next pass fails. Its failure waits for detokenize, which finds the stop.
+TEST(RunnerFailure,
+     AnAnswerAStopStringEndsInATokenNotYetDetokenizedIsDeliveredThoughTheEngineFails) {
+  const std::string full = answer_text(32);
+  ASSERT_GT(full.size(), 20u);
+  const std::string stop = full.substr(10, 5);
+  constexpr int kMaxTokens = 200;  // far past the stop: the sequence decodes on meanwhile
+  DeliveryGate gate(stopped_answer_tokens(kMaxTokens, stop) - 1);
+  Engine engine(make_held_config(Held::token), failing_once_held(gate));
+  engine.on_failure([&](const std::string&) { gate.open(); });
+  const auto stopped = make_request(kMaxTokens);
+  stopped->stop = {stop};
+  ASSERT_EQ(engine.submit(stopped), SubmitStatus::Accepted);
+  ASSERT_TRUE(gate.wait_held()) << "the stop string's last token never reached detokenize";
+  expect_delivered(stopped, full.substr(0, full.find(stop)), FinishReason::Stop);
+  EXPECT_EQ(engine.failure(), "the model runner failed: device lost");
+}
+
+// Where the tokens on their way to detokenize do not end the answer, the request fails once
+// detokenize has had them, as every request that needs the model does, after their text.
+TEST(RunnerFailure, ARequestWhoseTokensOnTheirWayToDetokenizeDoNotEndItFailsOnceTheyArrive) {
+  constexpr int kMaxTokens = 200;
+  const std::string full = answer_text(kMaxTokens);
+  DeliveryGate gate(4);
+  Engine engine(make_held_config(Held::token), failing_once_held(gate));
+  engine.on_failure([&](const std::string&) { gate.open(); });
+  const auto request = make_request(kMaxTokens);
+  ASSERT_EQ(engine.submit(request), SubmitStatus::Accepted);
+  ASSERT_TRUE(gate.wait_held()) << "token 4 never reached detokenize";
+  ASSERT_TRUE(sink_of(request).wait()) << "the request did not end";
+  const auto error = sink_of(request).error();
+  ASSERT_TRUE(error.has_value()) << "the request finished";
+  EXPECT_EQ(error->http_status, 503);
+  EXPECT_EQ(error->code, "engine_failed");
+  const std::string text = sink_of(request).text();
+  EXPECT_FALSE(text.empty());
+  EXPECT_TRUE(full.starts_with(text)) << text;
   EXPECT_EQ(engine.failure(), "the model runner failed: device lost");
 }
 
