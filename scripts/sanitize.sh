@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/sanitize.sh address|thread}
 # The pipeline's and the servers' tests: the concurrent code (graph, scheduler, engine, HTTP and
 # batch front ends) and what it calls per request. A new test of that code belongs here.
-tests=(test_metrics test_graph test_scheduler_policy test_scheduler test_model_step test_batching test_engine test_engine_stress test_openai_protocol test_token_endpoints test_server_e2e test_server_http test_peer_connection test_on_demand_thread_pool test_batch test_runner_failure test_stage_failure)
+tests=(test_metrics test_graph test_scheduler_policy test_scheduler test_model_step test_batching test_engine test_engine_stress test_openai_request test_openai_response test_token_endpoints test_server_e2e test_server_http test_peer_connection test_on_demand_thread_pool test_batch test_runner_failure test_stage_failure)
 dir=build-$kind
 # -O1 with line tables only (-g1): the sanitizers' reports still name each frame's file and line,
 # and the build takes about half the time of -O2 -g, which was most of CI's time here.
