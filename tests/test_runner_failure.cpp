@@ -110,7 +110,7 @@ RunnerMaker failing_at(int pass) {
   };
 }
 
-// Fails every forward pass once `gate` holds an ending.
+// Fails every forward pass once `gate` holds an answer.
 RunnerMaker failing_once_held(DeliveryGate& gate) {
   return [&gate](std::shared_ptr<const LlamaWeights> weights, const RunnerOptions& options) {
     return std::make_unique<FailingRunner>(
@@ -125,18 +125,21 @@ bool ends_an_answer(const Message& message) {
   });
 }
 
-// The emit stage, except that it holds the first message that ends an answer at `gate`.
-class EmitHeldStage final : public Stage {
+// The stage `Inner`, except that it holds the first message `holds` picks at `gate`.
+template <typename Inner>
+class HeldStage final : public Stage {
  public:
-  explicit EmitHeldStage(DeliveryGate& gate) : gate_(gate) {}
+  HeldStage(Inner inner, DeliveryGate& gate, std::function<bool(const Message&)> holds)
+      : inner_(std::move(inner)), gate_(gate), holds_(std::move(holds)) {}
   void operator()(Message message, const Emit& emit) override {
-    if (ends_an_answer(message) && !held_once_.exchange(true)) gate_.hold();
-    emit_(std::move(message), emit);
+    if (holds_(message) && !held_once_.exchange(true)) gate_.hold();
+    inner_(std::move(message), emit);
   }
 
  private:
-  EmitStage emit_;
+  Inner inner_;
   DeliveryGate& gate_;
+  std::function<bool(const Message&)> holds_;
   std::atomic<bool> held_once_{false};
 };
 
@@ -150,25 +153,12 @@ ServeConfig make_config(const std::string& graph = "") {
       graph);
 }
 
-// The detokenize stage, except that it holds the first message with token `gate.token_index()`
-// of an answer at `gate`.
-class DetokenizeHeldStage final : public Stage {
- public:
-  DetokenizeHeldStage(EngineContext& ctx, DeliveryGate& gate) : detokenize_(ctx), gate_(gate) {}
-  void operator()(Message message, const Emit& emit) override {
-    const auto& outputs = std::get<StepResult>(message).outputs;
-    const bool holds_the_token =
-        std::any_of(outputs.begin(), outputs.end(),
-                    [&](const SampledOutput& out) { return out.index == gate_.token_index(); });
-    if (holds_the_token && !held_once_.exchange(true)) gate_.hold();
-    detokenize_(std::move(message), emit);
-  }
-
- private:
-  DetokenizeStage detokenize_;
-  DeliveryGate& gate_;
-  std::atomic<bool> held_once_{false};
-};
+// Whether a step result carries token `index` of an answer.
+bool carries_token(const Message& message, int index) {
+  const auto& outputs = std::get<StepResult>(message).outputs;
+  return std::any_of(outputs.begin(), outputs.end(),
+                     [&](const SampledOutput& out) { return out.index == index; });
+}
 
 // Where make_held_config holds an answer: its ending at emit, or a token at detokenize.
 enum class Held { ending, token };
@@ -180,31 +170,35 @@ ServeConfig make_held_config(Held held) {
     StageInfo emit = EmitStage::info();
     emit.name = "emit_held";
     emit.make = [](const GraphNodeSpec&, EngineContext& ctx) {
-      return std::make_unique<EmitHeldStage>(dynamic_cast<FailingRunner&>(ctx.runner).gate());
+      return std::make_unique<HeldStage<EmitStage>>(
+          EmitStage(), dynamic_cast<FailingRunner&>(ctx.runner).gate(), ends_an_answer);
     };
     StageRegistry::global().add(std::move(emit));
     StageInfo detokenize = DetokenizeStage::info();
     detokenize.name = "detokenize_held";
     detokenize.make = [](const GraphNodeSpec&, EngineContext& ctx) {
-      return std::make_unique<DetokenizeHeldStage>(ctx,
-                                                   dynamic_cast<FailingRunner&>(ctx.runner).gate());
+      DeliveryGate& gate = dynamic_cast<FailingRunner&>(ctx.runner).gate();
+      return std::make_unique<HeldStage<DetokenizeStage>>(
+          DetokenizeStage(ctx), gate,
+          [&gate](const Message& m) { return carries_token(m, gate.token_index()); });
     };
     StageRegistry::global().add(std::move(detokenize));
     return true;
   }();
   (void)added;
-  const bool at_emit = held == Held::ending;
+  const std::string detokenize = held == Held::token ? "detokenize_held" : "detokenize";
+  const std::string emit = held == Held::ending ? "emit_held" : "emit";
   return make_config(
-      std::string("graph:\n  nodes:\n"
-                  "    - {name: tokenize, stage: tokenize}\n"
-                  "    - {name: batch, stage: batch_window}\n"
-                  "    - {name: prefill, stage: prefill}\n"
-                  "    - {name: decode, stage: decode_step}\n"
-                  "    - {name: detok, stage: ") +
-      (at_emit ? "detokenize" : "detokenize_held") +
+      "graph:\n  nodes:\n"
+      "    - {name: tokenize, stage: tokenize}\n"
+      "    - {name: batch, stage: batch_window}\n"
+      "    - {name: prefill, stage: prefill}\n"
+      "    - {name: decode, stage: decode_step}\n"
+      "    - {name: detok, stage: " +
+      detokenize +
       ", concurrency: unlimited}\n"
       "    - {name: emit, stage: " +
-      (at_emit ? "emit_held" : "emit") +
+      emit +
       "}\n"
       "  edges: [tokenize->batch, tokenize->emit, batch->prefill, batch->decode, "
       "prefill->batch, decode->batch, prefill->detok, decode->detok, detok->emit]\n");
