@@ -18,9 +18,9 @@ namespace pipeline {
 // StepResult::retry untouched. One that throws RunnerFailure fails them all, riders too, and
 // calls ctx.engine_failed. Either way a sequence whose tokens drawn so far end its answer is not
 // failed (Sequence::fail_unless_answered: a stop string among them, found by detokenize before
-// the scheduler saw, or still to be found). A
-// pass whose sequences have all ended (their clients left, or shutdown failed them) is stopped
-// part-way by the runner (ModelRunner::watch_pass) and lists them all in StepResult::failed.
+// the scheduler saw, or still to be found). A pass whose sequences have all ended (their clients
+// left, or shutdown failed them) is stopped part-way by the runner (ModelRunner::watch_pass) and
+// lists them all in StepResult::failed.
 StepResult run_model_step(EngineContext& ctx, const std::vector<SequencePtr>& seqs,
                           const Batch& batch, bool prefill, Logits& logits, int riders = 0);
 
