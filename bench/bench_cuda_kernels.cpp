@@ -192,8 +192,8 @@ PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner, Path::tuned);
 
 // One layer's decode attention for `batch` sequences of kContext positions (the last one the
 // step's new token, rotated and appended by the kernel), their blocks scattered at random
-// through the layer's pool, in partitions of the second argument's positions; each call reads
-// the next layer of the pool.
+// through the layer's pool, in partitions of the second argument's positions, by the direct
+// (third argument 0) or the pipelined kernel (1); each call reads the next layer of the pool.
 void BM_CudaDecodeAttention(benchmark::State& state) {
   Device& d = device();
   if (!d.skip_reason.empty()) {
@@ -204,6 +204,7 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   const int blocks_per_seq = kContext / kBlockSize;
   const int max_blocks_per_seq = kMaxPositions / kBlockSize;
   const int partition = int(state.range(1));
+  const auto kernel = cuda::DecodeAttentionKernel(state.range(2));
   const int max_splits = kMaxPositions / cuda::kShortDecodePartition;
   const size_t layer_elems = size_t(batch) * blocks_per_seq * kBlockSize * kHidden;
   const size_t layers = std::max<size_t>(1, kPoolBytes / (2 * layer_elems * sizeof(bf16)));
@@ -253,7 +254,8 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
     const cuda::DecodeNewTokens fresh{positions_d.data(), slots_d.data(), 10000.0f, k_layer,
                                       v_layer};
     cuda::paged_decode_attention(qkv.data(), 3 * kHidden, kv, fresh, lens_d.data(), batch, kHeads,
-                                 partition, kContext / partition, scratch, out.data(), d.stream);
+                                 partition, kContext / partition, kernel, scratch, out.data(),
+                                 d.stream);
   });
   const double kv_bytes = 2.0 * double(layer_elems) * sizeof(bf16);
   using benchmark::Counter;
@@ -266,9 +268,11 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
 }
 
 BENCHMARK(BM_CudaDecodeAttention)
-    ->ArgsProduct({{1, 16, 64},
-                   {cuda::kShortDecodePartition, cuda::kDecodePartition,
-                    cuda::kLongDecodePartition}})
+    ->ArgsProduct(
+        {{1, 16, 64},
+         {cuda::kShortDecodePartition, cuda::kDecodePartition, cuda::kLongDecodePartition},
+         {int(cuda::DecodeAttentionKernel::direct), int(cuda::DecodeAttentionKernel::pipelined)}})
+    ->ArgNames({"seqs", "partition", "pipelined"})
     ->UseManualTime()
     ->Iterations(25)
     ->Unit(benchmark::kMicrosecond);

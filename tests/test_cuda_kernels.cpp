@@ -266,9 +266,10 @@ void expect_decode_matches_reference(const HeadShape& shape, const std::vector<b
 
 // One new token for each of eight sequences whose contexts are 1 position, within the first
 // partition, exactly one partition and one past it (for either partition length), several with
-// a short last one, and nine; with partitions of either length. Then the same step with more
-// partitions launched than the longest needs (as the runner rounds them up), and again (the
-// arrival counts must be back at zero).
+// a short last one, and nine; with partitions of each length, by each kernel (the pipelined
+// one's new row falls in a stage it copies before the append in some of these contexts, after
+// it in others). Then the same step with more partitions launched than the longest needs (as
+// the runner rounds them up), and again (the arrival counts must be back at zero).
 void check_decode_attention(const HeadShape& shape, int block_size = 16) {
   SCOPED_TRACE(shape.name() + ", blocks of " + std::to_string(block_size));
   std::mt19937 rng(11 + shape.group());
@@ -300,8 +301,14 @@ void check_decode_attention(const HeadShape& shape, int block_size = 16) {
   const DecodeNewTokens fresh{step.at(step.layout.positions), step.at(step.layout.slots),
                               float(kRopeTheta), pool.k_d.data(), pool.v_d.data()};
   DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * shape.head_dim);
-  for (int partition : {kShortDecodePartition, kDecodePartition, kLongDecodePartition}) {
-    SCOPED_TRACE("partitions of " + std::to_string(partition));
+  for (auto [kernel, partition] : {std::pair{DecodeAttentionKernel::direct, kShortDecodePartition},
+                                   {DecodeAttentionKernel::direct, kDecodePartition},
+                                   {DecodeAttentionKernel::direct, kLongDecodePartition},
+                                   {DecodeAttentionKernel::pipelined, kShortDecodePartition},
+                                   {DecodeAttentionKernel::pipelined, kDecodePartition},
+                                   {DecodeAttentionKernel::pipelined, kLongDecodePartition}}) {
+    SCOPED_TRACE(std::string(decode_attention_kernel_name(kernel)) + " kernel, partitions of " +
+                 std::to_string(partition));
     // The pools as they were: without the new tokens' k and v, which each run must append
     // before it reads them back.
     restore(pool.k, pool.k_d);
@@ -309,7 +316,7 @@ void check_decode_attention(const HeadShape& shape, int block_size = 16) {
     auto run = [&](int splits) {
       paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
                              step.at(step.layout.context_lens), seqs, shape.num_heads, partition,
-                             splits, scratch, out_d.data(), stream.get());
+                             splits, kernel, scratch, out_d.data(), stream.get());
       return download(out_d);
     };
     const int needed = (contexts.back() + partition - 1) / partition;
@@ -352,6 +359,7 @@ TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {
   check_decode_attention({8, 2, 64});   // TinyLlama's and llama2-110m's head size
   check_decode_attention({4, 2, 32});   // make-model tiny's
   check_decode_attention({4, 4, 256});  // the widest head the kernel takes
+  check_decode_attention({4, 2, 96});   // 12 lanes cover a row, 4 of its row group idle
 }
 
 // scheduler.kv_block_size takes 1 to 1024: a block per position, blocks that straddle the

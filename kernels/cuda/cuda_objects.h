@@ -1,5 +1,6 @@
 // Owned CUDA objects (a stream, an event, an instantiated graph), the capture of a stream's
-// work into a graph, and the current device's multiprocessor count, which grids are sized by.
+// work into a graph and the timing of captured calls, and the current device's multiprocessor
+// count, which grids are sized by.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -77,6 +78,33 @@ inline std::unique_ptr<GraphExec> capture_graph(cudaStream_t stream,
   cudaGraphDestroy(graph);
   PIPELINE_CUDA_CHECK(instantiated);
   return std::make_unique<GraphExec>(exec);
+}
+
+// Milliseconds one call takes on the device, as a decode step makes it: eight calls captured
+// as a graph (timing eager launches would time the host's launch rate for the shorter kernels),
+// the best of three replays after an untimed one; call(i) enqueues the i-th call on `stream`.
+// It runs once eagerly first, so that kernels load and libraries choose their algorithms
+// outside the capture. Not while the stream is being captured.
+inline float milliseconds_per_call(cudaStream_t stream, const std::function<void(int)>& call) {
+  constexpr int kCalls = 8;
+  auto make_calls = [&] {
+    for (int i = 0; i < kCalls; ++i) call(i);
+  };
+  make_calls();
+  const auto calls = capture_graph(stream, make_calls);
+  const Event start, stop;
+  calls->launch(stream);  // untimed
+  float best = 0.0f;
+  for (int run = 0; run < 3; ++run) {
+    PIPELINE_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+    calls->launch(stream);
+    PIPELINE_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+    PIPELINE_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    PIPELINE_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    if (run == 0 || ms < best) best = ms;
+  }
+  return best / kCalls;
 }
 
 }  // namespace pipeline::cuda

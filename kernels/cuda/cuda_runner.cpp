@@ -80,6 +80,10 @@ std::string gib_string(size_t bytes) {
 // The prompt tokens a runner's buffers hold from the start, and its warm-up prefill.
 constexpr int kWarmUpTokens = 512;
 
+// The contexts choose_decode_attention() times the decode attention kernels at: the decode
+// benchmark's (bench_cuda_decode), where attention is a third to two thirds of a 7B step.
+constexpr int kAttentionTimingContext = 1024;
+
 // Captured decode steps kept at once. A key is (batch size, attention grid): a serve
 // whose batches grow to 64 sequences over 4K-token contexts meets hundreds of them, while the
 // steps of any one stretch of serving, their batches within a few sequences of each other, use
@@ -168,6 +172,7 @@ class CudaRunner final : public ModelRunner {
  private:
   void warm_up(int max_num_seqs);
   void tune_projections();
+  void choose_decode_attention(int max_num_seqs);
   void ensure_capacity(int tokens, int seqs, int logit_rows);
   // Replaces the workspace and pinned buffers with ones of `capacity` (captured graphs go too).
   void allocate_workspace(const StepCapacity& capacity);
@@ -187,6 +192,8 @@ class CudaRunner final : public ModelRunner {
   int max_blocks_per_seq_ = 0;
   int max_splits_ = 0;
   int multiprocessors_ = 0;
+  // The decode attention kernel that choose_decode_attention() found faster.
+  DecodeAttentionKernel decode_attention_ = DecodeAttentionKernel::direct;
   Stream stream_;
   Gemm gemm_;
   DeviceWeights device_weights_;
@@ -308,6 +315,7 @@ void CudaRunner::warm_up(int max_num_seqs) {
   Logits logits;
   forward(Batch{{prefill}}, logits);
   tune_projections();  // on the activations the prefill left, not on zeros
+  choose_decode_attention(max_num_seqs);
   setup_report_.push_back(std::string("programmatic dependent launch ") +
                           (dependent_launch_supported() ? "on" : "off") +
                           " (kernels from compute_" + std::to_string(kernel_ptx_architecture()) +
@@ -358,6 +366,63 @@ void CudaRunner::tune_projections() {
   tune("down", Gemm::Product::bf16, ws.act.data(), w_down, ws.proj.data(), I, H, rows);
   tune("lm_head", Gemm::Product::f32, ws.normed.data(), {device_weights_.lm_head}, ws.logits.data(),
        H, c.vocab_size, std::min(rows, ws.capacity.logit_rows));
+}
+
+// Which decode attention kernel runs (DecodeAttentionKernel): the faster on one layer's attention
+// of a decode step of the largest batch the runner was made for (up to 64 sequences), each at
+// kAttentionTimingContext positions or what the KV pool holds for them, each call on the next
+// layer's cache so that the keys and values come from memory. Before serving no sequence owns
+// a block, so the step's new tokens may be written anywhere.
+void CudaRunner::choose_decode_attention(int max_num_seqs) {
+  NvtxRange range{"choose_decode_attention"};
+  Workspace& ws = *workspace_;
+  const int block_size = kv_shape_.block_size;
+  const int seqs = std::min({max_num_seqs, kSkinnyMaxRows, ws.capacity.seqs});
+  const int context = std::min({kAttentionTimingContext, kv_shape_.num_blocks / seqs * block_size,
+                                config_.max_position_embeddings});
+  if (context < kDecodePartition) {
+    setup_report_.push_back(std::string("decode attention: ") +
+                            decode_attention_kernel_name(decode_attention_) + ", untimed (" +
+                            std::to_string(kv_shape_.num_blocks) + " KV blocks are too few)");
+    return;
+  }
+  Batch batch;
+  const int blocks_per_seq = (context + block_size - 1) / block_size;
+  for (int s = 0; s < seqs; ++s) {
+    SequenceChunk seq{{0}, context - 1, {}, false};
+    for (int b = 0; b < blocks_per_seq; ++b) seq.block_table.push_back(s * blocks_per_seq + b);
+    batch.seqs.push_back(std::move(seq));
+  }
+  const StepShape shape = pack_step(batch, ws.layout, block_size, staging_.data());
+  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(ws.indices.data(), staging_.data(),
+                                      shape.packed_elements * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream_.get()));
+  const DecodeGrid grid = decode_grid(shape);
+  const std::string timed = "decode attention, " + std::to_string(seqs) + " sequences x " +
+                            std::to_string(context) + " positions in partitions of " +
+                            std::to_string(grid.partition) + ": ";
+  auto time_kernel = [&](DecodeAttentionKernel kernel) {
+    decode_attention_ = kernel;
+    return milliseconds_per_call(
+        stream_.get(), [&](int i) { enqueue_attention(shape, grid, i % config_.num_layers); });
+  };
+  float direct_ms = 0.0f, pipelined_ms = 0.0f;
+  try {
+    direct_ms = time_kernel(DecodeAttentionKernel::direct);
+    pipelined_ms = time_kernel(DecodeAttentionKernel::pipelined);
+  } catch (const std::runtime_error& e) {
+    // As in Gemm::tune(): a timing that cannot run (its capture failed, say) leaves the direct
+    // kernel, and a sticky device error fails the next pass instead.
+    decode_attention_ = DecodeAttentionKernel::direct;
+    setup_report_.push_back(timed + "not timed (" + e.what() + ") -> direct");
+    return;
+  }
+  decode_attention_ =
+      pipelined_ms < direct_ms ? DecodeAttentionKernel::pipelined : DecodeAttentionKernel::direct;
+  char times[96];
+  std::snprintf(times, sizeof times, "direct %.1f us, pipelined %.1f us -> %s", 1e3f * direct_ms,
+                1e3f * pipelined_ms, decode_attention_kernel_name(decode_attention_));
+  setup_report_.push_back(timed + times);
 }
 
 CudaRunner::~CudaRunner() {
@@ -540,8 +605,8 @@ void CudaRunner::enqueue_attention(const StepShape& shape, const DecodeGrid& gri
     const DecodeNewTokens fresh{ws.index(at.positions), ws.index(at.slots), c.rope_theta, k_layer,
                                 v_layer};
     paged_decode_attention(ws.qkv.data(), qkv_dim, kv, fresh, ws.index(at.context_lens), shape.seqs,
-                           c.num_heads, grid.partition, grid.splits, ws.decode, ws.attn.data(),
-                           stream_.get());
+                           c.num_heads, grid.partition, grid.splits, decode_attention_, ws.decode,
+                           ws.attn.data(), stream_.get());
   } else {
     prefill_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.tiles), shape.tiles,
                       ws.index(at.q_offsets), ws.index(at.q_lens), ws.index(at.start_positions),

@@ -153,8 +153,9 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
   for (int rows : kSkinnyBuildRows) {
     if (rows > max_rows || !skinny_gemm_applies(rows, in)) break;
     const TimeRoute time_route = [&](const Route& route) {
-      return time_call(
-          [&](int i) { project(product, route, x, matrix(i), y, gate_up, rows, in, out); });
+      return milliseconds_per_call(stream_, [&](int i) {
+        project(product, route, x, matrix(i), y, gate_up, rows, in, out);
+      });
     };
     report += (report.empty() ? "" : "; ") + std::to_string(rows) + " rows: ";
     Route skinny;
@@ -245,30 +246,6 @@ std::string Gemm::ProposalTimes::summary() const {
   std::snprintf(text, sizeof text, "%.1f us (fastest of %d of %d proposed)", 1e3f * fastest_ms,
                 timed, proposed);
   return text;
-}
-
-float Gemm::time_call(const std::function<void(int)>& call) {
-  // The calls run as a captured graph, as a decode step's do: timing eager launches would time
-  // the host's launch rate for the shorter kernels.
-  constexpr int kCalls = 8;
-  auto make_calls = [&] {
-    for (int i = 0; i < kCalls; ++i) call(i);
-  };
-  make_calls();  // eagerly first: kernels load and cuBLAS picks its algorithm outside a capture
-  const auto calls = capture_graph(stream_, make_calls);
-  const Event start, stop;
-  calls->launch(stream_);  // untimed
-  float best = 0.0f;
-  for (int run = 0; run < 3; ++run) {
-    PIPELINE_CUDA_CHECK(cudaEventRecord(start.get(), stream_));
-    calls->launch(stream_);
-    PIPELINE_CUDA_CHECK(cudaEventRecord(stop.get(), stream_));
-    PIPELINE_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    PIPELINE_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    if (run == 0 || ms < best) best = ms;
-  }
-  return best / kCalls;
 }
 
 }  // namespace pipeline::cuda

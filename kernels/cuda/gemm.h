@@ -97,8 +97,8 @@ class Gemm {
   // tuned algorithm does not run these rows; SkinnyGemm where untuned; cublasGemmEx past
   // SkinnyGemm's rows.
   Route route(Product product, int rows, int in, int out);
-  // Milliseconds a call by a route takes, for tune(): time_call() of that product on successive
-  // matrices.
+  // Milliseconds a call by a route takes, for tune(): milliseconds_per_call() of that product on
+  // successive matrices.
   using TimeRoute = std::function<float(const Route&)>;
   // What time_proposals() found: the fastest of cuBLASLt's proposals and its time, how many
   // were proposed and how many ran; or why none were.
@@ -113,9 +113,6 @@ class Gemm {
                                const TimeRoute& time_route);
   // SkinnyGemm's fastest split of k for this shape: its route and time.
   std::pair<Route, float> fastest_skinny(int in, int out, const TimeRoute& time_route);
-  // Milliseconds one call takes: eight calls captured as a graph, the best of three replays
-  // after an untimed one; call(i) makes the i-th call.
-  float time_call(const std::function<void(int)>& call);
 
   cudaStream_t stream_;
   cublasHandle_t handle_ = nullptr;

@@ -130,6 +130,16 @@ struct DecodeNewTokens {
   bf16* v_cache = nullptr;
 };
 
+// How a decode block's K and V rows reach it. direct: each pass loads 4 rows per thread into
+// registers, then scores them; blocks stay small (about 80 registers a thread at llama2-7b's
+// heads), so many are resident and their loads overlap. pipelined: each thread copies its rows
+// into a ring in shared memory (cp.async), 3 stages of 2 rows ahead of the one it scores, so
+// every block keeps bytes in flight while it computes, at the cost of 32 KiB of shared memory a
+// block. Both compute the same attention; their online softmax folds rows in groups of
+// different sizes, so float32 rounding may differ in the last bits.
+enum class DecodeAttentionKernel { direct, pipelined };
+const char* decode_attention_kernel_name(DecodeAttentionKernel kernel);
+
 // One new token per sequence, row s of qkv at qkv + s * qkv_stride ([q heads | k heads |
 // v heads]), attending to context_lens[s] positions, the new one included. `splits` partitions
 // of `partition` positions (64, 128 or 256) are launched per sequence
@@ -137,8 +147,8 @@ struct DecodeNewTokens {
 // out is [num_seqs, num_heads * head_dim].
 void paged_decode_attention(const bf16* qkv, int qkv_stride, const PagedKv& kv,
                             const DecodeNewTokens& fresh, const int32_t* context_lens, int num_seqs,
-                            int num_heads, int partition, int splits, const DecodeScratch& scratch,
-                            bf16* out, cudaStream_t stream);
+                            int num_heads, int partition, int splits, DecodeAttentionKernel kernel,
+                            const DecodeScratch& scratch, bf16* out, cudaStream_t stream);
 
 // Causal attention for ragged packed prompts. Sequence s's new tokens are packed rows
 // q_offsets[s] .. q_offsets[s] + q_lens[s] - 1 of q (row stride q_stride), at positions
