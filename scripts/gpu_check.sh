@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a GPU machine, in under 10 minutes on one H200 with 16 cores:
 # build (Release, sm_90 only, just the targets needed), run the CUDA tests (the kernels alone,
-# then the runner), run them again under compute-sanitizer (memcheck; racecheck for the kernels
+# then the runner, then the runner with each decode attention kernel), run them again under
+# compute-sanitizer (memcheck; racecheck for the kernels
 # alone), write a random llama2-7b checkpoint, run the decode
 # benchmark on it, serve it with `pipeline run` and measure that with `pipeline bench-serve`,
 # and print a short table last. The result files (JSON) go to $OUT (or /tmp/gpu_check), the
@@ -176,6 +177,19 @@ for test in test_cuda_kernels test_cuda_runner; do
       note "$test, PDL off" "exit $?, $(grep -c '^\[       OK' "$LOGS/$test.pdl_off.log") of the failed passed"
     fi
   fi
+  archive_logs
+done
+
+# The runner's tests again with each decode attention kernel set, whichever the warm-up timed
+# faster above: both must match the CPU runner, the golden tokens and solo runs.
+for kernel in direct pipelined; do
+  t=$(date +%s)
+  log="$LOGS/test_cuda_runner.$kernel.log"
+  PIPELINE_CUDA_DECODE_ATTENTION=$kernel timeout "$(left 60)" "$BIN/test_cuda_runner" \
+    --gtest_filter='-*Projections*:*CublasLt*' > "$log" 2>&1
+  status=$?
+  note "test_cuda_runner, $kernel" "exit $status, $(grep -c '^\[       OK' "$log") passed, $(grep -c '^\[  FAILED  \] .* ms)$' "$log") failed, $(seconds_since "$t") s"
+  [[ $status -ne 0 ]] && grep -m30 -B2 -A8 -E "Failure|error" "$log"
   archive_logs
 done
 

@@ -352,6 +352,19 @@ TEST(CudaKernels, DecodeTakesTheLongestPartitionsThatKeepTheGridFull) {
   EXPECT_EQ(decode_partition(1, 32, 2049, 132, 32), kDecodePartition);
 }
 
+// The names PIPELINE_CUDA_DECODE_ATTENTION takes, and a clear refusal of any other.
+TEST(CudaKernels, DecodeAttentionKernelsAreFoundByName) {
+  for (DecodeAttentionKernel kernel :
+       {DecodeAttentionKernel::direct, DecodeAttentionKernel::pipelined})
+    EXPECT_EQ(decode_attention_kernel_named(decode_attention_kernel_name(kernel)), kernel);
+  try {
+    decode_attention_kernel_named("Pipelined");
+    ADD_FAILURE() << "an unknown name was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "no decode attention kernel is named 'Pipelined' (direct or pipelined)");
+  }
+}
+
 TEST(CudaKernels, DecodeAttentionMatchesFloat64ReferenceForEveryGroupSize) {
   SKIP_WITHOUT_CUDA();
   for (int group : {1, 2, 4, 8}) check_decode_attention({2 * group, 2, 128});

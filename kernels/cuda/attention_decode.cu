@@ -544,6 +544,14 @@ const char* decode_attention_kernel_name(DecodeAttentionKernel kernel) {
   return kernel == DecodeAttentionKernel::pipelined ? "pipelined" : "direct";
 }
 
+DecodeAttentionKernel decode_attention_kernel_named(const std::string& name) {
+  for (DecodeAttentionKernel kernel :
+       {DecodeAttentionKernel::direct, DecodeAttentionKernel::pipelined})
+    if (name == decode_attention_kernel_name(kernel)) return kernel;
+  throw std::invalid_argument("no decode attention kernel is named '" + name +
+                              "' (direct or pipelined)");
+}
+
 bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::string* why) {
   auto fail = [&](const std::string& reason) {
     if (why) *why = reason;

@@ -21,8 +21,10 @@
 #include <bit>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -83,6 +85,20 @@ constexpr int kWarmUpTokens = 512;
 // The contexts choose_decode_attention() times the decode attention kernels at: the decode
 // benchmark's (bench_cuda_decode), where attention is a third to two thirds of a 7B step.
 constexpr int kAttentionTimingContext = 1024;
+
+// The environment variable that sets the decode attention kernel instead of the warm-up's
+// timing ("direct" or "pipelined"): to run tests, sanitizers or a benchmark on one of them.
+constexpr const char* kDecodeAttentionVariable = "PIPELINE_CUDA_DECODE_ATTENTION";
+
+std::optional<DecodeAttentionKernel> decode_attention_from_environment() {
+  const char* setting = std::getenv(kDecodeAttentionVariable);
+  if (!setting || !*setting) return std::nullopt;
+  try {
+    return decode_attention_kernel_named(setting);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(kDecodeAttentionVariable) + ": " + e.what());
+  }
+}
 
 // Captured decode steps kept at once. A key is (batch size, attention grid): a serve
 // whose batches grow to 64 sequences over 4K-token contexts meets hundreds of them, while the
@@ -375,15 +391,24 @@ void CudaRunner::tune_projections() {
 // a block, so the step's new tokens may be written anywhere.
 void CudaRunner::choose_decode_attention(int max_num_seqs) {
   NvtxRange range{"choose_decode_attention"};
+  if (const std::optional<DecodeAttentionKernel> forced = decode_attention_from_environment()) {
+    decode_attention_ = *forced;
+    setup_report_.push_back(std::string("decode attention: ") +
+                            decode_attention_kernel_name(decode_attention_) + ", set by " +
+                            kDecodeAttentionVariable);
+    return;
+  }
   Workspace& ws = *workspace_;
   const int block_size = kv_shape_.block_size;
   const int seqs = std::min({max_num_seqs, kSkinnyMaxRows, ws.capacity.seqs});
   const int context = std::min({kAttentionTimingContext, kv_shape_.num_blocks / seqs * block_size,
                                 config_.max_position_embeddings});
   if (context < kDecodePartition) {
-    setup_report_.push_back(std::string("decode attention: ") +
-                            decode_attention_kernel_name(decode_attention_) + ", untimed (" +
-                            std::to_string(kv_shape_.num_blocks) + " KV blocks are too few)");
+    setup_report_.push_back(
+        std::string("decode attention: direct, untimed (") + std::to_string(seqs) +
+        " sequences of at most " + std::to_string(context) + " positions: " +
+        std::to_string(kv_shape_.num_blocks) + " KV blocks of " + std::to_string(block_size) +
+        ", max_position_embeddings " + std::to_string(config_.max_position_embeddings) + ")");
     return;
   }
   Batch batch;
@@ -411,8 +436,13 @@ void CudaRunner::choose_decode_attention(int max_num_seqs) {
     direct_ms = time_kernel(DecodeAttentionKernel::direct);
     pipelined_ms = time_kernel(DecodeAttentionKernel::pipelined);
   } catch (const std::runtime_error& e) {
-    // As in Gemm::tune(): a timing that cannot run (its capture failed, say) leaves the direct
-    // kernel, and a sticky device error fails the next pass instead.
+    // The queued upload reads staging_, which the next pass rewrites.
+    cudaStreamSynchronize(stream_.get());
+    if (context_lost())
+      throw RunnerFailure(std::string("timing the decode attention kernels: ") + e.what() +
+                          "; the CUDA context is unusable from now on");
+    // A timing that cannot run (its capture failed, say) leaves the direct kernel, as
+    // Gemm::tune() leaves SkinnyGemm.
     decode_attention_ = DecodeAttentionKernel::direct;
     setup_report_.push_back(timed + "not timed (" + e.what() + ") -> direct");
     return;

@@ -139,6 +139,8 @@ struct DecodeNewTokens {
 // different sizes, so float32 rounding may differ in the last bits.
 enum class DecodeAttentionKernel { direct, pipelined };
 const char* decode_attention_kernel_name(DecodeAttentionKernel kernel);
+// The kernel of that name; std::invalid_argument naming the choices for any other.
+DecodeAttentionKernel decode_attention_kernel_named(const std::string& name);
 
 // One new token per sequence, row s of qkv at qkv + s * qkv_stride ([q heads | k heads |
 // v heads]), attending to context_lens[s] positions, the new one included. `splits` partitions
