@@ -192,19 +192,20 @@ PROJECTION(lm_head_32000x4096, 32000, kHidden, Path::runner, Path::tuned);
 
 // One layer's decode attention for `batch` sequences of kContext positions (the last one the
 // step's new token, rotated and appended by the kernel), their blocks scattered at random
-// through the layer's pool, in partitions of the second argument's positions, by the direct
-// (third argument 0) or the pipelined kernel (1); each call reads the next layer of the pool.
+// through the layer's pool, by the direct (first argument 0) or the pipelined kernel (1), for the
+// second argument's sequences in partitions of the third's positions; each call reads the next
+// layer of the pool. The first argument varies fastest: the two kernels' rows come in pairs.
 void BM_CudaDecodeAttention(benchmark::State& state) {
   Device& d = device();
   if (!d.skip_reason.empty()) {
     state.SkipWithError(d.skip_reason.c_str());
     return;
   }
-  const int batch = int(state.range(0));
+  const auto kernel = cuda::DecodeAttentionKernel(state.range(0));
+  const int batch = int(state.range(1));
   const int blocks_per_seq = kContext / kBlockSize;
   const int max_blocks_per_seq = kMaxPositions / kBlockSize;
-  const int partition = int(state.range(1));
-  const auto kernel = cuda::DecodeAttentionKernel(state.range(2));
+  const int partition = int(state.range(2));
   const int max_splits = kMaxPositions / cuda::kShortDecodePartition;
   const size_t layer_elems = size_t(batch) * blocks_per_seq * kBlockSize * kHidden;
   const size_t layers = std::max<size_t>(1, kPoolBytes / (2 * layer_elems * sizeof(bf16)));
@@ -269,10 +270,10 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
 
 BENCHMARK(BM_CudaDecodeAttention)
     ->ArgsProduct(
-        {{1, 16, 64},
-         {cuda::kShortDecodePartition, cuda::kDecodePartition, cuda::kLongDecodePartition},
-         {int(cuda::DecodeAttentionKernel::direct), int(cuda::DecodeAttentionKernel::pipelined)}})
-    ->ArgNames({"seqs", "partition", "pipelined"})
+        {{int(cuda::DecodeAttentionKernel::direct), int(cuda::DecodeAttentionKernel::pipelined)},
+         {1, 16, 64},
+         {cuda::kShortDecodePartition, cuda::kDecodePartition, cuda::kLongDecodePartition}})
+    ->ArgNames({"pipelined", "seqs", "partition"})
     ->UseManualTime()
     ->Iterations(25)
     ->Unit(benchmark::kMicrosecond);
