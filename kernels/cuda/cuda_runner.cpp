@@ -189,6 +189,8 @@ class CudaRunner final : public ModelRunner {
   void warm_up(int max_num_seqs);
   void tune_projections();
   void choose_decode_attention(int max_num_seqs);
+  std::string time_decode_attention(int seqs);
+  DecodeAttentionKernel decode_attention_for(int seqs) const;
   void ensure_capacity(int tokens, int seqs, int logit_rows);
   // Replaces the workspace and pinned buffers with ones of `capacity` (captured graphs go too).
   void allocate_workspace(const StepCapacity& capacity);
@@ -196,7 +198,9 @@ class CudaRunner final : public ModelRunner {
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
   // grid: a decode step's (decode_grid); unused for prefill.
-  void enqueue_attention(const StepShape& shape, const DecodeGrid& grid, int layer);
+  // kernel: a decode step's (decode_attention_for); unused for prefill.
+  void enqueue_attention(const StepShape& shape, const DecodeGrid& grid,
+                         DecodeAttentionKernel kernel, int layer);
   // The first element of `layer`'s share of a KV pool (k_cache_ or v_cache_).
   bf16* layer_kv(const DeviceBuffer<bf16>& pool, int layer) const {
     return pool.data() + size_t(layer) * kv_shape_.num_blocks * kv_shape_.block_elems();
@@ -208,8 +212,8 @@ class CudaRunner final : public ModelRunner {
   int max_blocks_per_seq_ = 0;
   int max_splits_ = 0;
   int multiprocessors_ = 0;
-  // The decode attention kernel that choose_decode_attention() found faster.
-  DecodeAttentionKernel decode_attention_ = DecodeAttentionKernel::direct;
+  // Batch size -> the decode attention kernel choose_decode_attention() found faster there.
+  std::map<int, DecodeAttentionKernel> decode_attention_;
   Stream stream_;
   Gemm gemm_;
   DeviceWeights device_weights_;
@@ -384,33 +388,45 @@ void CudaRunner::tune_projections() {
        H, c.vocab_size, std::min(rows, ws.capacity.logit_rows));
 }
 
-// Which decode attention kernel runs (DecodeAttentionKernel): the faster on one layer's attention
-// of a decode step of the largest batch the runner was made for (up to 64 sequences), each at
-// kAttentionTimingContext positions or what the KV pool holds for them, each call on the next
-// layer's cache so that the keys and values come from memory. Before serving no sequence owns
-// a block, so the step's new tokens may be written anywhere.
+// Which decode attention kernel a step runs (DecodeAttentionKernel), by its batch size: the
+// faster on one layer's attention of a step of 1, 16 and 64 sequences and of the largest batch
+// the runner was made for (up to 64), each up to that largest batch; a step of n sequences runs
+// the choice of the smallest of these batches that holds n (of the largest, past it).
 void CudaRunner::choose_decode_attention(int max_num_seqs) {
   NvtxRange range{"choose_decode_attention"};
   if (const std::optional<DecodeAttentionKernel> forced = decode_attention_from_environment()) {
-    decode_attention_ = *forced;
+    decode_attention_[1] = *forced;
     setup_report_.push_back(std::string("decode attention: ") +
-                            decode_attention_kernel_name(decode_attention_) + ", set by " +
+                            decode_attention_kernel_name(*forced) + ", set by " +
                             kDecodeAttentionVariable);
     return;
   }
+  const int largest = std::min({max_num_seqs, kSkinnyMaxRows, workspace_->capacity.seqs});
+  std::string report = "decode attention by batch: ";
+  for (int seqs : {1, 16, 64}) {
+    if (seqs >= largest) break;
+    report.append(time_decode_attention(seqs)).append("; ");
+  }
+  setup_report_.push_back(report.append(time_decode_attention(largest)));
+}
+
+// Times both decode attention kernels on one layer's attention of a decode step of `seqs`
+// sequences, each at kAttentionTimingContext positions or what the KV pool holds for them, each
+// call on the next layer's cache so that the keys and values come from memory, and keeps the
+// faster for that batch size (direct where neither could be timed). Before serving no sequence
+// owns a block, so the step's new tokens may be written anywhere. Returns what it measured.
+std::string CudaRunner::time_decode_attention(int seqs) {
+  decode_attention_[seqs] = DecodeAttentionKernel::direct;
   Workspace& ws = *workspace_;
   const int block_size = kv_shape_.block_size;
-  const int seqs = std::min({max_num_seqs, kSkinnyMaxRows, ws.capacity.seqs});
   const int context = std::min({kAttentionTimingContext, kv_shape_.num_blocks / seqs * block_size,
                                 config_.max_position_embeddings});
-  if (context < kDecodePartition) {
-    setup_report_.push_back(
-        std::string("decode attention: direct, untimed (") + std::to_string(seqs) +
-        " sequences of at most " + std::to_string(context) + " positions: " +
-        std::to_string(kv_shape_.num_blocks) + " KV blocks of " + std::to_string(block_size) +
-        ", max_position_embeddings " + std::to_string(config_.max_position_embeddings) + ")");
-    return;
-  }
+  const std::string what =
+      std::to_string(seqs) + " seqs x " + std::to_string(context) + " positions";
+  if (context < kDecodePartition)
+    return what + ": direct, untimed (" + std::to_string(kv_shape_.num_blocks) + " KV blocks of " +
+           std::to_string(block_size) + ", max_position_embeddings " +
+           std::to_string(config_.max_position_embeddings) + ")";
   Batch batch;
   const int blocks_per_seq = (context + block_size - 1) / block_size;
   for (int s = 0; s < seqs; ++s) {
@@ -423,13 +439,10 @@ void CudaRunner::choose_decode_attention(int max_num_seqs) {
                                       shape.packed_elements * sizeof(int32_t),
                                       cudaMemcpyHostToDevice, stream_.get()));
   const DecodeGrid grid = decode_grid(shape);
-  const std::string timed = "decode attention, " + std::to_string(seqs) + " sequences x " +
-                            std::to_string(context) + " positions in partitions of " +
-                            std::to_string(grid.partition) + ": ";
   auto time_kernel = [&](DecodeAttentionKernel kernel) {
-    decode_attention_ = kernel;
-    return milliseconds_per_call(
-        stream_.get(), [&](int i) { enqueue_attention(shape, grid, i % config_.num_layers); });
+    return milliseconds_per_call(stream_.get(), [&](int i) {
+      enqueue_attention(shape, grid, kernel, i % config_.num_layers);
+    });
   };
   float direct_ms = 0.0f, pipelined_ms = 0.0f;
   try {
@@ -443,16 +456,22 @@ void CudaRunner::choose_decode_attention(int max_num_seqs) {
                           "; the CUDA context is unusable from now on");
     // A timing that cannot run (its capture failed, say) leaves the direct kernel, as
     // Gemm::tune() leaves SkinnyGemm.
-    decode_attention_ = DecodeAttentionKernel::direct;
-    setup_report_.push_back(timed + "not timed (" + e.what() + ") -> direct");
-    return;
+    return what + ": not timed (" + e.what() + ") -> direct";
   }
-  decode_attention_ =
+  const DecodeAttentionKernel faster =
       pipelined_ms < direct_ms ? DecodeAttentionKernel::pipelined : DecodeAttentionKernel::direct;
-  char times[96];
-  std::snprintf(times, sizeof times, "direct %.1f us, pipelined %.1f us -> %s", 1e3f * direct_ms,
-                1e3f * pipelined_ms, decode_attention_kernel_name(decode_attention_));
-  setup_report_.push_back(timed + times);
+  decode_attention_[seqs] = faster;
+  char times[128];
+  std::snprintf(times, sizeof times,
+                " in partitions of %d: direct %.1f us, pipelined %.1f us -> %s", grid.partition,
+                1e3f * direct_ms, 1e3f * pipelined_ms, decode_attention_kernel_name(faster));
+  return what + times;
+}
+
+DecodeAttentionKernel CudaRunner::decode_attention_for(int seqs) const {
+  if (decode_attention_.empty()) return DecodeAttentionKernel::direct;
+  const auto holding = decode_attention_.lower_bound(seqs);
+  return holding != decode_attention_.end() ? holding->second : decode_attention_.rbegin()->second;
 }
 
 CudaRunner::~CudaRunner() {
@@ -577,6 +596,7 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
   const int T = shape.tokens, H = c.hidden_size, I = c.intermediate_size;
   const int qkv_dim = c.q_dim() + 2 * c.kv_dim();
   const DecodeGrid grid = shape.decode ? decode_grid(shape) : DecodeGrid{};
+  const DecodeAttentionKernel attention = decode_attention_for(shape.seqs);
   {
     NvtxRange range{"embedding"};
     embedding_gather(device_weights_.embed.data(), ws.index(at.token_ids), T, H, ws.residual.data(),
@@ -595,7 +615,7 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
                       c.num_kv_heads, c.head_dim, c.rope_theta, layer_kv(k_cache_, l),
                       layer_kv(v_cache_, l), stream);
       }
-      enqueue_attention(shape, grid, l);
+      enqueue_attention(shape, grid, attention, l);
       gemm_.linear(ws.attn.data(), w.wo.data(), ws.proj.data(), T, c.q_dim(), H);
     }
     {
@@ -616,7 +636,8 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
                    c.vocab_size);
 }
 
-void CudaRunner::enqueue_attention(const StepShape& shape, const DecodeGrid& grid, int layer) {
+void CudaRunner::enqueue_attention(const StepShape& shape, const DecodeGrid& grid,
+                                   DecodeAttentionKernel kernel, int layer) {
   const LlamaConfig& c = config_;
   Workspace& ws = *workspace_;
   const StepLayout& at = ws.layout;
@@ -635,7 +656,7 @@ void CudaRunner::enqueue_attention(const StepShape& shape, const DecodeGrid& gri
     const DecodeNewTokens fresh{ws.index(at.positions), ws.index(at.slots), c.rope_theta, k_layer,
                                 v_layer};
     paged_decode_attention(ws.qkv.data(), qkv_dim, kv, fresh, ws.index(at.context_lens), shape.seqs,
-                           c.num_heads, grid.partition, grid.splits, decode_attention_, ws.decode,
+                           c.num_heads, grid.partition, grid.splits, kernel, ws.decode,
                            ws.attn.data(), stream_.get());
   } else {
     prefill_attention(ws.qkv.data(), qkv_dim, kv, ws.index(at.tiles), shape.tiles,
