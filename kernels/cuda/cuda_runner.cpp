@@ -402,7 +402,7 @@ void CudaRunner::choose_decode_attention(int max_num_seqs) {
     return;
   }
   const int largest = std::min({max_num_seqs, kSkinnyMaxRows, workspace_->capacity.seqs});
-  std::string report = "decode attention by batch: ";
+  std::string report = "decode attention: ";
   for (int seqs : {1, 16, 64}) {
     if (seqs >= largest) break;
     report.append(time_decode_attention(seqs)).append("; ");
@@ -422,7 +422,7 @@ std::string CudaRunner::time_decode_attention(int seqs) {
   const int context = std::min({kAttentionTimingContext, kv_shape_.num_blocks / seqs * block_size,
                                 config_.max_position_embeddings});
   const std::string what =
-      std::to_string(seqs) + " seqs x " + std::to_string(context) + " positions";
+      "batch " + std::to_string(seqs) + " at " + std::to_string(context) + " positions";
   if (context < kDecodePartition)
     return what + ": direct, untimed (" + std::to_string(kv_shape_.num_blocks) + " KV blocks of " +
            std::to_string(block_size) + ", max_position_embeddings " +
