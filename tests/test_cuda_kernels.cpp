@@ -301,37 +301,33 @@ void check_decode_attention(const HeadShape& shape, int block_size = 16) {
   const DecodeNewTokens fresh{step.at(step.layout.positions), step.at(step.layout.slots),
                               float(kRopeTheta), pool.k_d.data(), pool.v_d.data()};
   DeviceBuffer<bf16> out_d(size_t(seqs) * shape.num_heads * shape.head_dim);
-  for (auto [kernel, partition] : {std::pair{DecodeAttentionKernel::direct, kShortDecodePartition},
-                                   {DecodeAttentionKernel::direct, kDecodePartition},
-                                   {DecodeAttentionKernel::direct, kLongDecodePartition},
-                                   {DecodeAttentionKernel::pipelined, kShortDecodePartition},
-                                   {DecodeAttentionKernel::pipelined, kDecodePartition},
-                                   {DecodeAttentionKernel::pipelined, kLongDecodePartition}}) {
-    SCOPED_TRACE(std::string(decode_attention_kernel_name(kernel)) + " kernel, partitions of " +
-                 std::to_string(partition));
-    // The pools as they were: without the new tokens' k and v, which each run must append
-    // before it reads them back.
-    restore(pool.k, pool.k_d);
-    restore(pool.v, pool.v_d);
-    auto run = [&](int splits) {
-      paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
-                             step.at(step.layout.context_lens), seqs, shape.num_heads, partition,
-                             splits, kernel, scratch, out_d.data(), stream.get());
-      return download(out_d);
-    };
-    const int needed = (contexts.back() + partition - 1) / partition;
-    const std::vector<bf16> out = run(needed);
-    expect_decode_matches_reference(shape, qkv, pool, paged.batch, out);
-    // Partitions past a sequence's context do nothing, and the merge runs in partition order
-    // whichever block ends last: the same bits with more partitions launched, and again.
-    const int rounded = (needed + 3) / 4 * 4;
-    for (int repeat = 0; repeat < 2; ++repeat) {
-      const std::vector<bf16> again = run(rounded);
-      EXPECT_TRUE(std::equal(out.begin(), out.end(), again.begin(),
-                             [](bf16 a, bf16 b) { return value(a) == value(b); }))
-          << rounded << " partitions launched, call " << repeat + 1;
+  for (DecodeAttentionKernel kernel : kDecodeAttentionKernels)
+    for (int partition : {kShortDecodePartition, kDecodePartition, kLongDecodePartition}) {
+      SCOPED_TRACE(std::string(decode_attention_kernel_name(kernel)) + " kernel, partitions of " +
+                   std::to_string(partition));
+      // The pools as they were: without the new tokens' k and v, which each run must append
+      // before it reads them back.
+      restore(pool.k, pool.k_d);
+      restore(pool.v, pool.v_d);
+      auto run = [&](int splits) {
+        paged_decode_attention(qkv_d.data(), shape.qkv_dim(), kv, fresh,
+                               step.at(step.layout.context_lens), seqs, shape.num_heads, partition,
+                               splits, kernel, scratch, out_d.data(), stream.get());
+        return download(out_d);
+      };
+      const int needed = (contexts.back() + partition - 1) / partition;
+      const std::vector<bf16> out = run(needed);
+      expect_decode_matches_reference(shape, qkv, pool, paged.batch, out);
+      // Partitions past a sequence's context do nothing, and the merge runs in partition order
+      // whichever block ends last: the same bits with more partitions launched, and again.
+      const int rounded = (needed + 3) / 4 * 4;
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        const std::vector<bf16> again = run(rounded);
+        EXPECT_TRUE(std::equal(out.begin(), out.end(), again.begin(),
+                               [](bf16 a, bf16 b) { return value(a) == value(b); }))
+            << rounded << " partitions launched, call " << repeat + 1;
+      }
     }
-  }
 }
 
 // The longest partitions that still give kDecodeBlocksPerSm blocks per multiprocessor: 132 of
@@ -354,8 +350,7 @@ TEST(CudaKernels, DecodeTakesTheLongestPartitionsThatKeepTheGridFull) {
 
 // The names PIPELINE_CUDA_DECODE_ATTENTION takes, and a clear refusal of any other.
 TEST(CudaKernels, DecodeAttentionKernelsAreFoundByName) {
-  for (DecodeAttentionKernel kernel :
-       {DecodeAttentionKernel::direct, DecodeAttentionKernel::pipelined})
+  for (DecodeAttentionKernel kernel : kDecodeAttentionKernels)
     EXPECT_EQ(decode_attention_kernel_named(decode_attention_kernel_name(kernel)), kernel);
   try {
     decode_attention_kernel_named("Pipelined");

@@ -141,6 +141,9 @@ struct RowLanes {
   int row_in_pass;  // this thread's row group
   int d0;           // the first of this lane's 8 columns
   bool active;      // d0 < head_dim: lanes past the row read nothing and hold zeros
+
+  // This thread's row u of the rows_per_pass * k rows from row `base`.
+  __device__ int row(int base, int u) const { return base + u * rows_per_pass + row_in_pass; }
 };
 
 __device__ __forceinline__ RowLanes row_lanes(int head_dim) {
@@ -192,6 +195,15 @@ __device__ __forceinline__ size_t row_offset(const int32_t* blocks, const Partit
   const size_t slot_stride = size_t(kv.num_kv_heads) * kv.head_dim;
   return (block * kv.block_size + at % kv.block_size) * slot_stride +
          size_t(w.kv_head) * kv.head_dim + lanes.d0;
+}
+
+// This lane's 16 bytes of K and V of row i (< n) of the partition, loaded at once.
+__device__ __forceinline__ void load_row(const int32_t* blocks, const PartitionWork& w,
+                                         const PagedKv& kv, const RowLanes& lanes, int i, uint4& k,
+                                         uint4& v) {
+  const size_t at = row_offset(blocks, w, kv, lanes, i);
+  k = *reinterpret_cast<const uint4*>(kv.k + at);
+  v = *reinterpret_cast<const uint4*>(kv.v + at);
 }
 
 // q of the group's heads, rotated, rounded to bf16 as rope_write_kv stores a prefill's q (so
@@ -259,7 +271,7 @@ __device__ __forceinline__ void attend_rows(SoftmaxState<kGroup>& state,
       // Every lane of the warp takes part; lanes row_threads apart hold other rows.
       for (int offset = lanes.row_threads / 2; offset > 0; offset >>= 1)
         dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      const bool valid = base + u * lanes.rows_per_pass + lanes.row_in_pass < n;
+      const bool valid = lanes.row(base, u) < n;
       scores[u] = valid ? dot : -INFINITY;
       tile_max = fmaxf(tile_max, scores[u]);
     }
@@ -386,13 +398,9 @@ __global__ void __launch_bounds__(kThreads)
   auto load_rows = [&](int base, int skip, uint4(&k)[kUnroll], uint4(&v)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * lanes.rows_per_pass + lanes.row_in_pass;
+      const int i = lanes.row(base, u);
       k[u] = v[u] = make_uint4(0, 0, 0, 0);
-      if (i < w.n && i != skip && lanes.active) {
-        const size_t at = row_offset(sh.blocks, w, kv, lanes, i);
-        k[u] = *reinterpret_cast<const uint4*>(kv.k + at);
-        v[u] = *reinterpret_cast<const uint4*>(kv.v + at);
-      }
+      if (i < w.n && i != skip && lanes.active) load_row(sh.blocks, w, kv, lanes, i, k[u], v[u]);
     }
   };
   uint4 k[kUnroll], v[kUnroll];
@@ -405,11 +413,8 @@ __global__ void __launch_bounds__(kThreads)
   // The new row, where the first pass holds it, is read now that it is written.
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
-    if (u * lanes.rows_per_pass + lanes.row_in_pass == w.new_row && lanes.active) {
-      const size_t at = row_offset(sh.blocks, w, kv, lanes, w.new_row);
-      k[u] = *reinterpret_cast<const uint4*>(kv.k + at);
-      v[u] = *reinterpret_cast<const uint4*>(kv.v + at);
-    }
+    if (lanes.row(0, u) == w.new_row && lanes.active)
+      load_row(sh.blocks, w, kv, lanes, w.new_row, k[u], v[u]);
 
   float q[kGroup][8];
   SoftmaxState<kGroup> state;
@@ -453,9 +458,7 @@ __global__ void __launch_bounds__(kThreads)
   auto piece = [&](int stage, int kv_index, int u) {
     return ring + ((stage % kStages * 2 + kv_index) * kStageRows + u) * kThreads + threadIdx.x;
   };
-  auto row_of = [&](int stage, int u) {
-    return stage * rows_per_stage + u * lanes.rows_per_pass + lanes.row_in_pass;
-  };
+  auto row_of = [&](int stage, int u) { return lanes.row(stage * rows_per_stage, u); };
   // Copies this thread's rows of a stage (zeros past the partition), but, before the new row
   // is appended, that row: its piece stays untouched until it is read directly below.
   auto copy_stage = [&](int stage, bool before_append) {
@@ -484,11 +487,8 @@ __global__ void __launch_bounds__(kThreads)
     const int stage = w.new_row / rows_per_stage;
 #pragma unroll
     for (int u = 0; u < kStageRows; ++u)
-      if (row_of(stage, u) == w.new_row) {
-        const size_t at = row_offset(sh.blocks, w, kv, lanes, w.new_row);
-        *piece(stage, 0, u) = *reinterpret_cast<const uint4*>(kv.k + at);
-        *piece(stage, 1, u) = *reinterpret_cast<const uint4*>(kv.v + at);
-      }
+      if (row_of(stage, u) == w.new_row)
+        load_row(sh.blocks, w, kv, lanes, w.new_row, *piece(stage, 0, u), *piece(stage, 1, u));
   }
 
   float q[kGroup][8];
@@ -545,8 +545,7 @@ const char* decode_attention_kernel_name(DecodeAttentionKernel kernel) {
 }
 
 DecodeAttentionKernel decode_attention_kernel_named(const std::string& name) {
-  for (DecodeAttentionKernel kernel :
-       {DecodeAttentionKernel::direct, DecodeAttentionKernel::pipelined})
+  for (DecodeAttentionKernel kernel : kDecodeAttentionKernels)
     if (name == decode_attention_kernel_name(kernel)) return kernel;
   throw std::invalid_argument("no decode attention kernel is named '" + name +
                               "' (direct or pipelined)");

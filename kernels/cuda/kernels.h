@@ -138,6 +138,8 @@ struct DecodeNewTokens {
 // block. Both compute the same attention; their online softmax folds rows in groups of
 // different sizes, so float32 rounding may differ in the last bits.
 enum class DecodeAttentionKernel { direct, pipelined };
+constexpr DecodeAttentionKernel kDecodeAttentionKernels[] = {DecodeAttentionKernel::direct,
+                                                             DecodeAttentionKernel::pipelined};
 const char* decode_attention_kernel_name(DecodeAttentionKernel kernel);
 // The kernel of that name; std::invalid_argument naming the choices for any other.
 DecodeAttentionKernel decode_attention_kernel_named(const std::string& name);
