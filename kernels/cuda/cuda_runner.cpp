@@ -111,13 +111,17 @@ int round_up_pow2(int n) {
   return int(std::bit_ceil(unsigned(std::max(n, 1))));
 }
 
-// Whether the CUDA context took a "sticky" error, which every later call returns too (an
-// illegal address or a kernel's trap, say): then no pass can run until the process exits. A
-// failure that leaves the context usable (an allocation, a launch's configuration) is cleared
-// here, so that the next step runs.
-bool context_lost() {
+// After `failure`: waits for what was queued on `stream` before it (it may still read the
+// pinned step inputs that the next pass rewrites), then throws a RunnerFailure naming `failure`
+// if the CUDA context took a "sticky" error, which every later call returns too (an illegal
+// address or a kernel's trap, say): then no pass can run until the process exits. A failure
+// that leaves the context usable (an allocation, a launch's configuration) is cleared here, so
+// that the next step runs.
+void throw_if_context_lost(cudaStream_t stream, const std::string& failure) {
+  cudaStreamSynchronize(stream);
   (void)cudaGetLastError();
-  return cudaDeviceSynchronize() != cudaSuccess;
+  if (cudaDeviceSynchronize() != cudaSuccess)
+    throw RunnerFailure(failure + "; the CUDA context is unusable from now on");
 }
 
 // dst = src[0, count). A step's logits are megabytes at large batches (8 MB for 64 sequences of
@@ -194,6 +198,8 @@ class CudaRunner final : public ModelRunner {
   void ensure_capacity(int tokens, int seqs, int logit_rows);
   // Replaces the workspace and pinned buffers with ones of `capacity` (captured graphs go too).
   void allocate_workspace(const StepCapacity& capacity);
+  // Queues the copy of the step inputs pack_step() wrote into staging_ to the workspace.
+  void upload_step_inputs(const StepShape& shape);
   DecodeGrid decode_grid(const StepShape& shape) const;
   void run_decode(const StepShape& shape);
   void enqueue_forward(const StepShape& shape);
@@ -435,9 +441,7 @@ std::string CudaRunner::time_decode_attention(int seqs) {
     batch.seqs.push_back(std::move(seq));
   }
   const StepShape shape = pack_step(batch, ws.layout, block_size, staging_.data());
-  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(ws.indices.data(), staging_.data(),
-                                      shape.packed_elements * sizeof(int32_t),
-                                      cudaMemcpyHostToDevice, stream_.get()));
+  upload_step_inputs(shape);
   const DecodeGrid grid = decode_grid(shape);
   auto time_kernel = [&](DecodeAttentionKernel kernel) {
     return milliseconds_per_call(stream_.get(), [&](int i) {
@@ -449,11 +453,8 @@ std::string CudaRunner::time_decode_attention(int seqs) {
     direct_ms = time_kernel(DecodeAttentionKernel::direct);
     pipelined_ms = time_kernel(DecodeAttentionKernel::pipelined);
   } catch (const std::runtime_error& e) {
-    // The queued upload reads staging_, which the next pass rewrites.
-    cudaStreamSynchronize(stream_.get());
-    if (context_lost())
-      throw RunnerFailure(std::string("timing the decode attention kernels: ") + e.what() +
-                          "; the CUDA context is unusable from now on");
+    throw_if_context_lost(stream_.get(),
+                          std::string("timing the decode attention kernels: ") + e.what());
     // A timing that cannot run (its capture failed, say) leaves the direct kernel, as
     // Gemm::tune() leaves SkinnyGemm.
     return what + ": not timed (" + e.what() + ") -> direct";
@@ -513,6 +514,12 @@ void CudaRunner::allocate_workspace(const StepCapacity& capacity) {
   logits_staging_ = std::move(logits_staging);
 }
 
+void CudaRunner::upload_step_inputs(const StepShape& shape) {
+  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(workspace_->indices.data(), staging_.data(),
+                                      shape.packed_elements * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream_.get()));
+}
+
 void CudaRunner::forward(const Batch& batch, Logits& logits) {
   validate_batch(batch, config_, kv_shape_);
   ensure_capacity(batch.total_tokens(), int(batch.seqs.size()), batch.logit_rows());
@@ -521,9 +528,7 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
   cudaStream_t stream = stream_.get();
   const size_t count = size_t(shape.logit_rows) * config_.vocab_size;
   try {
-    PIPELINE_CUDA_CHECK(cudaMemcpyAsync(ws.indices.data(), staging_.data(),
-                                        shape.packed_elements * sizeof(int32_t),
-                                        cudaMemcpyHostToDevice, stream));
+    upload_step_inputs(shape);
     if (shape.decode) {
       run_decode(shape);
     } else {
@@ -537,9 +542,7 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
   } catch (const std::exception& e) {
     // What was queued before the failure still reads staging_ and writes the KV cache: it must
     // be done before the next step rewrites them. Its own error, if any, is the one thrown.
-    cudaStreamSynchronize(stream);
-    if (context_lost())
-      throw RunnerFailure(std::string(e.what()) + "; the CUDA context is unusable from now on");
+    throw_if_context_lost(stream, e.what());
     throw;
   }
   logits.vocab = config_.vocab_size;
