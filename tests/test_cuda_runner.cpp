@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -607,6 +609,71 @@ TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
   cudaStreamDestroy(stream);
 }
 #endif
+
+// PIPELINE_CUDA_DECODE_ATTENTION set to `value` (unset where null) for the guard's life, and as
+// it was after: gpu_check runs this program with it set.
+class DecodeAttentionSetting {
+ public:
+  explicit DecodeAttentionSetting(const char* value) {
+    if (const char* before = std::getenv(kName)) before_ = before;
+    set(value);
+  }
+  ~DecodeAttentionSetting() { set(before_ ? before_->c_str() : nullptr); }
+  DecodeAttentionSetting(const DecodeAttentionSetting&) = delete;
+  DecodeAttentionSetting& operator=(const DecodeAttentionSetting&) = delete;
+
+ private:
+  static constexpr const char* kName = "PIPELINE_CUDA_DECODE_ATTENTION";
+  static void set(const char* value) {
+    if (value)
+      setenv(kName, value, 1);
+    else
+      unsetenv(kName);
+  }
+  std::optional<std::string> before_;
+};
+
+// The setup report's line about the decode attention kernels.
+std::string decode_attention_line(const ModelRunner& runner) {
+  for (const std::string& line : runner.setup_report())
+    if (line.starts_with("decode attention: ")) return line;
+  return "";
+}
+
+// The warm-up times both decode attention kernels at each batch up to the runner's largest (8
+// here; stories260K's 512 positions) and says which it took; the environment may set one
+// instead, and a name that is neither is refused.
+TEST(CudaRunner, DecodeAttentionKernelIsTimedPerBatchOrSetByTheEnvironment) {
+  SKIP_WITHOUT_CUDA();
+  const auto weights = load_model(shared_path("models/stories260K"));
+  {
+    const DecodeAttentionSetting unset(nullptr);
+    const std::string line = decode_attention_line(*make_cuda_runner(weights, test_options()));
+    EXPECT_TRUE(line.starts_with("decode attention: batch 1 at 512 positions in partitions of "))
+        << line;
+    const size_t second = line.find("; batch 8 at 512 positions in partitions of ");
+    EXPECT_NE(second, std::string::npos) << line;
+    for (const std::string& clause : {line.substr(0, second), line.substr(second)}) {
+      EXPECT_NE(clause.find("direct "), std::string::npos) << clause;
+      EXPECT_NE(clause.find(", pipelined "), std::string::npos) << clause;
+      EXPECT_TRUE(clause.ends_with("-> direct") || clause.ends_with("-> pipelined")) << clause;
+    }
+  }
+  {
+    const DecodeAttentionSetting pipelined("pipelined");
+    EXPECT_EQ(decode_attention_line(*make_cuda_runner(weights, test_options())),
+              "decode attention: pipelined, set by PIPELINE_CUDA_DECODE_ATTENTION");
+  }
+  const DecodeAttentionSetting unknown("Pipelined");
+  try {
+    make_cuda_runner(weights, test_options());
+    ADD_FAILURE() << "an unknown kernel name was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "PIPELINE_CUDA_DECODE_ATTENTION: no decode attention kernel is named "
+                 "'Pipelined' (direct or pipelined)");
+  }
+}
 
 TEST(CudaRunner, RejectsBadBatchesAndOversizedPools) {
   SKIP_WITHOUT_CUDA();
