@@ -15,10 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -616,6 +619,13 @@ TEST(CudaKernels, SiluMulOfInterleavedPairs) {
 
 // ---- The projections at LLaMA-2-7B's shapes
 
+// Fills a buffer with NaN (all bits set, in bf16 as in float32) on `stream`: outputs a kernel
+// fails to write then fail their comparison.
+template <typename T>
+void poison(DeviceBuffer<T>& buffer, cudaStream_t stream) {
+  ASSERT_EQ(cudaMemsetAsync(buffer.data(), 0xFF, buffer.bytes(), stream), cudaSuccess);
+}
+
 // n bf16 values in [-1, 1) from a hash of their index: a 7B matrix's hundred million values in
 // a fraction of a second. The hash mixes all of its bits (SplitMix64's finaliser): the top bits
 // of a bare multiplicative hash of consecutive indices make a sawtooth, the same in every row,
@@ -635,10 +645,11 @@ std::vector<bf16> hashed_bf16(size_t n, uint64_t seed) {
 // The five projections as the runner calls them through Gemm, before any tuning: one row (the
 // GEMV), 5, 16 and 64 rows (SkinnyGemm, whose split of the k axis depends on the shape: none for
 // gate/up and the lm_head, 2 ways for qkv, 8 for o and down on an H200) and 65 (cuBLAS); then
-// SkinnyGemm at its other split options (more splits, which Gemm::tune() may choose) at 5, 16
-// and 64 rows. The test-sized matrices of test_cuda_runner.cpp do not reach those splits (they
-// do reach a partial last column tile, which these shapes, multiples of 128, do not); here 61
-// output columns (the first, the last and spread between) are checked against float64.
+// SkinnyGemm at each of its plans (both kernels at every split option, which Gemm::tune() may
+// choose) at 5, 16 and 64 rows, into outputs filled with NaN first. The test-sized matrices of
+// test_cuda_runner.cpp do not reach those splits (they do reach a partial last column tile, which
+// these shapes, multiples of 128, do not); here 61 output columns (the first, the last and spread
+// between) are checked against float64.
 TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
   SKIP_WITHOUT_CUDA();
   struct Shape {
@@ -705,23 +716,89 @@ TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
       }
       check(rows, "Gemm");
     }
-    const std::vector<int> splits = skinny.split_options(shape.in, shape.out);
+    // Every plan, each into outputs filled with NaN first, so that one that leaves columns
+    // unwritten fails.
+    const std::vector<SkinnyPlan> plans = skinny.plans(shape.in, shape.out);
     for (int rows : {5, 16, 64})
-      for (size_t i = 1; i < splits.size(); ++i) {
+      for (const SkinnyPlan& plan : plans) {
+        poison(y16_d, stream.get());
+        poison(y32_d, stream.get());
         switch (shape.product) {
           case Gemm::Product::bf16:
-            skinny.run(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out, splits[i]);
+            skinny.run(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out, plan);
             break;
           case Gemm::Product::f32:
-            skinny.run(x_d.data(), w_d.data(), y32_d.data(), rows, shape.in, shape.out, splits[i]);
+            skinny.run(x_d.data(), w_d.data(), y32_d.data(), rows, shape.in, shape.out, plan);
             break;
           case Gemm::Product::silu_mul:
             skinny.run_silu_mul(x_d.data(), w_d.data(), y16_d.data(), rows, shape.in, shape.out / 2,
-                                splits[i]);
+                                plan);
             break;
         }
-        check(rows, "SkinnyGemm, k split " + std::to_string(splits[i]) + " ways");
+        check(rows, std::string("SkinnyGemm ") + skinny_gemm_kernel_name(plan.kernel) +
+                        ", k split " + std::to_string(plan.splits) + " ways");
       }
+    EXPECT_EQ(plans.size(),
+              skinny.kernels().size() * skinny.split_options(shape.in, shape.out).size());
+  }
+}
+
+// Every SkinnyGemm plan (each kernel at each split of k) on shapes small enough for the
+// sanitizers: a partial last column tile (300 and 600 columns), a k range that ends inside a
+// pipelined stage (264), a shorter last split (1000 in 3 splits) and an 8-way split, at each
+// build's row counts and one past them; bf16 and float32 results and SiLU*mul of the column
+// pairs, against float64. The pipelined kernel's results equal the direct one's at the same
+// split bit for bit. gpu_check runs this test under memcheck and racecheck.
+TEST(CudaKernels, SkinnyGemmPlansMatchFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  Stream stream;
+  SkinnyGemm skinny(stream.get());
+  for (const auto& [in, out] : {std::pair{1000, 300}, std::pair{264, 600}, std::pair{4096, 256}}) {
+    const std::vector<bf16> w = hashed_bf16(size_t(out) * in, 3);
+    const std::vector<bf16> x = hashed_bf16(size_t(kSkinnyMaxRows) * in, 5);
+    const DeviceBuffer<bf16> w_d = upload(w), x_d = upload(x);
+    std::vector<double> ref(size_t(kSkinnyMaxRows) * out), ref_act(ref.size() / 2);
+    for (int r = 0; r < kSkinnyMaxRows; ++r)
+      for (int c = 0; c < out; ++c) {
+        double sum = 0.0;
+        for (int k = 0; k < in; ++k)
+          sum += value(x[size_t(r) * in + k]) * value(w[size_t(c) * in + k]);
+        ref[size_t(r) * out + c] = sum;
+      }
+    for (size_t i = 0; i < ref_act.size(); ++i)
+      ref_act[i] = ref[2 * i] / (1.0 + std::exp(-ref[2 * i])) * ref[2 * i + 1];
+    for (int rows : {2, 8, 9, 16, 17, 32, 33, 64}) {
+      std::map<int, std::tuple<std::vector<bf16>, std::vector<float>, std::vector<bf16>>> direct;
+      for (const SkinnyPlan& plan : skinny.plans(in, out)) {
+        DeviceBuffer<bf16> y16_d(size_t(rows) * out), act_d(size_t(rows) * out / 2);
+        DeviceBuffer<float> y32_d(size_t(rows) * out);
+        poison(y16_d, stream.get());
+        poison(y32_d, stream.get());
+        poison(act_d, stream.get());
+        skinny.run(x_d.data(), w_d.data(), y16_d.data(), rows, in, out, plan);
+        skinny.run(x_d.data(), w_d.data(), y32_d.data(), rows, in, out, plan);
+        skinny.run_silu_mul(x_d.data(), w_d.data(), act_d.data(), rows, in, out / 2, plan);
+        auto results = std::tuple{download(y16_d), download(y32_d), download(act_d)};
+        const auto& [y16, y32, act] = results;
+        const std::string what = std::to_string(rows) + "x" + std::to_string(in) + " -> " +
+                                 std::to_string(out) + ", " + skinny_gemm_kernel_name(plan.kernel) +
+                                 " kernel, k split " + std::to_string(plan.splits) + " ways";
+        EXPECT_LT(relative_l2(y16.data(), ref.data(), y16.size()), 5e-3) << what << ", bf16";
+        EXPECT_LT(relative_l2(y32.data(), ref.data(), y32.size()), 1e-5) << what << ", float32";
+        EXPECT_LT(relative_l2(act.data(), ref_act.data(), act.size()), 1e-2)
+            << what << ", SiLU*mul";
+        if (plan.kernel == SkinnyGemmKernel::direct) {
+          direct[plan.splits] = std::move(results);
+          continue;
+        }
+        const auto& [y16_direct, y32_direct, act_direct] = direct.at(plan.splits);
+        EXPECT_EQ(0, std::memcmp(y16.data(), y16_direct.data(), y16.size() * sizeof(bf16)))
+            << what << ", bf16 against the direct kernel";
+        EXPECT_EQ(y32, y32_direct) << what << ", float32 against the direct kernel";
+        EXPECT_EQ(0, std::memcmp(act.data(), act_direct.data(), act.size() * sizeof(bf16)))
+            << what << ", SiLU*mul against the direct kernel";
+      }
+    }
   }
 }
 

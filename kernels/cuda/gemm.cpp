@@ -95,9 +95,9 @@ void Gemm::project(Product product, const Route& route, const __nv_bfloat16* x,
   switch (route.path) {
     case Route::Path::skinny:
       if (product == Product::f32)
-        return skinny_.run(x, w, static_cast<float*>(y), rows, in, out, route.splits);
-      if (silu) return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2, route.splits);
-      return skinny_.run(x, w, y16, rows, in, out, route.splits);
+        return skinny_.run(x, w, static_cast<float*>(y), rows, in, out, route.skinny);
+      if (silu) return skinny_.run_silu_mul(x, w, y16, rows, in, out / 2, route.skinny);
+      return skinny_.run(x, w, y16, rows, in, out, route.skinny);
     case Route::Path::cublas:
       gemm_ex(x, w, library_y, library_type, rows, in, out);
       break;
@@ -114,7 +114,7 @@ Gemm::Route Gemm::route(Product product, int rows, int in, int out) {
   if (!skinny_gemm_applies(rows, in)) return Route{Route::Path::cublas};
   const std::tuple key{product, in, out, rows};
   if (const auto known = routes_.find(key); known != routes_.end()) return known->second;
-  Route chosen{Route::Path::skinny, skinny_.split_options(in, out).front()};  // untuned
+  Route chosen{Route::Path::skinny, skinny_.plans(in, out).front()};  // untuned
   if (const auto tuned = tuned_.find({product, in, out, skinny_build_rows(rows)});
       tuned != tuned_.end()) {
     chosen = tuned->second;
@@ -130,7 +130,8 @@ std::string Gemm::route_name(Product product, int rows, int in, int out) {
   const Route r = route(product, rows, in, out);
   switch (r.path) {
     case Route::Path::skinny:
-      return "SkinnyGemm, k split " + std::to_string(r.splits) + " ways";
+      return std::string("SkinnyGemm ") + skinny_gemm_kernel_name(r.skinny.kernel) + ", k split " +
+             std::to_string(r.skinny.splits) + " ways";
     case Route::Path::cublas:
       return "cuBLAS";
     case Route::Path::cublaslt:
@@ -158,10 +159,10 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       });
     };
     report += (report.empty() ? "" : "; ") + std::to_string(rows) + " rows: ";
-    Route skinny;
-    float skinny_ms = 0.0f, cublas_ms = 0.0f;
+    std::vector<std::pair<Route, float>> skinny_kernels;
+    float cublas_ms = 0.0f;
     try {
-      std::tie(skinny, skinny_ms) = fastest_skinny(in, out, time_route);
+      skinny_kernels = fastest_skinny(in, out, time_route);
       cublas_ms = time_route(Route{Route::Path::cublas});
     } catch (const std::runtime_error& e) {
       // A timing that cannot run (its graph capture failed, say) leaves this row count untuned,
@@ -170,6 +171,9 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       report += std::string("not timed (") + e.what() + ") -> SkinnyGemm";
       continue;
     }
+    const auto [skinny, skinny_ms] =
+        *std::min_element(skinny_kernels.begin(), skinny_kernels.end(),
+                          [](const auto& a, const auto& b) { return a.second < b.second; });
     Route best = cublas_ms < skinny_ms ? Route{Route::Path::cublas} : skinny;
     const float best_ms = std::min(skinny_ms, cublas_ms);
     std::string lt_clause = "not timed (operands not aligned)";
@@ -180,30 +184,40 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
       if (lt.timed > 0 && lt.fastest_ms < best_ms) {
         Route fastest = lt.fastest;
         fastest.fallback = best.path;
-        fastest.splits = skinny.splits;
+        fastest.skinny = skinny.skinny;
         best = fastest;
       }
     }
     tuned_[{product, in, out, rows}] = best;
-    char times[128];
-    std::snprintf(times, sizeof times,
-                  "SkinnyGemm %.1f us (k split %d ways), cuBLAS %.1f us, cuBLASLt ",
-                  1e3f * skinny_ms, skinny.splits, 1e3f * cublas_ms);
-    report += times + lt_clause +
-              (best.path == Route::Path::skinny   ? " -> SkinnyGemm"
-               : best.path == Route::Path::cublas ? " -> cuBLAS"
-                                                  : " -> cuBLASLt");
+    report += "SkinnyGemm";
+    for (const auto& [route, ms] : skinny_kernels) {
+      char time[96];
+      std::snprintf(time, sizeof time, " %s %.1f us (k split %d ways),",
+                    skinny_gemm_kernel_name(route.skinny.kernel), 1e3f * ms, route.skinny.splits);
+      report += time;
+    }
+    char times[64];
+    std::snprintf(times, sizeof times, " cuBLAS %.1f us, cuBLASLt ", 1e3f * cublas_ms);
+    report += times + lt_clause;
+    if (best.path == Route::Path::skinny)
+      report += std::string(" -> SkinnyGemm ") + skinny_gemm_kernel_name(best.skinny.kernel);
+    else
+      report += best.path == Route::Path::cublas ? " -> cuBLAS" : " -> cuBLASLt";
   }
   routes_.clear();  // routes from before this tuning may have changed
   return report;
 }
 
-std::pair<Gemm::Route, float> Gemm::fastest_skinny(int in, int out, const TimeRoute& time_route) {
-  std::pair<Route, float> fastest;
-  for (int splits : skinny_.split_options(in, out)) {
-    const Route option{Route::Path::skinny, splits};
+std::vector<std::pair<Gemm::Route, float>> Gemm::fastest_skinny(int in, int out,
+                                                                const TimeRoute& time_route) {
+  std::vector<std::pair<Route, float>> fastest;  // plans() lists each kernel's plans together
+  for (const SkinnyPlan& plan : skinny_.plans(in, out)) {
+    const Route option{Route::Path::skinny, plan};
     const float ms = time_route(option);
-    if (fastest.first.splits == 0 || ms < fastest.second) fastest = {option, ms};
+    if (fastest.empty() || fastest.back().first.skinny.kernel != plan.kernel)
+      fastest.emplace_back(option, ms);
+    else if (ms < fastest.back().second)
+      fastest.back() = {option, ms};
   }
   return fastest;
 }
@@ -223,7 +237,7 @@ Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in
     // One that cuBLASLt says does not run here is passed over (project() would time its
     // fallback instead), as is one whose timing fails.
     if (!cublaslt_.runs(algo, y_type, rows, in, out)) continue;
-    const Route proposal{Route::Path::cublaslt, 0, algo};
+    const Route proposal{Route::Path::cublaslt, {}, algo};
     float ms = 0.0f;
     try {
       ms = time_route(proposal);

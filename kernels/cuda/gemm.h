@@ -51,15 +51,15 @@ class Gemm {
   // What a call computes: linear(), linear_f32() or linear_silu_mul().
   enum class Product { bf16, f32, silu_mul };
 
-  // The route a call of `rows` rows takes, in words ("GEMV", "SkinnyGemm, k split 2 ways",
-  // "cuBLAS", "cuBLASLt"); out is the weight rows, as for tune().
+  // The route a call of `rows` rows takes, in words ("GEMV", "SkinnyGemm direct, k split 2
+  // ways", "cuBLAS", "cuBLASLt"); out is the weight rows, as for tune().
   std::string route_name(Product product, int rows, int in, int out);
 
   // How many of cuBLASLt's proposals tune() times, in its heuristic's order, per product, shape
   // and row count.
   static constexpr int kCublasLtCandidates = 8;
 
-  // Times SkinnyGemm at each of its split_options(), cuBLAS's own choice and up to
+  // Times SkinnyGemm at each of its plans(), cuBLAS's own choice and up to
   // kCublasLtCandidates algorithms cuBLASLt proposes (with the SiLU*mul kernel after the library's,
   // for silu_mul) on [out, in] matrices at each SkinnyGemm build's row count up to max_rows, and
   // from then on sends the calls of that product, shape and build to the fastest. Successive calls
@@ -75,14 +75,15 @@ class Gemm {
   // cuBLASLt with an algorithm tune() chose.
   struct Route {
     enum class Path { skinny, cublas, cublaslt } path = Path::skinny;
-    // SkinnyGemm's split of k (one of its split_options()), for skinny and a cublaslt fallback.
-    int splits = 0;
+    // SkinnyGemm's kernel and split of k (one of its plans()), for skinny and a cublaslt
+    // fallback.
+    SkinnyPlan skinny{};
     cublasLtMatmulAlgo_t algo{};  // for cublaslt
     // For cublaslt: the route of the calls its algorithm does not run (at some row count or on
     // unaligned operands), the faster of the other two.
     Path fallback = Path::cublas;
   };
-  static Route fallback_of(const Route& route) { return Route{route.fallback, route.splits}; }
+  static Route fallback_of(const Route& route) { return Route{route.fallback, route.skinny}; }
 
   // y = x . w^T by cublasGemmEx and the algorithm cuBLAS chooses.
   void gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
@@ -111,8 +112,9 @@ class Gemm {
   };
   ProposalTimes time_proposals(cudaDataType_t y_type, int rows, int in, int out,
                                const TimeRoute& time_route);
-  // SkinnyGemm's fastest split of k for this shape: its route and time.
-  std::pair<Route, float> fastest_skinny(int in, int out, const TimeRoute& time_route);
+  // SkinnyGemm's fastest plan for this shape by each of its kernels: their routes and times,
+  // the direct kernel's first.
+  std::vector<std::pair<Route, float>> fastest_skinny(int in, int out, const TimeRoute& time_route);
 
   cudaStream_t stream_;
   cublasHandle_t handle_ = nullptr;

@@ -34,6 +34,21 @@ int skinny_build_rows(int rows);
 // reduction.
 std::vector<int> skinny_split_options(int in, int out, int resident_blocks);
 
+// How a block's weights reach its warps. direct: each lane loads a pass of 16-byte chunks (four,
+// two at 64 rows) into registers, then multiplies them. pipelined: each lane copies its chunks
+// (cp.async) into a ring in shared memory, four stages of two chunks ahead of the one it
+// multiplies, so the weight stream goes on while it computes, for 80 KiB of shared memory a
+// block. Both compute the same
+// sums in the same order, so their results are the same.
+enum class SkinnyGemmKernel { direct, pipelined };
+const char* skinny_gemm_kernel_name(SkinnyGemmKernel kernel);
+
+// How a call runs: its split of k (one of split_options()) and its kernel.
+struct SkinnyPlan {
+  int splits = 0;
+  SkinnyGemmKernel kernel = SkinnyGemmKernel::direct;
+};
+
 // The kernel's launcher, with the scratch of its split-k reduction sized for the device. Its
 // calls go to one stream, in order, as the scratch is reused from call to call.
 class SkinnyGemm {
@@ -42,24 +57,31 @@ class SkinnyGemm {
 
   // skinny_split_options() on this device.
   std::vector<int> split_options(int in, int out) const;
+  // The kernels that run on this device: the direct one, and the pipelined one where two blocks
+  // of a multiprocessor may have their rings (compute capability 8.0 and 9.0).
+  const std::vector<SkinnyGemmKernel>& kernels() const { return kernels_; }
+  // Every plan of a call of `in` by `out` on this device, which Gemm::tune() times: each kernel
+  // that runs here at each of split_options(), the direct kernel's first split first.
+  std::vector<SkinnyPlan> plans(int in, int out) const;
 
-  // splits: one of split_options(in, out).
+  // plan: one of plans(in, out).
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int in,
-           int out, int splits);
+           int out, const SkinnyPlan& plan);
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int rows, int in, int out,
-           int splits);
+           const SkinnyPlan& plan);
   // act [rows, inter] = silu(gate) * up, where w_gate_up [2 * inter, in] holds gate row j at 2j
   // and up row j at 2j + 1.
   void run_silu_mul(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act,
-                    int rows, int in, int inter, int splits);
+                    int rows, int in, int inter, const SkinnyPlan& plan);
 
  private:
   template <typename Out, bool kSiluMul = false>
   void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out,
-              int splits);
+              const SkinnyPlan& plan);
 
   cudaStream_t stream_;
-  int target_blocks_ = 0;           // resident blocks that fill the device
+  int target_blocks_ = 0;  // resident blocks that fill the device
+  std::vector<SkinnyGemmKernel> kernels_{SkinnyGemmKernel::direct};  // kernels()
   DeviceBuffer<float> partials_;    // [split][rows][out] of a split-k call
   DeviceBuffer<int32_t> arrivals_;  // per column tile: splits finished; zero between calls
 };
