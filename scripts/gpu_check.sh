@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# The CUDA backend's check on a GPU machine, in under 10 minutes on one H200 with 16 cores:
-# build (Release, sm_90 only, just the targets needed), run the CUDA tests (the kernels alone,
-# then the runner, then the runner with each decode attention kernel), run them again under
-# compute-sanitizer (memcheck; racecheck for the kernels
-# alone), write a random llama2-7b checkpoint, run the decode
-# benchmark on it, serve it with `pipeline run` and measure that with `pipeline bench-serve`,
-# and print a short table last. The result files (JSON) go to $OUT (or /tmp/gpu_check), the
-# logs to $LOGS_DIR (/tmp/gpu_check_logs), archived into $OUT/logs.tar.gz after every stage: the
-# device tool brings back at most eight files from $OUT, and a run cut off at its time limit
-# still brings back the logs of the stages it finished.
+# The CUDA backend's check on a GPU machine, in under 10 minutes on one H200 with 16 cores: build
+# (Release, sm_90 only, just the targets needed), run the CUDA tests (the kernels alone, then the
+# runner, then the runner with each decode attention kernel and each SkinnyGemm kernel), run them
+# again under compute-sanitizer (memcheck; racecheck for the kernels alone), write a random
+# llama2-7b checkpoint, run the decode benchmark on it, serve it with `pipeline run` and measure
+# that with `pipeline bench-serve`, and print a short table last. The result files (JSON) go to
+# $OUT (or /tmp/gpu_check), the logs to $LOGS_DIR (/tmp/gpu_check_logs), archived into
+# $OUT/logs.tar.gz after every stage: the device tool brings back at most eight files from $OUT,
+# and a run cut off at its time limit still brings back the logs of the stages it finished.
 #
 #   scripts/gpu_check.sh            run the check
 #   scripts/gpu_check.sh --prepare  (on a machine with network, nvcc and ../shared) fill
@@ -180,17 +179,23 @@ for test in test_cuda_kernels test_cuda_runner; do
   archive_logs
 done
 
-# The runner's tests again with each decode attention kernel set, whichever the warm-up timed
-# faster above: both must match the CPU runner, the golden tokens and solo runs.
-for kernel in direct pipelined; do
-  t=$(date +%s)
-  log="$LOGS/test_cuda_runner.$kernel.log"
-  PIPELINE_CUDA_DECODE_ATTENTION=$kernel timeout "$(left 60)" "$BIN/test_cuda_runner" \
-    --gtest_filter='-*Projections*:*CublasLt*' > "$log" 2>&1
-  status=$?
-  note "test_cuda_runner, $kernel" "exit $status, $(grep -c '^\[       OK' "$log") passed, $(grep -c '^\[  FAILED  \] .* ms)$' "$log") failed, $(seconds_since "$t") s"
+# The runner's tests again with each decode attention kernel set, then with each SkinnyGemm
+# kernel set, whichever the warm-up timed faster above: each must match the CPU runner, the
+# golden tokens and solo runs. $1: the variable, $2: its value, $3: the summary's name, $4: the
+# gtest filter.
+run_runner_tests_with() {
+  local t=$(date +%s) log="$LOGS/test_cuda_runner.$1.$2.log"
+  env "$1=$2" timeout "$(left 60)" "$BIN/test_cuda_runner" --gtest_filter="$4" > "$log" 2>&1
+  local status=$?
+  note "test_cuda_runner, $3" "exit $status, $(grep -c '^\[       OK' "$log") passed, $(grep -c '^\[  FAILED  \] .* ms)$' "$log") failed, $(seconds_since "$t") s"
   [[ $status -ne 0 ]] && grep -m30 -B2 -A8 -E "Failure|error" "$log"
   archive_logs
+}
+for kernel in direct pipelined; do
+  run_runner_tests_with PIPELINE_CUDA_DECODE_ATTENTION $kernel $kernel '-*Projections*:*CublasLt*'
+done
+for kernel in direct pipelined; do
+  run_runner_tests_with PIPELINE_CUDA_SKINNY_GEMM $kernel "SkinnyGemm $kernel" '*'
 done
 
 sanitizer=/usr/local/cuda/bin/compute-sanitizer

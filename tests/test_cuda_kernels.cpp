@@ -20,6 +20,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -35,6 +36,7 @@
 #include "kernels/cuda/step_inputs.h"
 #include "model/batch.h"
 #include "tests/support/cuda_buffers.h"
+#include "tests/support/environment_setting.h"
 
 namespace pipeline::cuda {
 namespace {
@@ -799,6 +801,44 @@ TEST(CudaKernels, SkinnyGemmPlansMatchFloat64Reference) {
             << what << ", SiLU*mul against the direct kernel";
       }
     }
+  }
+}
+
+TEST(CudaKernels, SkinnyGemmKernelsAreFoundByName) {
+  for (SkinnyGemmKernel kernel : kSkinnyGemmKernels)
+    EXPECT_EQ(skinny_gemm_kernel_named(skinny_gemm_kernel_name(kernel)), kernel);
+  try {
+    skinny_gemm_kernel_named("Direct");
+    ADD_FAILURE() << "an unknown name was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "no SkinnyGemm kernel is named 'Direct' (direct or pipelined)");
+  }
+}
+
+// PIPELINE_CUDA_SKINNY_GEMM leaves SkinnyGemm the kernel it names, for every plan; a name that
+// is neither kernel's is refused when a SkinnyGemm is made.
+TEST(CudaKernels, SkinnyGemmKernelIsSetByTheEnvironment) {
+  SKIP_WITHOUT_CUDA();
+  Stream stream;
+  std::vector<SkinnyGemmKernel> available;
+  {
+    const EnvironmentSetting unset(kSkinnyGemmVariable, nullptr);
+    available = SkinnyGemm(stream.get()).kernels();
+  }
+  for (SkinnyGemmKernel kernel : available) {
+    const EnvironmentSetting set(kSkinnyGemmVariable, skinny_gemm_kernel_name(kernel));
+    const SkinnyGemm skinny(stream.get());
+    EXPECT_EQ(skinny.kernels(), std::vector<SkinnyGemmKernel>{kernel});
+    for (const SkinnyPlan& plan : skinny.plans(4096, 4096)) EXPECT_EQ(plan.kernel, kernel);
+  }
+  const EnvironmentSetting set(kSkinnyGemmVariable, "Direct");
+  try {
+    SkinnyGemm skinny(stream.get());
+    ADD_FAILURE() << "an unknown name was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "PIPELINE_CUDA_SKINNY_GEMM: no SkinnyGemm kernel is named 'Direct' "
+                 "(direct or pipelined)");
   }
 }
 

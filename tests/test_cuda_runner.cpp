@@ -41,6 +41,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "tests/support/cuda_buffers.h"
+#include "tests/support/environment_setting.h"
 #endif
 
 namespace pipeline {
@@ -610,27 +611,11 @@ TEST(CudaRunner, CublasLtProposalsMatchFloat64Reference) {
 }
 #endif
 
-// PIPELINE_CUDA_DECODE_ATTENTION set to `value` (unset where null) for the guard's life, and as
-// it was after: gpu_check runs this program with it set.
-class DecodeAttentionSetting {
+// PIPELINE_CUDA_DECODE_ATTENTION set to `value` (unset where null) for the guard's life.
+class DecodeAttentionSetting : public EnvironmentSetting {
  public:
-  explicit DecodeAttentionSetting(const char* value) {
-    if (const char* before = std::getenv(kName)) before_ = before;
-    set(value);
-  }
-  ~DecodeAttentionSetting() { set(before_ ? before_->c_str() : nullptr); }
-  DecodeAttentionSetting(const DecodeAttentionSetting&) = delete;
-  DecodeAttentionSetting& operator=(const DecodeAttentionSetting&) = delete;
-
- private:
-  static constexpr const char* kName = "PIPELINE_CUDA_DECODE_ATTENTION";
-  static void set(const char* value) {
-    if (value)
-      setenv(kName, value, 1);
-    else
-      unsetenv(kName);
-  }
-  std::optional<std::string> before_;
+  explicit DecodeAttentionSetting(const char* value)
+      : EnvironmentSetting("PIPELINE_CUDA_DECODE_ATTENTION", value) {}
 };
 
 // The setup report's line about the decode attention kernels.

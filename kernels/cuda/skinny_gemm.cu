@@ -23,6 +23,7 @@
 // ring in shared memory, kStages - 1 stages ahead of the one it multiplies, so the weight stream
 // keeps going while the block computes.
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -378,6 +379,12 @@ const char* skinny_gemm_kernel_name(SkinnyGemmKernel kernel) {
   return kernel == SkinnyGemmKernel::pipelined ? "pipelined" : "direct";
 }
 
+SkinnyGemmKernel skinny_gemm_kernel_named(const std::string& name) {
+  for (SkinnyGemmKernel kernel : kSkinnyGemmKernels)
+    if (name == skinny_gemm_kernel_name(kernel)) return kernel;
+  throw std::invalid_argument("no SkinnyGemm kernel is named '" + name + "' (direct or pipelined)");
+}
+
 bool skinny_gemm_applies(int rows, int in) {
   return rows >= 2 && rows <= kSkinnyMaxRows && in % 8 == 0;
 }
@@ -419,6 +426,24 @@ SkinnyGemm::SkinnyGemm(cudaStream_t stream) : stream_(stream) {
     allow_rings<bf16, true>(carveout);
     kernels_.push_back(SkinnyGemmKernel::pipelined);
   }
+  keep_the_kernel_set();
+}
+
+void SkinnyGemm::keep_the_kernel_set() {
+  const char* setting = std::getenv(kSkinnyGemmVariable);
+  if (!setting || !*setting) return;
+  const std::string variable = kSkinnyGemmVariable;
+  SkinnyGemmKernel kernel;
+  try {
+    kernel = skinny_gemm_kernel_named(setting);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(variable + ": " + e.what());
+  }
+  if (std::find(kernels_.begin(), kernels_.end(), kernel) == kernels_.end())
+    throw std::invalid_argument(variable + ": the " + setting +
+                                " kernel does not run on this device (two blocks of a "
+                                "multiprocessor cannot have their shared memory)");
+  kernels_ = {kernel};
 }
 
 std::vector<int> skinny_split_options(int in, int out, int resident_blocks) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/device_buffer.h"
@@ -41,7 +42,16 @@ std::vector<int> skinny_split_options(int in, int out, int resident_blocks);
 // block. Both compute the same
 // sums in the same order, so their results are the same.
 enum class SkinnyGemmKernel { direct, pipelined };
+constexpr SkinnyGemmKernel kSkinnyGemmKernels[] = {SkinnyGemmKernel::direct,
+                                                   SkinnyGemmKernel::pipelined};
 const char* skinny_gemm_kernel_name(SkinnyGemmKernel kernel);
+// The kernel of that name; std::invalid_argument naming the choices for any other.
+SkinnyGemmKernel skinny_gemm_kernel_named(const std::string& name);
+
+// The environment variable that leaves SkinnyGemm one kernel ("direct" or "pipelined") instead
+// of both: to run tests, sanitizers or a benchmark on one of them, as
+// PIPELINE_CUDA_DECODE_ATTENTION does for the decode attention.
+constexpr const char* kSkinnyGemmVariable = "PIPELINE_CUDA_SKINNY_GEMM";
 
 // How a call runs: its split of k (one of split_options()) and its kernel.
 struct SkinnyPlan {
@@ -58,7 +68,9 @@ class SkinnyGemm {
   // skinny_split_options() on this device.
   std::vector<int> split_options(int in, int out) const;
   // The kernels that run on this device: the direct one, and the pipelined one where two blocks
-  // of a multiprocessor may have their rings (compute capability 8.0 and 9.0).
+  // of a multiprocessor may have their rings (compute capability 8.0 and 9.0); or the one
+  // kSkinnyGemmVariable names. The constructor throws std::invalid_argument where that names
+  // none, or one that does not run here.
   const std::vector<SkinnyGemmKernel>& kernels() const { return kernels_; }
   // Every plan of a call of `in` by `out` on this device, which Gemm::tune() times: each kernel
   // that runs here at each of split_options(), the direct kernel's first split first.
@@ -75,6 +87,8 @@ class SkinnyGemm {
                     int rows, int in, int inter, const SkinnyPlan& plan);
 
  private:
+  // Leaves kernels_ the one kSkinnyGemmVariable names, if it names one.
+  void keep_the_kernel_set();
   template <typename Out, bool kSiluMul = false>
   void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, Out* y, int rows, int in, int out,
               const SkinnyPlan& plan);
