@@ -24,6 +24,7 @@
 #include "kernels/cuda/bf16_vector.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dependent_launch.cuh"
+#include "kernels/cuda/kernel_choice.h"
 #include "kernels/cuda/kernels.h"
 
 namespace pipeline::cuda {
@@ -545,10 +546,8 @@ const char* decode_attention_kernel_name(DecodeAttentionKernel kernel) {
 }
 
 DecodeAttentionKernel decode_attention_kernel_named(const std::string& name) {
-  for (DecodeAttentionKernel kernel : kDecodeAttentionKernels)
-    if (name == decode_attention_kernel_name(kernel)) return kernel;
-  throw std::invalid_argument("no decode attention kernel is named '" + name +
-                              "' (direct or pipelined)");
+  return kernel_named(kDecodeAttentionKernels, decode_attention_kernel_name,
+                      "decode attention kernel", name);
 }
 
 bool attention_supports(int num_heads, int num_kv_heads, int head_dim, std::string* why) {

@@ -21,7 +21,6 @@
 #include <bit>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -37,6 +36,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/device_weights.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kernel_choice.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/lru_cache.h"
 #include "kernels/cuda/nvtx_ranges.h"
@@ -91,13 +91,8 @@ constexpr int kAttentionTimingContext = 1024;
 constexpr const char* kDecodeAttentionVariable = "PIPELINE_CUDA_DECODE_ATTENTION";
 
 std::optional<DecodeAttentionKernel> decode_attention_from_environment() {
-  const char* setting = std::getenv(kDecodeAttentionVariable);
-  if (!setting || !*setting) return std::nullopt;
-  try {
-    return decode_attention_kernel_named(setting);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string(kDecodeAttentionVariable) + ": " + e.what());
-  }
+  return kernel_from_environment(kDecodeAttentionVariable, kDecodeAttentionKernels,
+                                 decode_attention_kernel_name, "decode attention kernel");
 }
 
 // Captured decode steps kept at once. A key is (batch size, attention grid): a serve

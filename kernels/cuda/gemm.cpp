@@ -210,14 +210,15 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
 
 std::vector<std::pair<Gemm::Route, float>> Gemm::fastest_skinny(int in, int out,
                                                                 const TimeRoute& time_route) {
-  std::vector<std::pair<Route, float>> fastest;  // plans() lists each kernel's plans together
-  for (const SkinnyPlan& plan : skinny_.plans(in, out)) {
-    const Route option{Route::Path::skinny, plan};
-    const float ms = time_route(option);
-    if (fastest.empty() || fastest.back().first.skinny.kernel != plan.kernel)
-      fastest.emplace_back(option, ms);
-    else if (ms < fastest.back().second)
-      fastest.back() = {option, ms};
+  std::vector<std::pair<Route, float>> fastest;
+  for (SkinnyGemmKernel kernel : skinny_.kernels()) {
+    std::pair<Route, float> best;
+    for (int splits : skinny_.split_options(in, out)) {
+      const Route option{Route::Path::skinny, SkinnyPlan{splits, kernel}};
+      const float ms = time_route(option);
+      if (best.first.skinny.splits == 0 || ms < best.second) best = {option, ms};
+    }
+    fastest.push_back(best);
   }
   return fastest;
 }

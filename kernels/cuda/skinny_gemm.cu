@@ -18,12 +18,12 @@
 // order (so results do not depend on timing) and writes y.
 //
 // Two kernels differ only in how the weights reach the lanes (SkinnyGemmKernel): the direct one
-// loads a pass of four chunks into registers and then multiplies them, so a warp has bytes in
-// flight only between its passes' multiplies; the pipelined one copies them (cp.async) into a
-// ring in shared memory, kStages - 1 stages ahead of the one it multiplies, so the weight stream
-// keeps going while the block computes.
+// loads a pass of chunks (four, two at 64 rows) into registers and then multiplies them, so a warp
+// has bytes in flight only between its passes' multiplies; the pipelined one copies them (cp.async)
+// into a ring in shared memory, kStages - 1 stages ahead of the one it multiplies, so the weight
+// stream keeps going while the block computes.
 #include <algorithm>
-#include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_objects.h"
 #include "kernels/cuda/dependent_launch.cuh"
+#include "kernels/cuda/kernel_choice.h"
 #include "kernels/cuda/silu.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -380,9 +381,7 @@ const char* skinny_gemm_kernel_name(SkinnyGemmKernel kernel) {
 }
 
 SkinnyGemmKernel skinny_gemm_kernel_named(const std::string& name) {
-  for (SkinnyGemmKernel kernel : kSkinnyGemmKernels)
-    if (name == skinny_gemm_kernel_name(kernel)) return kernel;
-  throw std::invalid_argument("no SkinnyGemm kernel is named '" + name + "' (direct or pipelined)");
+  return kernel_named(kSkinnyGemmKernels, skinny_gemm_kernel_name, "SkinnyGemm kernel", name);
 }
 
 bool skinny_gemm_applies(int rows, int in) {
@@ -430,20 +429,15 @@ SkinnyGemm::SkinnyGemm(cudaStream_t stream) : stream_(stream) {
 }
 
 void SkinnyGemm::keep_the_kernel_set() {
-  const char* setting = std::getenv(kSkinnyGemmVariable);
-  if (!setting || !*setting) return;
-  const std::string variable = kSkinnyGemmVariable;
-  SkinnyGemmKernel kernel;
-  try {
-    kernel = skinny_gemm_kernel_named(setting);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(variable + ": " + e.what());
-  }
-  if (std::find(kernels_.begin(), kernels_.end(), kernel) == kernels_.end())
-    throw std::invalid_argument(variable + ": the " + setting +
+  const std::optional<SkinnyGemmKernel> kernel = kernel_from_environment(
+      kSkinnyGemmVariable, kSkinnyGemmKernels, skinny_gemm_kernel_name, "SkinnyGemm kernel");
+  if (!kernel) return;
+  if (std::find(kernels_.begin(), kernels_.end(), *kernel) == kernels_.end())
+    throw std::invalid_argument(std::string(kSkinnyGemmVariable) + ": the " +
+                                skinny_gemm_kernel_name(*kernel) +
                                 " kernel does not run on this device (two blocks of a "
                                 "multiprocessor cannot have their shared memory)");
-  kernels_ = {kernel};
+  kernels_ = {*kernel};
 }
 
 std::vector<int> skinny_split_options(int in, int out, int resident_blocks) {
