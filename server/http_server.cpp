@@ -466,7 +466,7 @@ struct HttpServer::Impl {
   int port = 0;  // the port bound, which identifies a request's connection (PeerConnection)
   HttpCounters counters;
   ConnectionsAnswering answering;
-  SlowSenders slow_senders{kSlowRequestLimit, {}};  // the relieving thread's alone
+  SlowSenders slow_senders{kSlowRequestLimit, {}, {}};  // the relieving thread's alone
   std::atomic<int64_t> active{0};
   std::atomic<bool> stopping{false};
   std::atomic<bool> grace_ended{false};

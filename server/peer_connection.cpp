@@ -86,15 +86,25 @@ void stop_reading_idle_connections(
     int local_port, std::chrono::milliseconds quiet,
     const std::function<bool(const std::string& host, int port)>& answering, SlowSenders* slow) {
   const auto now = std::chrono::steady_clock::now();
-  std::map<std::pair<std::string, int>, std::chrono::steady_clock::time_point> sending;
+  SlowSenders::Clients sending, waiting;
   for_each_descriptor([&](int fd) {
     std::pair<std::string, int> client;
     if (!peer_end(fd, client.first, client.second) || !own_port_is(fd, local_port) ||
         answering(client.first, client.second))
       return false;
     const Reading state = reading_state(fd, quiet);
+    bool waited_lately = false;
+    if (slow != nullptr) {
+      if (state == Reading::kWaiting) {
+        waiting.emplace(client, now);
+      } else if (const auto seen = slow->waiting.find(client);
+                 seen != slow->waiting.end() && now - seen->second < quiet) {
+        waiting.emplace(client, seen->second);
+        waited_lately = true;
+      }
+    }
     if (state == Reading::kQuiet) {
-      ::shutdown(fd, SHUT_RD);
+      if (!waited_lately) ::shutdown(fd, SHUT_RD);
     } else if (slow != nullptr && state == Reading::kTakenAsItComes) {
       // Bytes that wait unread mean no thread reads the connection: one queued for a thread,
       // whose first scan may have come before its request did (and found it just as a sender
@@ -106,7 +116,10 @@ void stop_reading_idle_connections(
     }
     return false;
   });
-  if (slow != nullptr) slow->since = std::move(sending);
+  if (slow != nullptr) {
+    slow->since = std::move(sending);
+    slow->waiting = std::move(waiting);
+  }
 }
 
 void end_every_connection(int local_port) {

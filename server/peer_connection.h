@@ -28,10 +28,18 @@ namespace pipeline {
 // call, for slow->limit or longer (a call that finds bytes waiting unread starts it again): a
 // client that trickles a header line more often than `quiet` is never idle, and enough of them
 // would hold every thread for as long as they trickle.
+//
+// With `slow`, a connection seen with a request's bytes waiting unread is also not idle until
+// `quiet` after the call that last saw them waiting: a connection queued for a thread keeps its
+// bytes in the kernel, so once a thread has read them (and before httplib routes the request)
+// the time they arrived says nothing of how long ago they were read.
 struct SlowSenders {
   std::chrono::milliseconds limit;
+  using Clients = std::map<std::pair<std::string, int>, std::chrono::steady_clock::time_point>;
   // The clients (host, port) seen sending, and since when; those not seen by a call are dropped.
-  std::map<std::pair<std::string, int>, std::chrono::steady_clock::time_point> since;
+  Clients since;
+  // The clients last seen with bytes waiting, and when, for `quiet` after.
+  Clients waiting;
 };
 void stop_reading_idle_connections(
     int local_port, std::chrono::milliseconds quiet,

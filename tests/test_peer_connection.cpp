@@ -148,5 +148,24 @@ TEST(StopReadingIdleConnections, LeavesAConnectionThatReceivedBytesLately) {
   EXPECT_EQ(read_now(reading.accepted, buffer, sizeof buffer), 0) << "quiet long enough";
 }
 
+// A connection queued for a thread keeps its request's bytes in the kernel past `quiet`; once a
+// thread has read them, the relieving scan that had seen them waiting leaves the connection
+// for `quiet` more (httplib may not have routed the request yet), then ends its reads.
+TEST(StopReadingIdleConnections, LeavesAConnectionWhoseWaitingBytesWereJustRead) {
+  Connection queued;
+  ASSERT_EQ(write(queued.client, "GET", 3), 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // received 150 ms ago
+  const auto nobody = [](const std::string&, int) { return false; };
+  SlowSenders relieving{5s, {}, {}};
+  stop_reading_idle_connections(queued.server_port, 100ms, nobody, &relieving);
+  char buffer[8];
+  ASSERT_EQ(read_now(queued.accepted, buffer, sizeof buffer), 3) << "a thread takes the request";
+  stop_reading_idle_connections(queued.server_port, 100ms, nobody, &relieving);
+  EXPECT_EQ(read_now(queued.accepted, buffer, sizeof buffer), -1) << "its reads were ended";
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  stop_reading_idle_connections(queued.server_port, 100ms, nobody, &relieving);
+  EXPECT_EQ(read_now(queued.accepted, buffer, sizeof buffer), 0) << "quiet long enough";
+}
+
 }  // namespace
 }  // namespace pipeline
