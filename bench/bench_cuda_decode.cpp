@@ -1,6 +1,9 @@
 // Decode throughput of the CUDA runner: one step for a batch of 1, 16 or 64 sequences, each with
 // a 1024-token context already in the KV cache (every sequence has its own blocks). The model
 // folder comes from PIPELINE_BENCH_MODEL (e.g. `pipeline make-model --shape llama2-7b`).
+// BM_CudaDecode's steps are greedy ones (every chunk argmax_only, as the server sends a batch
+// of greedy requests without logprobs): the host gets each row's argmax. BM_CudaDecodeAllLogits
+// runs the same steps returning every row, as a batch with one sampled request does.
 //
 // Each batch size's first replayed step is bracketed by cudaProfilerStart/Stop, so that
 // `ncu --profile-from-start off` times that step's kernels and nothing else.
@@ -104,7 +107,8 @@ DecodeSetup& setup() {
   return s;
 }
 
-void BM_CudaDecode(benchmark::State& state) {
+// `argmax_only`: the step returns each row's argmax (greedy), or else every row.
+void decode_steps(benchmark::State& state, bool argmax_only) {
   DecodeSetup& s = setup();
   if (!s.skip_reason.empty()) {
     state.SkipWithError(s.skip_reason.c_str());
@@ -113,6 +117,7 @@ void BM_CudaDecode(benchmark::State& state) {
   const int batch_size = int(state.range(0));
   Batch batch;
   batch.seqs.assign(s.seqs.begin(), s.seqs.begin() + batch_size);
+  for (SequenceChunk& seq : batch.seqs) seq.argmax_only = argmax_only;
   Logits logits;
   for (int i = 0; i < 3; ++i) s.runner->forward(batch, logits);  // eager, capture, replay
   // One replayed step for a profiler to time kernel by kernel; without one, a fourth warm-up.
@@ -133,12 +138,19 @@ void BM_CudaDecode(benchmark::State& state) {
   state.counters["ctx"] = s.context;
 }
 
+void BM_CudaDecode(benchmark::State& state) {
+  decode_steps(state, /*argmax_only=*/true);
+}
+void BM_CudaDecodeAllLogits(benchmark::State& state) {
+  decode_steps(state, /*argmax_only=*/false);
+}
 BENCHMARK(BM_CudaDecode)->Arg(1)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CudaDecodeAllLogits)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The serving benchmark's workload on the runner alone: 16 sequences of 32-token prompts,
-// prefilled together (the first of 1024 tokens each), then decoded together for 1023 steps,
-// their contexts growing from 33 to 1055 positions and their cache blocks taken one at a time
-// as each needs the next, so that the sequences' blocks interleave in the pool as a
+// prefilled together (the first of 1024 tokens each), then decoded greedily together for 1023
+// steps, their contexts growing from 33 to 1055 positions and their cache blocks taken one at a
+// time as each needs the next, so that the sequences' blocks interleave in the pool as a
 // scheduler's do. Its tok/s set beside `pipeline bench-serve`'s on the same checkpoint say how
 // much of serving is the server's. Counters as BM_CudaDecode's (the floor counts each decode
 // step's own KV bytes; the prefill's time counts, its bytes do not), and steps: the forward
@@ -174,6 +186,7 @@ void BM_CudaDecodeServing(benchmark::State& state) {
     std::vector<SequenceChunk> seqs(kSeqs);
     for (SequenceChunk& seq : seqs) {
       seq.tokens.resize(kPrompt);
+      seq.argmax_only = true;  // bench-serve's requests: greedy, no logprobs
       for (int32_t& t : seq.tokens) t = token(rng);
       for (int b = 0; b * block_size < kPrompt + 1; ++b) seq.block_table.push_back(next_block++);
     }

@@ -36,6 +36,7 @@
 #include "io/tokenizer.h"
 #include "model/guided_decoding.h"
 #include "model/model_runner.h"
+#include "model/sampling.h"
 
 namespace pipeline {
 namespace {
@@ -57,7 +58,8 @@ LlamaConfig llama2_7b_config() {
 
 // A ModelRunner without a model: forward() gives each logit row random logits, drawn when the
 // rows are first needed and left in place after (normal, standard deviation 3: a few dozen words
-// hold most of the probability, as in a trained model's next-word distribution).
+// hold most of the probability, as in a trained model's next-word distribution). A batch that is
+// argmax_only() gets the argmaxes of such rows, found once, as a GPU runner returns them.
 class FixedLogitsRunner final : public ModelRunner {
  public:
   FixedLogitsRunner() : config_(llama2_7b_config()) {
@@ -71,6 +73,24 @@ class FixedLogitsRunner final : public ModelRunner {
   const KvCacheShape& kv_shape() const override { return kv_shape_; }
   std::string device_name() const override { return "fixed logits"; }
   void forward(const Batch& batch, Logits& logits) override {
+    if (batch.argmax_only()) {
+      if (argmaxes_.size() != size_t(batch.logit_rows())) {
+        Logits rows;
+        fill_rows(batch, rows);
+        argmaxes_.clear();
+        for (int r = 0; r < rows.rows(); ++r) argmaxes_.push_back(argmax_of(rows.row(r)));
+      }
+      logits.vocab = kVocab;
+      logits.data.clear();
+      logits.argmax = argmaxes_;
+      return;
+    }
+    logits.argmax.clear();
+    fill_rows(batch, logits);
+  }
+
+ private:
+  void fill_rows(const Batch& batch, Logits& logits) {
     const size_t size = size_t(batch.logit_rows()) * kVocab;
     if (logits.vocab == kVocab && logits.data.size() == size) return;
     logits.vocab = kVocab;
@@ -79,7 +99,7 @@ class FixedLogitsRunner final : public ModelRunner {
     for (float& x : logits.data) x = normal(rng_);
   }
 
- private:
+  std::vector<RowArgmax> argmaxes_;
   LlamaConfig config_;
   KvCacheShape kv_shape_;
   std::mt19937 rng_{42};
@@ -306,16 +326,18 @@ BENCHMARK(BM_Stage_batch_window)
     ->Unit(benchmark::kMicrosecond);
 
 // prefill / decode_step: the model stage's body over range(0) sequences with fixed logits:
-// the logits' copy, sampling each sequence (range(1): 0 greedy, 1 temperature 0.8 with top-p
-// 0.95, 2 the same in JSON mode) and the step's bookkeeping. The random logits rarely pick a
-// token JSON mode allows outside a string, so 2 pays for the vocabulary's mask at most steps:
-// JSON mode's worst case.
+// sampling each sequence (range(1): 0 greedy, 1 temperature 0.8 with top-p 0.95, 2 the same in
+// JSON mode, 3 greedy from passes that return each row's argmax, as the scheduler asks of a
+// greedy batch) and the step's bookkeeping. The random logits rarely pick a token JSON mode
+// allows outside a string, so 2 pays for the vocabulary's mask at most steps: JSON mode's worst
+// case.
 void model_stage(benchmark::State& state, const char* name, bool prefill) {
   StageBench* b = bench(state);
   if (!b) return;
   const int seqs = int(state.range(0));
-  const SamplingParams sampling = state.range(1) ? nucleus() : greedy();
+  const SamplingParams sampling = state.range(1) == 1 || state.range(1) == 2 ? nucleus() : greedy();
   const bool json_object = state.range(1) == 2;
+  const bool argmax_only = state.range(1) == 3;
   const std::vector<SequencePtr> work = b->tokenized_requests(seqs, sampling, json_object);
   auto stage = b->make(name);
   Message message;
@@ -328,6 +350,7 @@ void model_stage(benchmark::State& state, const char* name, bool prefill) {
   }
   Batch& batch =
       prefill ? std::get<PrefillBatch>(message).batch : std::get<DecodeBatch>(message).batch;
+  for (SequenceChunk& chunk : batch.seqs) chunk.argmax_only = argmax_only;
   const int generated_before = work.front()->generated();
   for (auto _ : state) {
     // Every chunk ends at its sequence's last token, as the scheduler builds a pass, so that
@@ -348,7 +371,7 @@ void BM_Stage_decode_step(benchmark::State& state) {
 }
 BENCHMARK(BM_Stage_prefill)->Args({16, 0})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Stage_decode_step)
-    ->ArgsProduct({{1, 16, 64}, {0, 1, 2}})
+    ->ArgsProduct({{1, 16, 64}, {0, 1, 2, 3}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

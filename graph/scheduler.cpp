@@ -346,6 +346,8 @@ void Scheduler::add_chunk(uint64_t id, int tokens, std::vector<SequencePtr>& seq
   chunk.start_pos = seq->computed;
   chunk.block_table = seq->block_table;
   chunk.all_logits = seq->scores_prompt();
+  // The sampler's state can be read here: it draws only in the model step, between passes.
+  chunk.argmax_only = !chunk.all_logits && seq->sampler->draws_argmax();
   seq->computed = end;
   batch.seqs.push_back(std::move(chunk));
   seqs.push_back(seq);

@@ -22,4 +22,10 @@ bool Batch::is_decode() const {
   });
 }
 
+bool Batch::argmax_only() const {
+  return !seqs.empty() && std::all_of(seqs.begin(), seqs.end(), [](const SequenceChunk& seq) {
+    return seq.argmax_only && !seq.all_logits;
+  });
+}
+
 }  // namespace pipeline

@@ -1,5 +1,6 @@
 #include "model/cpu_runner.h"
 
+#include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "kernels/cpu/silu_mul.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "model/cpu_kv_pool.h"
+#include "model/sampling.h"
 
 namespace pipeline {
 namespace {
@@ -58,6 +60,14 @@ std::vector<float> as_float_vector(const TensorView& t, int64_t size) {
   std::vector<float> v(static_cast<size_t>(size));
   for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_f32(t.data, t.dtype, i);
   return v;
+}
+
+// For a Batch that is argmax_only(): each row's argmax in place of the rows.
+void keep_argmaxes_only(Logits& logits) {
+  const int rows = logits.rows();
+  logits.argmax.resize(size_t(rows));
+  tbb::parallel_for(0, rows, [&](int r) { logits.argmax[size_t(r)] = argmax_of(logits.row(r)); });
+  logits.data.clear();
 }
 
 // The weights, after checking that their config describes a model this runner can run.
@@ -326,6 +336,7 @@ void CpuRunner::compute_logits(Logits& logits) {
   cpu::rmsnorm(final_.data(), final_norm_.data(), rows, hidden, config_.rms_norm_eps,
                final_.data());
   logits.vocab = config_.vocab_size;
+  logits.argmax.clear();
   logits.data.resize(size_t(rows) * config_.vocab_size);
   cpu::matmul(final_.data(), rows, lm_head_, logits.data.data(), size_t(config_.vocab_size));
 }
@@ -346,6 +357,7 @@ void CpuRunner::forward(const Batch& batch, Logits& logits) {
       run_layer(layer);
     }
     compute_logits(logits);
+    if (batch.argmax_only()) keep_argmaxes_only(logits);
   };
   if (arena_) {
     arena_->execute(run);

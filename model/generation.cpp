@@ -131,7 +131,11 @@ void Generator::prefill(std::span<const GenerationRequest> requests,
                                std::to_string(blocks_.num_total()) +
                                " blocks free) with the requests already running; run fewer "
                                "requests together or give the runner more KV blocks");
-    batch_.seqs.push_back({.tokens = seq.tokens, .start_pos = 0, .block_table = seq.block_table});
+    batch_.seqs.push_back({.tokens = seq.tokens,
+                           .start_pos = 0,
+                           .block_table = seq.block_table,
+                           .all_logits = false,
+                           .argmax_only = seq.sampler.draws_argmax()});
   }
 
   const Clock::time_point start = Clock::now();
@@ -160,6 +164,7 @@ void Generator::decode_step(std::vector<Sequence>& running, std::vector<Generati
     chunk.start_pos = position;
     chunk.block_table = seq.block_table;
     chunk.all_logits = false;
+    chunk.argmax_only = seq.sampler.draws_argmax();
   }
 
   const Clock::time_point start = Clock::now();
@@ -180,7 +185,9 @@ void Generator::sample_next(std::span<Sequence> sequences, std::vector<Generatio
   for (size_t row = 0; row < sequences.size(); ++row) {
     Sequence& seq = sequences[row];
     GenerationResult& result = results[seq.request];
-    SampledToken sampled = seq.sampler.sample(logits_.row(int(row)), seq.tokens);
+    SampledToken sampled = logits_.argmax.empty()
+                               ? seq.sampler.sample(logits_.row(int(row)), seq.tokens)
+                               : seq.sampler.take_argmax(logits_.argmax[row]);
     const int32_t token = sampled.token;
     seq.tokens.push_back(token);
     result.tokens.push_back(token);

@@ -72,7 +72,8 @@ class ModelRunner {
   virtual std::vector<std::string> setup_report() const { return {}; }
 
   // Runs every sequence's new tokens, writes their K and V into the block tables' slots and
-  // fills `logits` (resized here) with Batch::logit_rows() rows. Decode batches (one token
+  // fills `logits` (resized here) with Batch::logit_rows() rows, or, when the batch is
+  // argmax_only(), with their argmaxes (Logits::argmax) and no rows. Decode batches (one token
   // per sequence) are the hot path. Throws RunnerFailure when the runner is no longer usable.
   virtual void forward(const Batch& batch, Logits& logits) = 0;
 

@@ -186,6 +186,11 @@ Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed,
     throw std::invalid_argument("min_tokens cannot be combined with guided decoding");
 }
 
+RowArgmax argmax_of(std::span<const float> logits) {
+  const float max = max_value(logits);
+  return {first_argmax(logits, max), max};
+}
+
 SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) throw std::invalid_argument("Sampler::sample: empty logits");
   SampledToken out;
@@ -211,6 +216,20 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   if (report) out.logprob = float(double(logits[out.token]) - log_z);
   ++drawn_;
   return out;
+}
+
+bool Sampler::draws_argmax() const {
+  const bool reports = params_.logprobs || params_.top_logprobs > 0;
+  return params_.temperature == 0.0f && !adjusts() && !guide_ && !reports;
+}
+
+SampledToken Sampler::take_argmax(const RowArgmax& argmax) {
+  if (!draws_argmax())
+    throw std::logic_error("Sampler::take_argmax: this sampler's draws need the whole row");
+  if (!std::isfinite(argmax.value))
+    throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
+  ++drawn_;
+  return {argmax.token, 0.0f, {}};
 }
 
 int32_t Sampler::choose(std::span<const float> logits, std::span<const int32_t> history,

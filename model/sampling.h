@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/guided_decoding.h"
+#include "model/row_argmax.h"
 
 namespace pipeline {
 
@@ -79,6 +80,10 @@ struct SampledToken {
 // Throws std::invalid_argument on a token outside the logits or logits with no finite maximum.
 SampledToken score_token(std::span<const float> logits, int32_t token, int top_logprobs);
 
+// The row's argmax as greedy sampling takes it: the lowest id holding the largest value, NaNs
+// aside. What a runner returns for a Batch that is argmax_only().
+RowArgmax argmax_of(std::span<const float> logits);
+
 // What the sampler throws when the request's own constraints (its bans, its guide) leave no token
 // to draw: the client's request cannot be met, which is not the server's failure.
 class NothingToDraw : public std::runtime_error {
@@ -105,6 +110,15 @@ class Sampler {
   // NothingToDraw when the bans (allowed_tokens, bad words, min_tokens) or the guide leave
   // no token to draw.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // Whether its next draw is the raw logits' argmax and nothing more: greedy, with no logit_bias,
+  // penalty, ban or guide to change the logits and no logprobs to report. Such a draw needs only
+  // the row's RowArgmax, which a runner finds where the logits are (SequenceChunk::argmax_only).
+  bool draws_argmax() const;
+  // The draw sample() makes when draws_argmax(), from the row's argmax. Throws
+  // std::invalid_argument when the row has no finite maximum (as sample() does), and
+  // std::logic_error when !draws_argmax().
+  SampledToken take_argmax(const RowArgmax& argmax);
 
   const SamplingParams& params() const { return params_; }
 

@@ -167,7 +167,8 @@ bool forward(EngineContext& ctx, const std::vector<SequencePtr>& seqs, const Bat
 
 // Each sequence's next token, drawn from its own row (a chunk's last) with its own sampler, and
 // its prompt's scores where asked for; or why that failed. In parallel, since a large batch's
-// sampling would otherwise stall the device between steps.
+// sampling would otherwise stall the device between steps; a pass that returned only its rows'
+// argmaxes (Batch::argmax_only) leaves each draw a few instructions, done in turn.
 struct Draws {
   std::vector<SampledToken> sampled;
   std::vector<std::optional<RequestError>> errors;
@@ -183,16 +184,24 @@ Draws draw_tokens(const std::vector<SequencePtr>& seqs, const Batch& batch, cons
       score_prompts(seqs, batch, logits, first_row);
   for (size_t i = 0; i < seqs.size(); ++i)
     if (scoring_errors[i]) draws.errors[i] = server_error("sampling failed: " + *scoring_errors[i]);
-  tbb::parallel_for(size_t(0), seqs.size(), [&](size_t i) {
+  const bool argmaxes = !logits.argmax.empty();
+  auto draw = [&](size_t i) {
     if (!reaches_the_end(batch.seqs[i], *seqs[i]) || draws.errors[i]) return;
     const SequenceChunk& chunk = batch.seqs[i];
     const int row = first_row[i] + (chunk.all_logits ? int(chunk.tokens.size()) - 1 : 0);
+    Sampler& sampler = *seqs[i]->sampler;
     try {
-      draws.sampled[i] = seqs[i]->sampler->sample(logits.row(row), seqs[i]->tokens);
+      draws.sampled[i] = argmaxes ? sampler.take_argmax(logits.argmax[size_t(row)])
+                                  : sampler.sample(logits.row(row), seqs[i]->tokens);
     } catch (const std::exception&) {
       draws.errors[i] = sampling_error(*seqs[i]->request);
     }
-  });
+  };
+  if (argmaxes) {
+    for (size_t i = 0; i < seqs.size(); ++i) draw(i);
+  } else {
+    tbb::parallel_for(size_t(0), seqs.size(), draw);
+  }
   return draws;
 }
 

@@ -20,6 +20,7 @@
 #include "model/cpu_runner.h"
 #include "model/kv_cache.h"
 #include "model/llama_weights.h"
+#include "model/sampling.h"
 #include "tests/support/shared_data.h"
 
 // Counts the C++ heap allocations of this test program, to check that decode steps make none.
@@ -212,6 +213,36 @@ TEST(Batching, AllLogitsRowsComeInBatchOrder) {
   EXPECT_TRUE(std::equal(both.row(4).begin(), both.row(4).end(), lb.row(0).begin()));
 }
 
+// A batch whose every chunk is argmax_only gets each row's argmax_of (the rows' own, computed the
+// same way) and no rows; one chunk that wants its row gets every row back.
+TEST(Batching, AnArgmaxOnlyBatchGetsEachRowsArgmaxInsteadOfTheRows) {
+  const auto runner = make_cpu_runner(stories260k(), RunnerOptions{});
+  BlockManager blocks(runner->kv_shape().num_blocks);
+  const int bs = runner->kv_shape().block_size;
+  const auto batch_of = [&](bool first_argmax_only) {
+    Batch batch;
+    for (const auto& p : {prompts()[1], prompts()[2], prompts()[3]}) {
+      batch.seqs.push_back({p, 0, {}, false, true});
+      EXPECT_TRUE(blocks.ensure_capacity(batch.seqs.back().block_table, int(p.size()), bs));
+    }
+    batch.seqs[0].argmax_only = first_argmax_only;
+    return batch;
+  };
+  Logits rows, argmaxes;
+  runner->forward(batch_of(false), rows);
+  ASSERT_EQ(rows.rows(), 3);
+  EXPECT_TRUE(rows.argmax.empty());
+  runner->forward(batch_of(true), argmaxes);
+  ASSERT_EQ(argmaxes.rows(), 3);
+  EXPECT_TRUE(argmaxes.data.empty());
+  for (int r = 0; r < 3; ++r) {
+    const RowArgmax expected = argmax_of(rows.row(r));
+    EXPECT_EQ(argmaxes.argmax[size_t(r)].token, expected.token) << "row " << r;
+    EXPECT_EQ(argmaxes.argmax[size_t(r)].value, expected.value) << "row " << r;
+    EXPECT_EQ(expected.token, argmax(rows.row(r))) << "row " << r;
+  }
+}
+
 // The CPU runner asks the model step's watch before each layer and stops a pass it no longer
 // wants with PassAbandoned; the same pass run again whole (its K and V slots rewritten) gives
 // the logits it gives unwatched.
@@ -253,9 +284,14 @@ TEST(Batching, DecodeStepsDoNotAllocateOnceWarm) {
     s.tokens.assign(1, 300);
   }
   runner->forward(batch, logits);  // the first decode step sizes the logits
+  for (SequenceChunk& s : batch.seqs) s.argmax_only = true;
+  runner->forward(batch, logits);  // the first greedy step sizes the argmaxes
   const long before = g_allocations.load();
   for (int step = 0; step < 30; ++step) {
-    for (SequenceChunk& s : batch.seqs) ++s.start_pos;
+    for (SequenceChunk& s : batch.seqs) {
+      ++s.start_pos;
+      s.argmax_only = step % 2 == 0;  // greedy steps and steps that return rows, in turn
+    }
     runner->forward(batch, logits);
   }
   EXPECT_EQ(g_allocations.load() - before, 0);

@@ -17,9 +17,11 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -35,6 +37,7 @@
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/batch.h"
+#include "model/sampling.h"
 #include "tests/support/cuda_buffers.h"
 #include "tests/support/environment_setting.h"
 
@@ -569,6 +572,48 @@ TEST(CudaKernels, EmbeddingGatherCopiesEachTokensRow) {
         ASSERT_EQ(residual[t * hidden + size_t(c)],
                   __bfloat162float(embed[size_t(tokens[t]) * hidden + size_t(c)]))
             << "hidden " << hidden << ", token " << t << ", column " << c;
+  }
+}
+
+// Each row's argmax is the host's argmax_of, at 32,000 columns (float4 loads) and 509 (one float
+// a load): ties (the lowest token), NaNs (never counted), the first and last columns, +inf, and
+// rows without a finite maximum (all NaN, all -inf), whose value must say so.
+TEST(CudaKernels, LogitsArgmaxIsTheHostsOnEveryRow) {
+  SKIP_WITHOUT_CUDA();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int vocab : {32000, 509}) {
+    constexpr int kRows = 70;
+    std::mt19937 rng{uint32_t(vocab)};
+    std::normal_distribution<float> normal(0.0f, 4.0f);
+    std::vector<float> logits(size_t(kRows) * vocab);
+    for (float& x : logits) x = normal(rng);
+    const auto row = [&](int r) { return logits.begin() + ptrdiff_t(r) * vocab; };
+    row(1)[vocab - 1] = row(1)[7] = 100.0f;
+    row(2)[vocab - 3] = row(2)[vocab / 2] = row(2)[3] = 100.0f;
+    std::fill(row(3), row(4), 1.5f);
+    for (int c = 0; c < vocab; c += 3) row(4)[c] = nan;
+    row(5)[0] = nan;
+    row(5)[1] = 50.0f;
+    row(6)[0] = 60.0f;
+    row(7)[vocab - 1] = 60.0f;
+    row(8)[vocab - 2] = inf;
+    std::fill(row(9), row(10), nan);
+    std::fill(row(10), row(11), -inf);
+    const DeviceBuffer<float> logits_d = upload(logits);
+    DeviceBuffer<RowArgmax> out_d(kRows);
+    Stream stream;
+    logits_argmax(logits_d.data(), kRows, vocab, out_d.data(), stream.get());
+    const std::vector<RowArgmax> out = download(out_d);
+    for (int r = 0; r < kRows; ++r) {
+      const RowArgmax expected = argmax_of(std::span<const float>(&*row(r), size_t(vocab)));
+      if (!std::isfinite(expected.value)) {
+        EXPECT_FALSE(std::isfinite(out[size_t(r)].value)) << "vocab " << vocab << ", row " << r;
+        continue;
+      }
+      EXPECT_EQ(out[size_t(r)].token, expected.token) << "vocab " << vocab << ", row " << r;
+      EXPECT_EQ(out[size_t(r)].value, expected.value) << "vocab " << vocab << ", row " << r;
+    }
   }
 }
 

@@ -246,29 +246,35 @@ TEST(CudaRunner, ChunkedPrefillAndDecodeMatchOneShotPrefillAtOtherBlockSizes) {
   for (int block_size : {1, 7, 512}) expect_chunked_matches_one_shot(block_size);
 }
 
+// Each way a greedy server runs: the rows back on the host, and the device's argmax alone.
 TEST(CudaRunner, GreedyTokensMatchStories260KGolden) {
   SKIP_WITHOUT_CUDA();
   const auto cuda = make_cuda_runner(load_model(shared_path("models/stories260K")), test_options());
   const int block_size = cuda->kv_shape().block_size;
-  for (const json& c : read_json("golden/stories260K_greedy.json")["cases"]) {
-    const auto expected = c["generated_ids"].get<std::vector<int32_t>>();
-    BlockManager blocks(cuda->kv_shape().num_blocks);
-    Batch batch;
-    batch.seqs.push_back({c["prompt_ids_sentencepiece"].get<std::vector<int32_t>>(), 0, {}, false});
-    SequenceChunk& seq = batch.seqs[0];
-    Logits logits;
-    std::vector<int32_t> generated;
-    while (generated.size() < 8) {
-      ASSERT_TRUE(blocks.ensure_capacity(seq.block_table, seq.start_pos + int(seq.tokens.size()),
-                                         block_size));
-      cuda->forward(batch, logits);
-      ASSERT_EQ(logits.rows(), 1);
-      generated.push_back(argmax(logits.row(0)));
-      seq.start_pos += int(seq.tokens.size());
-      seq.tokens = {generated.back()};
+  for (const bool argmax_only : {false, true}) {
+    for (const json& c : read_json("golden/stories260K_greedy.json")["cases"]) {
+      const auto expected = c["generated_ids"].get<std::vector<int32_t>>();
+      BlockManager blocks(cuda->kv_shape().num_blocks);
+      Batch batch;
+      batch.seqs.push_back(
+          {c["prompt_ids_sentencepiece"].get<std::vector<int32_t>>(), 0, {}, false, argmax_only});
+      SequenceChunk& seq = batch.seqs[0];
+      Logits logits;
+      std::vector<int32_t> generated;
+      while (generated.size() < 8) {
+        ASSERT_TRUE(blocks.ensure_capacity(seq.block_table, seq.start_pos + int(seq.tokens.size()),
+                                           block_size));
+        cuda->forward(batch, logits);
+        ASSERT_EQ(logits.rows(), 1);
+        ASSERT_EQ(logits.argmax.size(), argmax_only ? 1u : 0u);
+        generated.push_back(argmax_only ? logits.argmax[0].token : argmax(logits.row(0)));
+        seq.start_pos += int(seq.tokens.size());
+        seq.tokens = {generated.back()};
+      }
+      EXPECT_EQ(generated, std::vector<int32_t>(expected.begin(), expected.begin() + 8))
+          << "prompt '" << c["prompt"].get<std::string>() << "'"
+          << (argmax_only ? ", argmax on the device" : ", rows on the host");
     }
-    EXPECT_EQ(generated, std::vector<int32_t>(expected.begin(), expected.begin() + 8))
-        << "prompt '" << c["prompt"].get<std::string>() << "'";
   }
 }
 
@@ -290,6 +296,44 @@ GoldenSequences golden_sequences(int count = 8) {
     g.continuations.push_back(c["generated_ids"].get<std::vector<int32_t>>());
   }
   return g;
+}
+
+// Eight sequences' decode steps, each run twice over the same positions: once returning the rows,
+// once the argmaxes alone (the same captured graph, copied back either way). Each argmax is its
+// row's, up to the last bits a replay may round differently.
+TEST(CudaRunner, ArgmaxOnlyStepsGiveTheArgmaxOfTheirRows) {
+  SKIP_WITHOUT_CUDA();
+  const auto cuda =
+      make_cuda_runner(load_model(shared_path("models/stories260K")), test_options(512));
+  const GoldenSequences g = golden_sequences();
+  BlockManager blocks(cuda->kv_shape().num_blocks);
+  Batch batch;
+  for (const auto& prompt : g.prompts) batch.seqs.push_back({prompt, 0, {}, false});
+  Logits rows, argmaxes;
+  for (int step = 0; step <= 6; ++step) {
+    for (SequenceChunk& seq : batch.seqs) {
+      seq.argmax_only = false;
+      ASSERT_TRUE(blocks.ensure_capacity(seq.block_table, seq.start_pos + int(seq.tokens.size()),
+                                         cuda->kv_shape().block_size));
+    }
+    cuda->forward(batch, rows);
+    for (SequenceChunk& seq : batch.seqs) seq.argmax_only = true;
+    cuda->forward(batch, argmaxes);
+    ASSERT_TRUE(argmaxes.data.empty());
+    ASSERT_EQ(argmaxes.argmax.size(), batch.seqs.size());
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const std::span<const float> row = rows.row(int(i));
+      const RowArgmax& found = argmaxes.argmax[i];
+      EXPECT_NEAR(found.value, *std::max_element(row.begin(), row.end()), 1e-4)
+          << "sequence " << i << " step " << step;
+      if (top_two_gap(row) > 1e-3f) {
+        EXPECT_EQ(found.token, argmax(row)) << "sequence " << i << " step " << step;
+      }
+      SequenceChunk& seq = batch.seqs[i];
+      seq.start_pos += int(seq.tokens.size());
+      seq.tokens = {g.continuations[i][size_t(step)]};
+    }
+  }
 }
 
 // rows[sequence][step]: the logits of a prompt's last token, then of each decode step.

@@ -67,6 +67,19 @@ class PositionRunner final : public TestRunner {
   }
 };
 
+// A runner that answers every pass with the argmaxes it is given, as a runner answers a batch
+// that is argmax_only(); it fails the test if a pass wants rows.
+class ArgmaxRunner final : public TestRunner {
+ public:
+  std::vector<RowArgmax> argmaxes;
+  void forward(const Batch& batch, Logits& logits) override {
+    EXPECT_TRUE(batch.argmax_only());
+    logits.vocab = config_.vocab_size;
+    logits.data.clear();
+    logits.argmax = argmaxes;
+  }
+};
+
 template <typename Runner>
 struct StepFixture {
   ServeConfig config;
@@ -229,6 +242,35 @@ TEST(ModelStep, AScoredPromptScoresEachTokenOnceFromTheRowBeforeIt) {
     EXPECT_EQ(out.prompt_scores[i].top[0].token, int32_t(i + 1));
   }
   EXPECT_TRUE(seq->prompt_scores.empty()) << "the scores went out with the first token";
+}
+
+// A pass that returned only its rows' argmaxes draws each greedy sequence's token from its own;
+// a row without a finite maximum fails its sequence as a row of logits without one would.
+TEST(ModelStep, AnArgmaxOnlyPassDrawsEachTokenFromItsRowsArgmax) {
+  StepFixture<ArgmaxRunner> f;
+  f.runner.argmaxes = {{7, 3.5f}, {9, -INFINITY}};
+  std::vector<SequencePtr> seqs;
+  Batch batch;
+  const auto drawn = f.add({1, 10, 11}, 2, seqs, batch);
+  const auto lost = f.add({1, 20, 21}, 2, seqs, batch);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i]->request->sampling.temperature = 0.0f;
+    seqs[i]->prompt_len = 2;
+    seqs[i]->max_tokens = 4;
+    seqs[i]->sampler = std::make_unique<Sampler>(seqs[i]->request->sampling, 1);
+    batch.seqs[i].argmax_only = true;
+  }
+  Logits logits;
+  const StepResult result = run_model_step(f.context, seqs, batch, /*prefill=*/false, logits);
+  ASSERT_EQ(result.outputs.size(), 1u);
+  EXPECT_EQ(result.outputs[0].seq, drawn);
+  EXPECT_EQ(result.outputs[0].sampled.token, 7);
+  EXPECT_EQ(drawn->tokens, (std::vector<int32_t>{1, 10, 11, 7}));
+  EXPECT_EQ(result.failed, (std::vector<SequencePtr>{lost}));
+  ASSERT_TRUE(sink_of(lost).error().has_value());
+  EXPECT_EQ(sink_of(lost).error()->http_status, 500);
+  EXPECT_EQ(sink_of(lost).error()->message,
+            "sampling failed: Sampler::sample: logits have no finite maximum");
 }
 
 // The scheduler may run a sequence once more before detokenize has found that a stop string

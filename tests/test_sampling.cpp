@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <new>
 #include <numeric>
@@ -81,6 +82,94 @@ TEST(Sampling, GreedyPicksTheArgmaxAndTheLowestIdOnTies) {
   EXPECT_EQ(sampler.sample(std::vector<float>{0.5f, 2.0f, -1.0f, 1.0f}, {}).token, 1);
   EXPECT_EQ(sampler.sample(std::vector<float>{1.0f, 3.0f, 2.0f, 3.0f}, {}).token, 1);
   EXPECT_EQ(sampler.sample(std::vector<float>{-4.0f}, {}).token, 0);
+}
+
+TEST(Sampling, ArgmaxOfIsGreedysPickAndPassesOverNaNs) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const RowArgmax tie = argmax_of(std::vector<float>{1.0f, 3.0f, 2.0f, 3.0f});
+  EXPECT_EQ(tie.token, 1);
+  EXPECT_EQ(tie.value, 3.0f);
+  const RowArgmax past_nan = argmax_of(std::vector<float>{nan, -2.0f, nan, -1.0f, -inf});
+  EXPECT_EQ(past_nan.token, 3);
+  EXPECT_EQ(past_nan.value, -1.0f);
+  EXPECT_FALSE(std::isfinite(argmax_of(std::vector<float>{nan, nan}).value));
+  EXPECT_FALSE(std::isfinite(argmax_of(std::vector<float>{-inf, -inf}).value));
+  EXPECT_FALSE(std::isfinite(argmax_of(std::vector<float>{0.0f, inf}).value));
+}
+
+// Only a greedy draw that nothing adjusts and nothing reports may be taken from the argmax alone.
+TEST(Sampling, OnlyAPlainGreedyDrawNeedsNothingButTheArgmax) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  EXPECT_TRUE(Sampler(greedy, 0).draws_argmax());
+  greedy.top_k = 5;  // no effect on a greedy draw
+  greedy.top_p = 0.5f;
+  EXPECT_TRUE(Sampler(greedy, 0).draws_argmax());
+  greedy.ending_tokens = {2};  // they end the answer, and ban nothing without min_tokens
+  EXPECT_TRUE(Sampler(greedy, 0).draws_argmax());
+
+  const auto needs_the_row = [&](auto change) {
+    SamplingParams params = greedy;
+    change(params);
+    return !Sampler(params, 0).draws_argmax();
+  };
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.temperature = 0.7f; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.logprobs = true; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.top_logprobs = 2; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.logit_bias = {{1, 5.0f}}; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.repetition_penalty = 1.2f; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.presence_penalty = 0.5f; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.frequency_penalty = -0.5f; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.allowed_tokens = {0, 1}; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.bad_word_sequences = {{3}}; }));
+  EXPECT_TRUE(needs_the_row([](SamplingParams& p) { p.min_tokens = 1; }));
+}
+
+// take_argmax draws what sample() draws from the whole row, and counts the draw as sample()
+// does: min_tokens' ban ends after its draws, whichever way they were made.
+TEST(Sampling, TakeArgmaxDrawsWhatSampleDraws) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler whole(greedy, 0), argmax(greedy, 0);
+  for (int draw = 0; draw < 50; ++draw) {
+    std::vector<float> logits(509);
+    for (float& x : logits) x = normal(rng);
+    if (draw % 5 == 0) logits[100] = logits[400] = 20.0f;  // a tie: the lower token
+    const SampledToken taken = argmax.take_argmax(argmax_of(logits));
+    EXPECT_EQ(taken.token, whole.sample(logits, {}).token) << "draw " << draw;
+    EXPECT_EQ(taken.logprob, 0.0f);
+    EXPECT_TRUE(taken.top.empty());
+  }
+
+  SamplingParams held = greedy;
+  held.min_tokens = 2;
+  held.ending_tokens = {1};
+  Sampler sampler(held, 0);
+  const std::vector<float> logits{0.5f, 4.0f, 1.0f};
+  for (int draw = 0; draw < 2; ++draw) {
+    EXPECT_FALSE(sampler.draws_argmax()) << "draw " << draw;
+    EXPECT_EQ(sampler.sample(logits, {}).token, 2);
+  }
+  ASSERT_TRUE(sampler.draws_argmax());
+  EXPECT_EQ(sampler.take_argmax(argmax_of(logits)).token, 1);
+}
+
+TEST(Sampling, TakeArgmaxRefusesARowWithoutAFiniteMaximumAndASamplerThatNeedsTheRow) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy, 0);
+  const float inf = std::numeric_limits<float>::infinity();
+  try {
+    sampler.take_argmax({0, -inf});
+    FAIL() << "a row without a finite maximum was drawn from";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "Sampler::sample: logits have no finite maximum");
+  }
+  EXPECT_THROW(sampler.take_argmax({0, inf}), std::invalid_argument);
+  EXPECT_THROW(Sampler(SamplingParams{}, 0).take_argmax({1, 2.0f}), std::logic_error);
 }
 
 TEST(Sampling, TinyTemperatureActsAsGreedy) {

@@ -3,6 +3,7 @@
 // the batches the scheduler hands out.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -39,10 +40,12 @@ class SchedulerTest : public ::testing::Test {
   void TearDown() override { scheduler_.reset(); }  // its thread ends before the queue below
 
   // A sequence with a prompt of `prompt` tokens (first_token, first_token + 1, ...), posted as
-  // tokenize posts it; `score_prompt`: one whose prompt is scored (echo with logprobs).
+  // tokenize posts it, with its sampler; `score_prompt`: one whose prompt is scored (echo with
+  // logprobs).
   SequencePtr submit(int prompt, int32_t first_token = 10, bool score_prompt = false,
-                     int priority = 0) {
+                     int priority = 0, const SamplingParams& sampling = {}) {
     auto request = std::make_shared<Request>();
+    request->sampling = sampling;
     request->prompt_logprobs = score_prompt;
     request->priority = priority;
     request->id = "cmpl-sched-" + std::to_string(next_number_);
@@ -52,6 +55,7 @@ class SchedulerTest : public ::testing::Test {
     for (int i = 0; i < prompt; ++i) seq->tokens.push_back(first_token + i);
     seq->prompt_len = prompt;
     seq->max_tokens = 100;
+    seq->sampler = std::make_unique<Sampler>(sampling, 1);
     scheduler_->post(Tokenized{seq}, emit_);
     return seq;
   }
@@ -113,6 +117,39 @@ class SchedulerTest : public ::testing::Test {
   };
   std::unique_ptr<Scheduler> scheduler_;
 };
+
+// A chunk asks for its row's argmax alone where its sampler draws nothing else (greedy, nothing
+// adjusting the logits, no logprobs) and the pass scores none of its prompt.
+TEST_F(SchedulerTest, AChunkAsksForItsArgmaxAloneWhereThatIsAllItsDrawNeeds) {
+  start(2048, true, /*max_batch=*/4, /*window_ms=*/5000);  // the four are prefilled together
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SamplingParams reporting = greedy;
+  reporting.logprobs = true;
+  const std::vector<SequencePtr> seqs{
+      submit(5, 10, false, 0, greedy), submit(5, 20, false, 0, SamplingParams{}),
+      submit(5, 30, false, 0, reporting), submit(5, 40, /*score_prompt=*/true, 0, greedy)};
+  const auto argmax_only = [&](const std::vector<SequencePtr>& order, const Batch& batch) {
+    std::vector<bool> flags(seqs.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      const size_t which = size_t(std::find(seqs.begin(), seqs.end(), order[i]) - seqs.begin());
+      flags.at(which) = batch.seqs[i].argmax_only;
+    }
+    return flags;
+  };
+  Message first = next_batch();
+  ASSERT_TRUE(std::holds_alternative<PrefillBatch>(first));
+  const auto& prefill = std::get<PrefillBatch>(first);
+  EXPECT_EQ(argmax_only(prefill.seqs, prefill.batch),
+            (std::vector<bool>{true, false, false, false}));
+  EXPECT_FALSE(prefill.batch.argmax_only());
+  post(sampled(true, seqs));
+  Message second = next_batch();
+  ASSERT_TRUE(std::holds_alternative<DecodeBatch>(second));
+  const auto& decode = std::get<DecodeBatch>(second);
+  // The scored prompt's sequence has its first token: its draws need only the argmax now.
+  EXPECT_EQ(argmax_only(decode.seqs, decode.batch), (std::vector<bool>{true, false, false, true}));
+}
 
 // An exception on the scheduler thread (here a broken invariant: a step result whose sequence
 // holds a block that is free) ends the thread and is reported once, with why; the scheduler

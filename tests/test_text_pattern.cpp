@@ -342,5 +342,17 @@ TEST(TextPattern, ASamplerHeldToAPatternEndsOnlyWithAMatch) {
   }
 }
 
+// A guide may refuse the argmax and then masks the row, so a guided draw needs the whole row even
+// when it is greedy (the runner is not asked for the argmax alone).
+TEST(TextPattern, AGuidedGreedyDrawNeedsTheWholeRow) {
+  const Tokenizer& tokenizer = llama2_tokenizer();
+  const GuidedVocabulary vocabulary(tokenizer, config_for(tokenizer));
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  EXPECT_TRUE(Sampler(greedy, 0).draws_argmax());
+  EXPECT_FALSE(Sampler(greedy, 0, GuidedDecoding(vocabulary, TextPattern::from_regex("[0-9]+")))
+                   .draws_argmax());
+}
+
 }  // namespace
 }  // namespace pipeline

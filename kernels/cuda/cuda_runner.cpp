@@ -155,20 +155,22 @@ struct Workspace {
         gate_up(size_t(cap.tokens) * 2 * c.intermediate_size),
         act(size_t(cap.tokens) * c.intermediate_size),
         logits(size_t(cap.logit_rows) * c.vocab_size),
+        argmax(size_t(cap.logit_rows)),
         decode(cap.seqs, c.num_heads, c.num_kv_heads, c.head_dim, max_splits, stream) {}
 
   StepCapacity capacity;
   StepLayout layout;
-  DeviceBuffer<int32_t> indices;  // the packed StepLayout arrays
-  DeviceBuffer<float> residual;   // [tokens, hidden]
-  DeviceBuffer<bf16> normed;      // [tokens, hidden]
-  DeviceBuffer<bf16> qkv;         // [tokens, q_dim + 2 * kv_dim]
-  DeviceBuffer<bf16> attn;        // [tokens, q_dim]
-  DeviceBuffer<bf16> proj;        // [tokens, hidden]: attention output and MLP down projection
-  DeviceBuffer<bf16> gate_up;     // [tokens, 2 * intermediate]
-  DeviceBuffer<bf16> act;         // [tokens, intermediate]
-  DeviceBuffer<float> logits;     // [logit_rows, vocab]
-  DecodeScratch decode;           // the decode attention's split partials
+  DeviceBuffer<int32_t> indices;   // the packed StepLayout arrays
+  DeviceBuffer<float> residual;    // [tokens, hidden]
+  DeviceBuffer<bf16> normed;       // [tokens, hidden]
+  DeviceBuffer<bf16> qkv;          // [tokens, q_dim + 2 * kv_dim]
+  DeviceBuffer<bf16> attn;         // [tokens, q_dim]
+  DeviceBuffer<bf16> proj;         // [tokens, hidden]: attention output and MLP down projection
+  DeviceBuffer<bf16> gate_up;      // [tokens, 2 * intermediate]
+  DeviceBuffer<bf16> act;          // [tokens, intermediate]
+  DeviceBuffer<float> logits;      // [logit_rows, vocab]
+  DeviceBuffer<RowArgmax> argmax;  // [logit_rows]: each row's, for an argmax_only() batch
+  DecodeScratch decode;            // the decode attention's split partials
 
   const int32_t* index(size_t offset) const { return indices.data() + offset; }
 };
@@ -220,8 +222,9 @@ class CudaRunner final : public ModelRunner {
   DeviceWeights device_weights_;
   DeviceBuffer<bf16> k_cache_, v_cache_;
   std::unique_ptr<Workspace> workspace_;
-  PinnedBuffer<int32_t> staging_;       // host image of workspace_->indices
-  PinnedBuffer<float> logits_staging_;  // host landing of workspace_->logits
+  PinnedBuffer<int32_t> staging_;           // host image of workspace_->indices
+  PinnedBuffer<float> logits_staging_;      // host landing of workspace_->logits
+  PinnedBuffer<RowArgmax> argmax_staging_;  // host landing of workspace_->argmax
   // (batch size, decode_grid) -> eager runs, and the captured step (null: capture failed).
   std::map<DecodeKey, int> decode_sightings_;
   LruCache<DecodeKey, std::unique_ptr<GraphExec>> decode_graphs_{kMaxDecodeGraphs};
@@ -500,13 +503,16 @@ void CudaRunner::allocate_workspace(const StepCapacity& capacity) {
   workspace_.reset();
   staging_ = {};
   logits_staging_ = {};
+  argmax_staging_ = {};
   auto workspace = std::make_unique<Workspace>(config_, capacity, max_blocks_per_seq_, max_splits_,
                                                stream_.get());
   PinnedBuffer<int32_t> staging(workspace->layout.total);
   PinnedBuffer<float> logits_staging(workspace->logits.size());
+  PinnedBuffer<RowArgmax> argmax_staging(workspace->argmax.size());
   workspace_ = std::move(workspace);
   staging_ = std::move(staging);
   logits_staging_ = std::move(logits_staging);
+  argmax_staging_ = std::move(argmax_staging);
 }
 
 void CudaRunner::upload_step_inputs(const StepShape& shape) {
@@ -521,7 +527,8 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
   Workspace& ws = *workspace_;
   const StepShape shape = pack_step(batch, ws.layout, kv_shape_.block_size, staging_.data());
   cudaStream_t stream = stream_.get();
-  const size_t count = size_t(shape.logit_rows) * config_.vocab_size;
+  const bool argmax_only = batch.argmax_only();
+  const size_t count = size_t(shape.logit_rows) * (argmax_only ? 1 : config_.vocab_size);
   try {
     upload_step_inputs(shape);
     if (shape.decode) {
@@ -531,8 +538,14 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
     }
     // Through pinned memory: a direct copy into pageable memory is staged by the driver at a
     // fraction of the bus speed, and a step's logits are megabytes at large batches.
-    PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits_staging_.data(), ws.logits.data(),
-                                        count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (argmax_only) {
+      PIPELINE_CUDA_CHECK(cudaMemcpyAsync(argmax_staging_.data(), ws.argmax.data(),
+                                          count * sizeof(RowArgmax), cudaMemcpyDeviceToHost,
+                                          stream));
+    } else {
+      PIPELINE_CUDA_CHECK(cudaMemcpyAsync(logits_staging_.data(), ws.logits.data(),
+                                          count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    }
     PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (const std::exception& e) {
     // What was queued before the failure still reads staging_ and writes the KV cache: it must
@@ -541,7 +554,13 @@ void CudaRunner::forward(const Batch& batch, Logits& logits) {
     throw;
   }
   logits.vocab = config_.vocab_size;
-  copy_out(logits_staging_.data(), count, logits.data);
+  if (argmax_only) {
+    logits.data.clear();
+    logits.argmax.assign(argmax_staging_.data(), argmax_staging_.data() + count);
+  } else {
+    logits.argmax.clear();
+    copy_out(logits_staging_.data(), count, logits.data);
+  }
 }
 
 // The decode attention's partitions (see decode_partition) and how many are launched per
@@ -625,13 +644,19 @@ void CudaRunner::enqueue_forward(const StepShape& shape) {
       gemm_.linear(ws.act.data(), w.w_down.data(), ws.proj.data(), T, I, H);
     }
   }
-  NvtxRange range{"lm_head"};
-  // Only the rows that return logits go through the final norm and the vocabulary projection.
-  add_rmsnorm(ws.residual.data(), ws.proj.data(), device_weights_.final_norm.data(),
-              ws.index(at.logit_rows), shape.logit_rows, H, c.rms_norm_eps, ws.normed.data(),
-              stream);
-  gemm_.linear_f32(ws.normed.data(), device_weights_.lm_head, ws.logits.data(), shape.logit_rows, H,
-                   c.vocab_size);
+  {
+    NvtxRange range{"lm_head"};
+    // Only the rows that return logits go through the final norm and the vocabulary projection.
+    add_rmsnorm(ws.residual.data(), ws.proj.data(), device_weights_.final_norm.data(),
+                ws.index(at.logit_rows), shape.logit_rows, H, c.rms_norm_eps, ws.normed.data(),
+                stream);
+    gemm_.linear_f32(ws.normed.data(), device_weights_.lm_head, ws.logits.data(), shape.logit_rows,
+                     H, c.vocab_size);
+  }
+  NvtxRange range{"sampling"};
+  // Every pass, so that one captured step serves batches that want rows and ones that want
+  // only the argmaxes; forward() copies back one or the other.
+  logits_argmax(ws.logits.data(), shape.logit_rows, c.vocab_size, ws.argmax.data(), stream);
 }
 
 void CudaRunner::enqueue_attention(const StepShape& shape, const DecodeGrid& grid,

@@ -12,6 +12,7 @@
 
 #include "io/dtype.h"
 #include "kernels/cuda/device_buffer.h"
+#include "model/row_argmax.h"
 
 namespace pipeline::cuda {
 
@@ -164,5 +165,11 @@ void prefill_attention(const bf16* q, int q_stride, const PagedKv& kv, const int
                        int num_tiles, const int32_t* q_offsets, const int32_t* q_lens,
                        const int32_t* start_positions, int num_heads, bf16* out,
                        cudaStream_t stream);
+
+// ---- argmax.cu
+
+// out[r] = row r's argmax among `rows` rows of `vocab` float32 logits (model/row_argmax.h):
+// the largest value, NaNs never counting, and of equal values the lowest token.
+void logits_argmax(const float* logits, int rows, int vocab, RowArgmax* out, cudaStream_t stream);
 
 }  // namespace pipeline::cuda
