@@ -257,9 +257,10 @@ BENCHMARK(BM_Stage_tokenize)
     ->Unit(benchmark::kMicrosecond);
 
 // batch_window: the scheduler's round trip in steady decoding. With range(0) sequences running,
-// one iteration posts a decode step's result (each sequence one token longer) and waits for the
-// next DecodeBatch from the scheduler's thread: the thread hand-off both ways, the policy, the
-// block tables' growth and the batch's assembly.
+// one iteration posts a decode step's result (each sequence one token longer) and takes the next
+// DecodeBatch: the scheduling pass runs on the posting thread (Scheduler::post), so this is the
+// pass alone, the policy, the block tables' growth and the batch's assembly, with no thread to
+// wake. (The graph then hands the batch on through its arena's queue.)
 void BM_Stage_batch_window(benchmark::State& state) {
   StageBench* b = bench(state);
   if (!b) return;
@@ -275,7 +276,7 @@ void BM_Stage_batch_window(benchmark::State& state) {
       shared.chat_template, shared.runner,       scheduler,        shared.metrics,
       shared.seed_base,     shared.engine_failed};
   auto stage = b->make("batch_window", &own);
-  // What the scheduler's thread emits, handed to this one.
+  // What the scheduling pass emits.
   moodycamel::BlockingConcurrentQueue<Message> emitted;
   const Emit gateway = [&](Message m) { emitted.enqueue(std::move(m)); };
   auto next_emitted = [&] {

@@ -63,7 +63,7 @@ class Engine {
   void end_grace();
 
   // Why the engine failed for good, once it has: its model runner threw RunnerFailure ("the
-  // model runner failed: ...") or its scheduler thread threw ("the scheduler failed: ...").
+  // model runner failed: ...") or a scheduling pass threw ("the scheduler failed: ...").
   // Every request in flight that still needed the model then failed with engine_failed_error
   // (an answer already complete is still delivered: a shutdown's grace gives it the time), and
   // submit() answers EngineFailed: the process is meant to exit, for a supervisor to start a

@@ -84,8 +84,15 @@ FlowGraph::FlowGraph(const GraphPlan& plan, EngineContext& context, Metrics& met
                                                              : size_t(planned.spec.concurrency);
     if (planned.stage->async) {
       auto node = std::make_unique<AsyncNode>(
-          graph_, concurrency, [self](const Message& m, AsyncNode::gateway_type& gateway) {
-            self->run(m, [&gateway](Message out) { gateway.try_put(out); });
+          graph_, concurrency, [this, self](const Message& m, AsyncNode::gateway_type& gateway) {
+            // Through the arena's FIFO, as put() hands requests in. The node's work (the
+            // scheduler's pass) often runs on this worker (Scheduler::post), and a worker runs
+            // its own spawns before anything the arena holds: a decode step whose successor
+            // spawned the next one would keep a new request's tokenize waiting until the
+            // running batch ended.
+            self->run(m, [this, &gateway](Message out) {
+              enqueue([&gateway, out = std::move(out)] { gateway.try_put(out); });
+            });
           });
       n->input = node.get();
       n->output = &tbb::flow::output_port<0>(*node);  // async_node takes successors on its port
@@ -124,13 +131,19 @@ FlowGraph::~FlowGraph() {
 // A try_put from a thread outside the graph's arena would leave the input's task in that
 // thread's slot, where a worker busy with the decode loop only steals it once the loop idles;
 // enqueued, the put takes its turn in the arena's FIFO with the scheduler's batches (which
-// reach the graph the same way, through the async_node gateway). The reserved wait keeps
-// wait() from returning while the put is still queued.
+// reach the graph the same way, see the constructor). The reserved wait keeps wait() from
+// returning while the put is still queued.
 void FlowGraph::put(Message message) {
-  graph_.reserve_wait();
-  arena_.enqueue([this, message = std::move(message)] {
+  enqueue([this, message = std::move(message)] {
     nodes_[input_]->metrics.queue_depth.add(1);
     nodes_[input_]->input->try_put(message);
+  });
+}
+
+void FlowGraph::enqueue(std::function<void()> work) {
+  graph_.reserve_wait();
+  arena_.enqueue([this, work = std::move(work)] {
+    work();
     graph_.release_wait();
   });
 }

@@ -6,6 +6,7 @@
 // accepts (and counts the target's queue depth).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,8 @@ class FlowGraph {
 
  private:
   struct Node;
+  // Runs `work` in the arena's turn (its FIFO), holding wait() back until it has run.
+  void enqueue(std::function<void()> work);
   // The graph runs in an arena of its own, every slot open to oneTBB's workers: the threads
   // that put requests and wait (HTTP handlers, the scheduler, main) never work in it, so a slot
   // kept for one of them, as the default arena keeps one, would leave a core idle in every

@@ -19,7 +19,7 @@ Scheduler::Scheduler(const SchedulerSection& config, int num_blocks, int block_s
       metrics_(metrics),
       on_failure_(std::move(on_failure)),
       blocks_(num_blocks),
-      thread_([this] { run(); }) {
+      thread_([this] { loop(); }) {
   metrics_.kv_blocks_total.set(num_blocks);
 }
 
@@ -28,13 +28,14 @@ Scheduler::~Scheduler() {
 }
 
 void Scheduler::post(Message message, const Emit& emit) {
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) return;
-    if (!emit_) emit_ = emit;
-    inbox_.push_back(std::move(message));
-  }
-  wake_.notify_one();
+  std::unique_lock lock(mutex_);
+  if (stopping_) return;
+  if (!emit_) emit_ = emit;
+  inbox_.push_back(std::move(message));
+  // Whoever schedules now takes the message before letting go; otherwise the pass runs here, on
+  // the batch node's worker, which then runs the pass it hands on: between a forward pass's
+  // result and the next pass no thread has to wake.
+  if (!scheduling_) run_passes(lock);
 }
 
 void Scheduler::close_windows() {
@@ -42,24 +43,17 @@ void Scheduler::close_windows() {
     std::lock_guard lock(mutex_);
     windows_closed_ = true;
   }
-  wake_.notify_one();
+  wake_.notify_all();
 }
 
 void Scheduler::stop() {
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     stopping_ = true;
+    wake_.wait(lock, [&] { return !scheduling_; });  // a pass on another thread ends first
   }
-  wake_.notify_one();
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-}
-
-void Scheduler::run() {
-  try {
-    loop();
-  } catch (const std::exception& e) {
-    fail(e.what());
-  }
 }
 
 void Scheduler::fail(const std::string& what) {
@@ -72,26 +66,64 @@ void Scheduler::fail(const std::string& what) {
   if (on_failure_) on_failure_(why);
 }
 
+bool Scheduler::has_news() const {
+  return !inbox_.empty() || (windows_closed_ && windows_open_);
+}
+
+bool Scheduler::window_ended(Clock::time_point now) const {
+  return wake_at_ && !busy_ && now >= *wake_at_;
+}
+
+// The thread runs the passes no post runs: at a batch window's end, and for a window closed by
+// close_windows(). It reads the scheduling state only while nobody holds it.
 void Scheduler::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    auto ready = [&] { return stopping_ || !inbox_.empty() || (windows_closed_ && windows_open_); };
-    if (wake_at_ && !busy_)
-      wake_.wait_until(lock, *wake_at_, ready);
-    else
-      wake_.wait(lock, ready);
     if (stopping_) return;
+    if (!scheduling_ && (has_news() || window_ended(Clock::now()))) {
+      run_passes(lock);
+    } else if (!scheduling_ && wake_at_ && !busy_) {
+      wake_.wait_until(lock, *wake_at_);
+    } else {
+      wake_.wait(lock);
+    }
+  }
+}
+
+void Scheduler::run_passes(std::unique_lock<std::mutex>& lock) {
+  scheduling_ = true;
+  std::optional<std::string> failure;
+  do {
     std::deque<Message> messages;
     messages.swap(inbox_);
     windows_open_ = !windows_closed_;
     lock.unlock();
-    for (auto& m : messages) apply(m);
-    if (!windows_open_)
-      for (const auto& s : waiting_) s->window_closed = true;
-    if (!busy_) schedule_next(Clock::now());
-    update_gauges();
+    try {
+      run_pass(messages);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    lock.lock();
+  } while (!failure && !stopping_ && has_news());
+  if (failure) stopping_ = true;  // before anyone else can take the scheduling over
+  scheduling_ = false;
+  // Only when someone waits on it: stop(), or the thread when a window's end is to be timed. That
+  // end may have moved, or passed while this thread held the scheduling and the thread, finding
+  // it held, waited for a notice. A decode step's pass (busy, no window) leaves it asleep.
+  if (stopping_ || (wake_at_ && !busy_)) wake_.notify_all();
+  if (failure) {
+    lock.unlock();
+    fail(*failure);
     lock.lock();
   }
+}
+
+void Scheduler::run_pass(std::deque<Message>& messages) {
+  for (auto& m : messages) apply(m);
+  if (!windows_open_)
+    for (const auto& s : waiting_) s->window_closed = true;
+  if (!busy_) schedule_next(Clock::now());
+  update_gauges();
 }
 
 void Scheduler::apply(Message& message) {
@@ -147,7 +179,8 @@ void Scheduler::drop_ended() {
 }
 
 void Scheduler::schedule_next(Clock::time_point now) {
-  // The batch node's body only hands over; the scheduling itself shows up as this range.
+  // The scheduling itself: inside the batch node's range when a post runs it, on the
+  // scheduler's thread at a window's end.
   static const NvtxName kRange("schedule");
   NvtxRange range(kRange);
   drop_ended();

@@ -1,8 +1,11 @@
-// The scheduler behind the batch_window stage: a thread that owns the waiting queue, the
-// running sequences and the KV BlockManager, and runs the step loop. The batch_window node
-// (an async_node) hands it new sequences and step results; it answers with the next
-// PrefillBatch or DecodeBatch through the node's gateway, one forward pass at a time, and
-// wakes by itself when a batch window ends. The policy is scheduler_policy's pure function.
+// The scheduler behind the batch_window stage: it owns the waiting queue, the running sequences
+// and the KV BlockManager, and runs the step loop. The batch_window node (an async_node) hands it
+// new sequences and step results; it answers with the next PrefillBatch or DecodeBatch through
+// the node's gateway, one forward pass at a time. A scheduling pass runs on the thread that
+// posts, unless another thread is in one (which then takes the message too), so a forward pass's
+// result is turned into the next pass without waking a thread; the scheduler's own thread runs
+// the passes nobody posts for: at a batch window's end, and when close_windows() closes them.
+// The policy is scheduler_policy's pure function.
 #pragma once
 
 #include <condition_variable>
@@ -32,12 +35,12 @@ class Scheduler {
   // chunks of at most this many tokens, whatever max_prefill_tokens allows.
   static constexpr int kMaxScoredRows = 512;
 
-  // Told why, from the scheduler thread, when the thread threw: an exception there (a
+  // Told why, from the thread of the pass, when a scheduling pass threw: an exception there (a
   // bad_alloc, a broken invariant) leaves the queue and the KV pool in no state to go on from.
   using FailureListener = std::function<void(const std::string& why)>;
 
-  // `num_blocks` and `block_size`: the runner's KV pool. After `on_failure` the thread has
-  // ended and later posts are ignored; the sequences it held are left to their owner (the engine
+  // `num_blocks` and `block_size`: the runner's KV pool. After `on_failure` no pass runs again
+  // and later posts are ignored; the sequences it held are left to their owner (the engine
   // fails every request in flight).
   Scheduler(const SchedulerSection& config, int num_blocks, int block_size, Metrics& metrics,
             FailureListener on_failure = {});
@@ -46,22 +49,33 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // From the batch_window node: a Tokenized sequence or a StepResult. `emit` (the node's
-  // gateway) carries the batches out; the first call's is kept.
+  // gateway) carries the batches out; the first call's is kept. Runs the scheduling pass, and
+  // so may emit, before it returns, unless another thread is in one.
   void post(Message message, const Emit& emit);
   // No sequence waits for a batch window from now on, those waiting now and those still to
   // come: the engine calls it when it stops accepting requests (shutdown), after which no
   // newcomer could join a window, and the grace should go to computing.
   void close_windows();
-  // Ends the thread; later posts are ignored. Sequences still held are left to their owner
-  // (the engine fails them).
+  // Ends the thread, after a pass in progress on another thread; later posts are ignored.
+  // Sequences still held are left to their owner (the engine fails them).
   void stop();
 
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return limits_.block_size; }
 
  private:
-  void run();
   void loop();
+  // With mutex_ held, by a thread that found nobody scheduling: takes the scheduling, runs
+  // passes until nothing new waits (has_news), hands it back and wakes whoever waits for that.
+  // Returns with mutex_ held. A pass that throws ends the scheduler (fail).
+  void run_passes(std::unique_lock<std::mutex>& lock);
+  // One pass: the messages applied, then the next forward pass chosen and handed on.
+  void run_pass(std::deque<Message>& messages);
+  // With mutex_ held, and the scheduling held or free: messages, or windows closed since the
+  // last pass.
+  bool has_news() const;
+  // With mutex_ held and the scheduling free: the batch window to wait for has ended.
+  bool window_ended(Clock::time_point now) const;
   void fail(const std::string& what);
   void apply(Message& message);
   void queue(SequencePtr seq, bool ahead_of_equals);
@@ -108,14 +122,18 @@ class Scheduler {
   Metrics& metrics_;
   FailureListener on_failure_;
 
-  std::mutex mutex_;  // guards the inbox, emit_, stopping_ and windows_closed_
-  std::condition_variable wake_;
+  // Guards the inbox, emit_, stopping_, windows_closed_ and scheduling_. Whoever sets
+  // scheduling_ holds what follows it until it clears it: taking and handing back the
+  // scheduling under the mutex orders one holder's changes before the next one's reads.
+  std::mutex mutex_;
+  std::condition_variable wake_;  // the thread and stop() wait on it
   std::deque<Message> inbox_;
   Emit emit_;
   bool stopping_ = false;
   bool windows_closed_ = false;  // close_windows() was called
+  bool scheduling_ = false;      // a thread is running passes (run_passes)
 
-  // Scheduler thread only.
+  // The scheduling's holder only.
   bool windows_open_ = true;  // windows_closed_ not yet seen
   BlockManager blocks_;
   std::deque<SequencePtr> waiting_;

@@ -1,9 +1,9 @@
 // One request's state while the pipeline works on it. Each part has one owner at a time:
-// tokenize fills the prompt; the scheduler thread owns the block table; the model stages
-// (prefill, decode: serial, and never both at once) append generated tokens and drive the
-// sampler; detokenize owns the text state; every sink call goes through `stream`. Hand-offs
-// happen along graph edges, so those parts need no lock of their own; what other threads touch
-// while the owner works is synchronised where it is declared (`stream`'s mutex, the text
+// tokenize fills the prompt; the scheduler (whichever thread holds its scheduling) owns the block
+// table; the model stages (prefill, decode: serial, and never both at once) append generated tokens
+// and drive the sampler; detokenize owns the text state; every sink call goes through `stream`.
+// Hand-offs happen along graph edges, so those parts need no lock of their own; what other threads
+// touch while the owner works is synchronised where it is declared (`stream`'s mutex, the text
 // state's in-order tokens, the `stopped` and `last_token_drawn` flags, the drawn tokens' count
 // and the waiting count's atomics).
 #pragma once
@@ -61,7 +61,7 @@ struct TextState {
 
 // Whether a sequence counts among the engine's waiting requests (Metrics::waiting_sequences,
 // which admission holds to server.max_queue): from submission until its prefill starts, again
-// while preempted, never after its end. The scheduler thread and the thread that ends the
+// while preempted, never after its end. The scheduler and the thread that ends the
 // sequence may race; the three states give every +1 exactly one -1.
 class WaitingCount {
  public:
@@ -110,7 +110,7 @@ struct Sequence {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TextState> text;
 
-  // Scheduler thread only.
+  // The scheduler only (the thread that holds its scheduling).
   std::vector<int32_t> block_table;
   int computed = 0;     // positions whose keys and values are in the KV cache (or being computed)
   int prefill_end = 0;  // positions its prefill covers: its tokens when it was admitted
@@ -166,11 +166,11 @@ struct Sequence {
       });
     if (now) stream.fail(error);
   }
-  // Prefill tokens still to compute; 0 once it decodes (scheduler thread).
+  // Prefill tokens still to compute; 0 once it decodes (the scheduler).
   int prompt_left() const { return std::max(0, prefill_end - computed); }
   // Whether its prompt still needs logits rows for its scores (rows 0 .. prompt_len - 2 score
   // tokens 1 .. prompt_len - 1): until its first token, sampled in the pass that ends the prompt
-  // (scheduler thread, between passes).
+  // (the scheduler, between passes).
   bool scores_prompt() const {
     return request->prompt_logprobs && prompt_len > 1 && generated() == 0;
   }

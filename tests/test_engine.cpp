@@ -675,13 +675,15 @@ TEST(Engine, APreemptedSequenceCountsAsWaitingUntilItResumes) {
 TEST(Engine, AFullQueueRefusesAndShutdownFailsWhatIsLeft) {
   // A long window keeps the first two waiting; the third finds the queue full.
   Engine engine(make_config("{window_ms: 60000}", /*max_queue=*/2));
-  auto a = make_request(kPrompts[0], 8);
-  auto b = make_request(kPrompts[1], 8);
+  // Long answers: the shutdown closes the window, and in the moment before it fails what is
+  // left, short ones could finish.
+  auto a = make_request(kPrompts[0], 400, /*ignore_eos=*/true);
+  auto b = make_request(kPrompts[1], 400, /*ignore_eos=*/true);
   auto c = make_request(kPrompts[2], 8);
   EXPECT_EQ(engine.submit(a), SubmitStatus::Accepted);
   EXPECT_EQ(engine.submit(b), SubmitStatus::Accepted);
   EXPECT_EQ(engine.submit(c), SubmitStatus::QueueFull);
-  engine.shutdown(0ms);  // no grace: a shutdown closes the window, and they would finish
+  engine.shutdown(0ms);  // no grace
   for (const auto& r : {a, b}) {
     ASSERT_TRUE(sink_of(r).wait(1s));
     ASSERT_TRUE(sink_of(r).error().has_value());

@@ -1,4 +1,4 @@
-// The scheduler thread without a model: sequences go in as the tokenize stage posts them, the
+// The scheduler without a model: sequences go in as the tokenize stage posts them, the
 // test plays the model stages (appends sampled tokens, posts each pass's StepResult), and checks
 // the batches the scheduler hands out.
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -103,6 +104,11 @@ class SchedulerTest : public ::testing::Test {
   }
 
   const Metrics& metrics() const { return metrics_; }
+  // The thread that emitted the latest batch.
+  std::thread::id emitting_thread() {
+    std::lock_guard lock(mutex_);
+    return emitting_thread_;
+  }
 
  private:
   Metrics metrics_;
@@ -110,13 +116,48 @@ class SchedulerTest : public ::testing::Test {
   std::condition_variable batch_ready_;
   std::deque<Message> batches_;
   uint64_t next_number_ = 0;
+  std::thread::id emitting_thread_;
   Emit emit_ = [this](Message m) {
     std::lock_guard lock(mutex_);
+    emitting_thread_ = std::this_thread::get_id();
     batches_.push_back(std::move(m));
     batch_ready_.notify_one();
   };
   std::unique_ptr<Scheduler> scheduler_;
 };
+
+// A step's result is turned into the next batch on the thread that posts it, before post()
+// returns: no thread wakes between two passes. A batch window's end, which nobody posts, is the
+// scheduler's own thread's to act on.
+TEST_F(SchedulerTest, APostRunsThePassAndAWindowsEndIsTheThreadsToRun) {
+  start(2048, true, /*max_batch=*/16, /*window_ms=*/50);
+  const auto submitted = std::chrono::steady_clock::now();
+  const SequencePtr seq = submit(5);
+  EXPECT_FALSE(batch_within(0ms)) << "the window is open";
+  ASSERT_TRUE(std::holds_alternative<PrefillBatch>(next_batch()));
+  EXPECT_GE(std::chrono::steady_clock::now() - submitted, 50ms);
+  EXPECT_NE(emitting_thread(), std::this_thread::get_id());
+  post(sampled(true, {seq}));
+  ASSERT_TRUE(batch_within(0ms)) << "the decode batch was not out when post() returned";
+  EXPECT_TRUE(std::holds_alternative<DecodeBatch>(next_batch()));
+  EXPECT_EQ(emitting_thread(), std::this_thread::get_id());
+}
+
+// The thread times a window whose end a pass computed while another pass was in flight: here
+// the last running sequence finishes and the newcomer's window, already known, is all that is
+// left to wait for.
+TEST_F(SchedulerTest, AWindowStillEndsAfterThePassInFlightFinishes) {
+  start(2048, true, /*max_batch=*/16, /*window_ms=*/100);
+  const SequencePtr first = submit(5);
+  ASSERT_TRUE(std::holds_alternative<PrefillBatch>(next_batch()));
+  const SequencePtr second = submit(5, 20);  // its window ends 100 ms from now
+  post(sampled(true, {first}));              // the next pass sees the window
+  ASSERT_TRUE(std::holds_alternative<DecodeBatch>(next_batch()));
+  post(finished(false, {first}));  // nothing runs now: only the window is left
+  Message last = next_batch();
+  ASSERT_TRUE(std::holds_alternative<PrefillBatch>(last));
+  EXPECT_EQ(std::get<PrefillBatch>(last).seqs, (std::vector<SequencePtr>{second}));
+}
 
 // A chunk asks for its row's argmax alone where its sampler draws nothing else (greedy, nothing
 // adjusting the logits, no logprobs) and the pass scores none of its prompt.
@@ -151,7 +192,7 @@ TEST_F(SchedulerTest, AChunkAsksForItsArgmaxAloneWhereThatIsAllItsDrawNeeds) {
   EXPECT_EQ(argmax_only(decode.seqs, decode.batch), (std::vector<bool>{true, false, false, true}));
 }
 
-// An exception on the scheduler thread (here a broken invariant: a step result whose sequence
+// An exception in a scheduling pass (here a broken invariant: a step result whose sequence
 // holds a block that is free) ends the thread and is reported once, with why; the scheduler
 // takes nothing more, where before it ended the process.
 TEST_F(SchedulerTest, AnExceptionOnItsThreadIsReportedAndEndsTheScheduler) {
