@@ -80,9 +80,11 @@ void Scheduler::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
     if (stopping_) return;
-    if (!scheduling_ && (has_news() || window_ended(Clock::now()))) {
+    if (scheduling_) {
+      wake_.wait(lock);  // its holder wakes this thread if it leaves a window to time
+    } else if (has_news() || window_ended(Clock::now())) {
       run_passes(lock);
-    } else if (!scheduling_ && wake_at_ && !busy_) {
+    } else if (wake_at_ && !busy_) {
       wake_.wait_until(lock, *wake_at_);
     } else {
       wake_.wait(lock);

@@ -107,6 +107,9 @@ void report_alternatives(std::span<const float> logits, double log_z, size_t cou
   for (TokenLogprob& t : top) t.logprob = float(double(t.logprob) - log_z);
 }
 
+// What sample() and take_argmax() throw for a row without a finite maximum.
+constexpr char kNoFiniteMaximum[] = "Sampler::sample: logits have no finite maximum";
+
 }  // namespace
 
 std::string validate(const SamplingParams& p) {
@@ -197,9 +200,8 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   // The normaliser costs an exp per vocabulary entry, more than the rest of a greedy step:
   // only logprobs need it.
   const float max_logit = max_value(logits);
-  if (!std::isfinite(max_logit))
-    throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
-  const bool report = params_.logprobs || params_.top_logprobs > 0;
+  if (!std::isfinite(max_logit)) throw std::invalid_argument(kNoFiniteMaximum);
+  const bool report = reports_logprobs();
   const double log_z = report ? log_normaliser(logits, max_logit) : 0.0;
   if (report) report_alternatives(logits, log_z, size_t(params_.top_logprobs), out.top);
 
@@ -219,15 +221,13 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
 }
 
 bool Sampler::draws_argmax() const {
-  const bool reports = params_.logprobs || params_.top_logprobs > 0;
-  return params_.temperature == 0.0f && !adjusts() && !guide_ && !reports;
+  return params_.temperature == 0.0f && !adjusts() && !guide_ && !reports_logprobs();
 }
 
 SampledToken Sampler::take_argmax(const RowArgmax& argmax) {
   if (!draws_argmax())
     throw std::logic_error("Sampler::take_argmax: this sampler's draws need the whole row");
-  if (!std::isfinite(argmax.value))
-    throw std::invalid_argument("Sampler::sample: logits have no finite maximum");
+  if (!std::isfinite(argmax.value)) throw std::invalid_argument(kNoFiniteMaximum);
   ++drawn_;
   return {argmax.token, 0.0f, {}};
 }

@@ -133,6 +133,8 @@ class Sampler {
   int32_t pick(float max_logit);
   // Whether anything changes the logits before a draw: without, greedy takes their argmax.
   bool adjusts() const;
+  // Whether a draw reports logprobs (the chosen token's, or alternatives).
+  bool reports_logprobs() const { return params_.logprobs || params_.top_logprobs > 0; }
   // scratch_ = the logits with the penalties, logit_bias, allowed_tokens, the bad words' bans
   // and min_tokens' ban applied.
   void adjust(std::span<const float> logits, std::span<const int32_t> history);

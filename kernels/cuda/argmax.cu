@@ -4,9 +4,8 @@
 //
 // One block per row. Each thread keeps the best of the values it loads, eight loads in flight
 // at a time (a row of 32,000 is eight float4 a thread, one round trip to memory), then the block
-// picks among its threads. The
-// result is the host's (argmax_of in model/sampling.h): the largest value, NaNs never counting,
-// and of equal values the lowest token.
+// picks among its threads. The result is the host's (argmax_of in model/sampling.h): the largest
+// value, NaNs never counting, and of equal values the lowest token.
 #include <climits>
 #include <cmath>
 
