@@ -13,6 +13,7 @@ export PIPELINE_BENCH_MODELS=${PIPELINE_BENCH_MODELS:-$build/bench-models}
 export PIPELINE_BENCH_THREADS=${PIPELINE_BENCH_THREADS:-2}
 results=$build/bench-results
 
+export CMAKE_GENERATOR=${CMAKE_GENERATOR:-Ninja}  # as scripts/build.sh, which shares build/
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPELINE_BENCH=ON "$@"
 cmake --build "$build" --target pipeline bench_cpu_kernels bench_cpu_forward -j"$(nproc)"
 

@@ -3,7 +3,7 @@
 # The CUDA toolkit is optional and expected under /usr/local/cuda when present.
 set -euo pipefail
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config
   libtbb-dev libconcurrentqueue-dev libcpp-httplib-dev libyaml-cpp-dev
   libsentencepiece-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
   curl
