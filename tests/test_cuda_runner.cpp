@@ -36,6 +36,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cublaslt_matmul.h"
 #include "kernels/cuda/cuda_runner.h"
 #include "kernels/cuda/device_buffer.h"
@@ -571,11 +572,11 @@ std::pair<int32_t, uint32_t> split_and_scheme(const cublasLtMatmulAlgo_t& algo) 
   int32_t splits = 0;
   uint32_t scheme = 0;
   size_t written = 0;
-  EXPECT_EQ(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                                 sizeof splits, &written),
+  EXPECT_EQ(cuda::cublas().LtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                          &splits, sizeof splits, &written),
             CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                 &scheme, sizeof scheme, &written),
+  EXPECT_EQ(cuda::cublas().LtMatmulAlgoConfigGetAttribute(
+                &algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &written),
             CUBLAS_STATUS_SUCCESS);
   return {splits, scheme};
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace pipeline::cuda {
@@ -12,7 +13,7 @@ namespace {
 constexpr uintptr_t kAssumedAlignment = 256;
 
 using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
-                                   decltype(&cublasLtMatmulPreferenceDestroy)>;
+                                   decltype(CublasLibrary::LtMatmulPreferenceDestroy)>;
 }  // namespace
 
 struct CublasLtMatmul::Problem {
@@ -23,20 +24,20 @@ struct CublasLtMatmul::Problem {
   Problem(const Problem&) = delete;
   Problem& operator=(const Problem&) = delete;
   ~Problem() {
-    if (y) cublasLtMatrixLayoutDestroy(y);
-    if (x) cublasLtMatrixLayoutDestroy(x);
-    if (w) cublasLtMatrixLayoutDestroy(w);
-    if (operation) cublasLtMatmulDescDestroy(operation);
+    if (y) cublas().LtMatrixLayoutDestroy(y);
+    if (x) cublas().LtMatrixLayoutDestroy(x);
+    if (w) cublas().LtMatrixLayoutDestroy(w);
+    if (operation) cublas().LtMatmulDescDestroy(operation);
   }
 };
 
 CublasLtMatmul::CublasLtMatmul(cudaStream_t stream, void* workspace, size_t workspace_bytes)
     : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
-  PIPELINE_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  PIPELINE_CUBLAS_CHECK(cublas().LtCreate(&handle_));
 }
 
 CublasLtMatmul::~CublasLtMatmul() {
-  cublasLtDestroy(handle_);
+  cublas().LtDestroy(handle_);
 }
 
 // cuBLAS is column-major, and a row-major [rows, n] matrix is a column-major [n, rows] one: so
@@ -46,13 +47,13 @@ const CublasLtMatmul::Problem& CublasLtMatmul::problem(cudaDataType_t y_type, in
   std::unique_ptr<Problem>& slot = problems_[{y_type, rows, in, out}];
   if (slot) return *slot;
   auto p = std::make_unique<Problem>();
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatmulDescCreate(&p->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transpose = CUBLAS_OP_T;
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->operation, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                       &transpose, sizeof transpose));
-  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->w, CUDA_R_16BF, in, out, in));
-  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->x, CUDA_R_16BF, in, rows, in));
-  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->y, y_type, out, rows, out));
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatmulDescSetAttribute(p->operation, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                          &transpose, sizeof transpose));
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&p->w, CUDA_R_16BF, in, out, in));
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&p->x, CUDA_R_16BF, in, rows, in));
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatrixLayoutCreate(&p->y, y_type, out, rows, out));
   slot = std::move(p);
   return *slot;
 }
@@ -61,19 +62,19 @@ std::vector<cublasLtMatmulAlgo_t> CublasLtMatmul::candidates(cudaDataType_t y_ty
                                                              int in, int out, int max_count) {
   const Problem& p = problem(y_type, rows, in, out);
   cublasLtMatmulPreference_t raw = nullptr;
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
-  const Preference preference(raw, &cublasLtMatmulPreferenceDestroy);
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatmulPreferenceCreate(&raw));
+  const Preference preference(raw, cublas().LtMatmulPreferenceDestroy);
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(
       raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_));
   // Where k is split, the parts of a bf16 result are summed in float32, as every other path
   // sums its products: the in-place and output-type schemes would round each part to bf16.
   const uint32_t schemes = y_type == CUDA_R_16BF ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
                                                  : CUBLASLT_REDUCTION_SCHEME_MASK;
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+  PIPELINE_CUBLAS_CHECK(cublas().LtMatmulPreferenceSetAttribute(
       raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(max_count));
   int count = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t status = cublas().LtMatmulAlgoGetHeuristic(
       handle_, p.operation, p.w, p.x, p.y, p.y, raw, max_count, results.data(), &count);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return {};  // no algorithm for this product here
   PIPELINE_CUBLAS_CHECK(status);
@@ -87,7 +88,7 @@ bool CublasLtMatmul::runs(const cublasLtMatmulAlgo_t& algo, cudaDataType_t y_typ
                           int out) {
   const Problem& p = problem(y_type, rows, in, out);
   cublasLtMatmulHeuristicResult_t result{};
-  return cublasLtMatmulAlgoCheck(handle_, p.operation, p.w, p.x, p.y, p.y, &algo, &result) ==
+  return cublas().LtMatmulAlgoCheck(handle_, p.operation, p.w, p.x, p.y, p.y, &algo, &result) ==
              CUBLAS_STATUS_SUCCESS &&
          result.workspaceSize <= workspace_bytes_;
 }
@@ -103,8 +104,8 @@ bool CublasLtMatmul::run(const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* 
   const Problem& p = problem(y_type, rows, in, out);
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t status =
-      cublasLtMatmul(handle_, p.operation, &alpha, w, p.w, x, p.x, &beta, y, p.y, y, p.y, &algo,
-                     workspace_, workspace_bytes_, stream_);
+      cublas().LtMatmul(handle_, p.operation, &alpha, w, p.w, x, p.x, &beta, y, p.y, y, p.y, &algo,
+                        workspace_, workspace_bytes_, stream_);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) return false;
   if (status != CUBLAS_STATUS_SUCCESS)
     throw_cublas_error(status, "cublasLtMatmul", __FILE__, __LINE__);

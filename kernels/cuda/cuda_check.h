@@ -2,11 +2,12 @@
 // the call, the error and the source line, so a device problem never passes silently.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
 #include <string>
+
+#include "kernels/cuda/cublas_library.h"
 
 namespace pipeline::cuda {
 
@@ -22,9 +23,9 @@ namespace pipeline::cuda {
 
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call,
                                             const char* file, int line) {
-  throw std::runtime_error(std::string("cuBLAS error: ") + call + " failed with " +
-                           cublasGetStatusName(status) + " (" + cublasGetStatusString(status) +
-                           ") at " + file + ":" + std::to_string(line));
+  throw std::runtime_error(
+      std::string("cuBLAS error: ") + call + " failed with " + cublas().GetStatusName(status) +
+      " (" + cublas().GetStatusString(status) + ") at " + file + ":" + std::to_string(line));
 }
 
 }  // namespace pipeline::cuda

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_objects.h"
 #include "kernels/cuda/gemv.h"
@@ -31,23 +32,23 @@ Gemm::Gemm(cudaStream_t stream)
       workspace_(kWorkspaceBytes),
       skinny_(stream),
       cublaslt_(stream, workspace_.data(), workspace_.bytes()) {
-  PIPELINE_CUBLAS_CHECK(cublasCreate(&handle_));
+  PIPELINE_CUBLAS_CHECK(cublas().Create(&handle_));
   try {
     // Split-k parts summed in float32, never in a bf16 result's own type: the precision every
     // other path keeps (and cublaslt_matmul.cpp asks of cuBLASLt).
-    PIPELINE_CUBLAS_CHECK(cublasSetMathMode(
+    PIPELINE_CUBLAS_CHECK(cublas().SetMathMode(
         handle_,
         cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    PIPELINE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
-    PIPELINE_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
+    PIPELINE_CUBLAS_CHECK(cublas().SetStream(handle_, stream));
+    PIPELINE_CUBLAS_CHECK(cublas().SetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
   } catch (...) {
-    cublasDestroy(handle_);
+    cublas().Destroy(handle_);
     throw;
   }
 }
 
 Gemm::~Gemm() {
-  cublasDestroy(handle_);
+  cublas().Destroy(handle_);
 }
 
 void Gemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows,
@@ -80,9 +81,9 @@ void Gemm::linear_cublas(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bf
 void Gemm::gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
                    int rows, int in, int out) {
   const float alpha = 1.0f, beta = 0.0f;
-  PIPELINE_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w,
-                                     CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, y_type, out,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  PIPELINE_CUBLAS_CHECK(cublas().GemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w,
+                                        CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, y_type, out,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void Gemm::project(Product product, const Route& route, const __nv_bfloat16* x,
