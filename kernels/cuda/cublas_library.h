@@ -48,7 +48,8 @@ struct CublasLibrary {
 // tries again.
 const CublasLibrary& cublas();
 
-// Whether this process has cuBLAS loaded: for the test that starting without it stays so.
+// Whether this process has loaded cuBLAS (by cublas() or otherwise), without loading it: the
+// test that a process starts without it asks.
 bool cublas_loaded();
 
 }  // namespace pipeline::cuda
