@@ -1,6 +1,6 @@
 // cuBLAS and cuBLASLt are opened when the CUDA backend first needs them, not when a process that
 // links the backend starts: a process that runs on the CPU never pays their half-second load.
-// Neither test needs a GPU: the libraries load, and resolve, without one.
+// The test needs no GPU: the libraries load, and resolve, without one.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -18,8 +18,8 @@ namespace {
 
 #ifdef PIPELINE_HAVE_CUDA
 
-// One process, one test's worth of history: the first test must see cuBLAS not yet loaded, so
-// both steps live in one test.
+// Whether cuBLAS is loaded depends on what the process did before, so the check that it is not
+// and the first use that loads it are one test.
 TEST(CublasLibrary, IsOpenedOnFirstUseNotAtStartOrForTheCpu) {
   EXPECT_FALSE(cuda::cublas_loaded()) << "cuBLAS was loaded when the process started";
   const auto weights = std::make_shared<const LlamaWeights>(
@@ -33,7 +33,7 @@ TEST(CublasLibrary, IsOpenedOnFirstUseNotAtStartOrForTheCpu) {
 
   const cuda::CublasLibrary& library = cuda::cublas();
   EXPECT_TRUE(cuda::cublas_loaded());
-  // Every entry point resolved: two that need no device say what a status is called.
+  // cublas() returned, so every entry point resolved; two that need no device answer.
   EXPECT_STREQ(library.GetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
   EXPECT_NE(std::string(library.GetStatusString(CUBLAS_STATUS_NOT_SUPPORTED)), "");
   for (const void* entry :

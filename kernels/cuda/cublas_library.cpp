@@ -9,6 +9,11 @@ namespace pipeline::cuda {
 
 namespace {
 
+// The library of the cuBLAS major version the headers are: "libcublasLt" -> libcublasLt.so.13.
+std::string library_name(const char* stem) {
+  return std::string(stem) + ".so." + std::to_string(CUBLAS_VER_MAJOR);
+}
+
 void* open_library(const std::string& name) {
   // Never closed: the handles and descriptors made through it live as long as the process.
   void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -32,11 +37,10 @@ void resolve(void* library, const char* library_name, const char* symbol, Functi
   resolve(library##_handle, library##_name.c_str(), PIPELINE_SYMBOL_NAME(symbol), loaded.field)
 
 CublasLibrary load() {
-  const std::string version = std::to_string(CUBLAS_VER_MAJOR);
   // cuBLASLt first: cuBLAS needs it, and an error then names the library that is missing.
-  const std::string lt_name = "libcublasLt.so." + version;
+  const std::string lt_name = library_name("libcublasLt");
   void* const lt_handle = open_library(lt_name);
-  const std::string blas_name = "libcublas.so." + version;
+  const std::string blas_name = library_name("libcublas");
   void* const blas_handle = open_library(blas_name);
   CublasLibrary loaded{};
   PIPELINE_RESOLVE(blas, Create, cublasCreate);
@@ -76,8 +80,7 @@ const CublasLibrary& cublas() {
 }
 
 bool cublas_loaded() {
-  void* const library = dlopen(("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR)).c_str(),
-                               RTLD_NOW | RTLD_NOLOAD);
+  void* const library = dlopen(library_name("libcublasLt").c_str(), RTLD_NOW | RTLD_NOLOAD);
   if (library) dlclose(library);  // what RTLD_NOLOAD's handle added to the count
   return library != nullptr;
 }
