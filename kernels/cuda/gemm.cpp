@@ -104,8 +104,10 @@ void Gemm::project(Product product, const Route& route, const __nv_bfloat16* x,
       break;
     case Route::Path::cublaslt:
       if (!CublasLtMatmul::aligned(x, w, library_y) ||
-          !cublaslt_.run(route.algo, x, w, library_y, library_type, rows, in, out))
+          !cublaslt_.run(route.algo, x, w, library_y, library_type, rows, in, out)) {
+        if (!route.fallback) throw std::runtime_error("cuBLASLt turned the call down");
         return project(product, fallback_of(route), x, w, y, gate_up, rows, in, out);
+      }
       break;
   }
   if (silu) silu_mul(gate_up, rows, out / 2, y16, stream_);
@@ -168,7 +170,9 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
     } catch (const std::runtime_error& e) {
       // A timing that cannot run (its graph capture failed, say) leaves this row count untuned,
       // on SkinnyGemm, as a decode step whose capture fails runs eagerly: the runner still
-      // serves. A sticky device error fails the next pass instead.
+      // serves. A sticky device error fails the next pass instead; any other is cleared here,
+      // so that the next launch's check does not report it as its own.
+      (void)cudaGetLastError();
       report += std::string("not timed (") + e.what() + ") -> SkinnyGemm";
       continue;
     }
@@ -236,14 +240,16 @@ Gemm::ProposalTimes Gemm::time_proposals(cudaDataType_t y_type, int rows, int in
   }
   times.proposed = int(proposals.size());
   for (const cublasLtMatmulAlgo_t& algo : proposals) {
-    // One that cuBLASLt says does not run here is passed over (project() would time its
-    // fallback instead), as is one whose timing fails.
+    // One that cuBLASLt says does not run here is passed over, as is one whose timing fails.
+    // Without a fallback, a call it turns down fails the timing, which would otherwise time the
+    // fallback under the proposal's name.
     if (!cublaslt_.runs(algo, y_type, rows, in, out)) continue;
-    const Route proposal{Route::Path::cublaslt, {}, algo};
+    const Route proposal{Route::Path::cublaslt, {}, algo, std::nullopt};
     float ms = 0.0f;
     try {
       ms = time_route(proposal);
     } catch (const std::runtime_error&) {
+      (void)cudaGetLastError();  // a failed call's error is not the next launch's
       continue;
     }
     if (times.timed++ == 0 || ms < times.fastest_ms) {

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -80,10 +81,11 @@ class Gemm {
     SkinnyPlan skinny{};
     cublasLtMatmulAlgo_t algo{};  // for cublaslt
     // For cublaslt: the route of the calls its algorithm does not run (at some row count or on
-    // unaligned operands), the faster of the other two.
-    Path fallback = Path::cublas;
+    // unaligned operands), the faster of the other two; none for a proposal being timed, whose
+    // refused call throws instead.
+    std::optional<Path> fallback = Path::cublas;
   };
-  static Route fallback_of(const Route& route) { return Route{route.fallback, route.skinny}; }
+  static Route fallback_of(const Route& route) { return Route{*route.fallback, route.skinny}; }
 
   // y = x . w^T by cublasGemmEx and the algorithm cuBLAS chooses.
   void gemm_ex(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaDataType_t y_type,
@@ -91,7 +93,8 @@ class Gemm {
   // One product by one route (for silu_mul through a library, the gate/up columns into gate_up,
   // then the SiLU*mul kernel). y is bf16, float32 for f32, act for silu_mul; out is the weight
   // rows (2 * inter for silu_mul). A cublaslt route whose algorithm refuses the call (it is
-  // not aligned as cuBLASLt assumes, or cuBLASLt turns it down) takes its fallback.
+  // not aligned as cuBLASLt assumes, or cuBLASLt turns it down) takes its fallback, or throws
+  // std::runtime_error where it has none.
   void project(Product product, const Route& route, const __nv_bfloat16* x, const __nv_bfloat16* w,
                void* y, __nv_bfloat16* gate_up, int rows, int in, int out);
   // The route of a call: the tuned one of its build, or its fallback where cuBLASLt says the
