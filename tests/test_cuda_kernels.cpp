@@ -792,15 +792,18 @@ TEST(CudaKernels, ProjectionsAt7BShapesMatchFloat64OnSampledColumns) {
 
 // Every SkinnyGemm plan (each kernel at each split of k) on shapes small enough for the
 // sanitizers: a partial last column tile (300 and 600 columns), a k range that ends inside a
-// pipelined stage (264), a shorter last split (1000 in 3 splits) and an 8-way split, at each
-// build's row counts and one past them; bf16 and float32 results and SiLU*mul of the column
-// pairs, against float64. The pipelined kernel's results equal the direct one's at the same
-// split bit for bit. gpu_check runs this test under memcheck and racecheck.
+// pipelined stage (264), a shorter last split (1000 in 3 splits), an 8-way split, and an 8-way
+// split of 2056 (seven splits of 288, five pipelined stages each, as many as the ring holds, and
+// a last one of 40, a single stage), at each build's row counts and one past them; bf16 and
+// float32 results and SiLU*mul of the column pairs, against float64. The pipelined kernel's
+// results equal the direct one's at the same split bit for bit. gpu_check runs this test under
+// memcheck and racecheck.
 TEST(CudaKernels, SkinnyGemmPlansMatchFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   Stream stream;
   SkinnyGemm skinny(stream.get());
-  for (const auto& [in, out] : {std::pair{1000, 300}, std::pair{264, 600}, std::pair{4096, 256}}) {
+  for (const auto& [in, out] :
+       {std::pair{1000, 300}, std::pair{264, 600}, std::pair{4096, 256}, std::pair{2056, 256}}) {
     const std::vector<bf16> w = hashed_bf16(size_t(out) * in, 3);
     const std::vector<bf16> x = hashed_bf16(size_t(kSkinnyMaxRows) * in, 5);
     const DeviceBuffer<bf16> w_d = upload(w), x_d = upload(x);

@@ -38,9 +38,11 @@
 
 #include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cublaslt_matmul.h"
+#include "kernels/cuda/cuda_objects.h"
 #include "kernels/cuda/cuda_runner.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kernels.h"
 #include "tests/support/cuda_buffers.h"
 #include "tests/support/environment_setting.h"
 #endif
@@ -474,6 +476,59 @@ TEST(CudaRunner, PromptsJoiningRunningSequencesMatchSolo) {
 }
 
 #ifdef PIPELINE_HAVE_CUDA
+// `count` random-h128 sequences of 230 to 325 tokens, prefixes of the golden ids followed by
+// them reversed, each continued by the tokens after its prefix: one to feed back after the
+// prompt and after each of `steps` decode steps (run_together feeds one after the last too).
+GoldenSequences random_h128_sequences(int count, int steps) {
+  std::vector<int32_t> ids = random_h128_ids();
+  const std::vector<int32_t> reversed(ids.rbegin(), ids.rend());
+  ids.insert(ids.end(), reversed.begin(), reversed.end());
+  GoldenSequences g;
+  for (int i = 0; i < count; ++i) {
+    const auto end = ids.begin() + 230 + i * 37 % 96;
+    g.prompts.emplace_back(ids.begin(), end);
+    g.continuations.emplace_back(end, end + steps + 1);
+  }
+  return g;
+}
+
+// As many random-h128 sequences (head_dim 128) as the device has multiprocessors, decoding at
+// contexts of 231 to 331 positions: enough blocks that the runner takes 256-position
+// partitions, whose 16 stages wrap the pipelined attention kernel's ring, in captured graphs
+// and behind the QKV projection (programmatic dependent launch), which neither the kernel tests
+// nor one sequence's shorter partitions reach. Every seventh sequence against its solo run,
+// which takes 64-position partitions, up to bf16 rounding (as the chunked prefill test).
+TEST(CudaRunner, DecodeInLongPartitionsMatchesSolo) {
+  SKIP_WITHOUT_CUDA();
+  const auto weights = load_model(shared_path("models/random-h128-bf16"));
+  const int seqs = cuda::multiprocessor_count(), steps = 6;
+  const GoldenSequences g = random_h128_sequences(seqs, steps);
+  const int max_splits =  // as the runner sizes them
+      (weights->config.max_position_embeddings + cuda::kDecodePartition - 1) /
+      cuda::kDecodePartition;
+  for (const int context : {326, 331})  // the longest at the first and the last decode step
+    ASSERT_EQ(cuda::decode_partition(seqs, weights->config.num_kv_heads, context, seqs, max_splits),
+              cuda::kLongDecodePartition);
+  RunnerOptions options = test_options(seqs * 24);
+  options.max_num_seqs = seqs;
+  const auto cuda = make_cuda_runner(weights, options);
+  BlockManager blocks(cuda->kv_shape().num_blocks);
+  std::vector<int> members(static_cast<size_t>(seqs));
+  std::iota(members.begin(), members.end(), 0);
+  const StepRows together = run_together(*cuda, g, members, steps, blocks);
+  double worst = 0.0;
+  for (int i = 0; i < seqs; i += 7) {
+    const StepRows alone = run_together(*cuda, g, {i}, steps, blocks);
+    for (int step = 0; step <= steps; ++step) {
+      const double err = relative_l2(together[size_t(i)][size_t(step)], alone[0][size_t(step)]);
+      EXPECT_LT(err, 2e-2) << "sequence " << i << " step " << step;
+      worst = std::max(worst, err);
+    }
+  }
+  std::cout << seqs << " sequences in 256-position partitions vs solo: worst relative L2 " << worst
+            << "\n";
+}
+
 std::vector<float> as_floats(const std::vector<__nv_bfloat16>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
