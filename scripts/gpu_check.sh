@@ -181,7 +181,6 @@ for test in test_cuda_kernels test_cuda_runner; do
 done
 
 declare -a FALLBACK=()  # the kernel choices the benchmarks and serving run with
-declare -A exit_status=()
 # The runner's tests again with each decode attention kernel set, then with each SkinnyGemm
 # kernel set, whichever the warm-up timed faster above: each must match the CPU runner, the
 # golden tokens and solo runs. $1: the variable, $2: its value, $3: the summary's name, $4: the
@@ -196,25 +195,25 @@ run_runner_tests_with() {
   archive_logs
   return $status
 }
-# A pipelined kernel that fails where the direct one passes is left out of the benchmarks and the
-# serving run below (the warm-up would otherwise time it, and a fault there loses the context and
-# every figure after it); the sanitizers still run it, to say where it goes wrong.
+# Both kernels of $1 (the summary's names prefixed with $2) through the tests of filter $3. A
+# pipelined kernel that fails where the direct one passes is left out of everything after
+# (FALLBACK; returns 1): the warm-up would otherwise time it, and a fault there loses the
+# context and every figure after it. The sanitizers still run it, to say where it goes wrong.
+test_each_kernel() {
+  local -A status=()
+  local kernel
+  for kernel in direct pipelined; do
+    run_runner_tests_with "$1" $kernel "$2$kernel" "$3"
+    status[$kernel]=$?
+  done
+  ((status[direct] == 0 && status[pipelined] != 0)) || return 0
+  FALLBACK+=("$1=direct")
+  return 1
+}
 BENCH_KERNELS_FILTER=.
-for kernel in direct pipelined; do
-  run_runner_tests_with PIPELINE_CUDA_DECODE_ATTENTION $kernel $kernel '-*Projections*:*CublasLt*'
-  exit_status[$kernel]=$?
-done
-if ((exit_status[direct] == 0 && exit_status[pipelined] != 0)); then
-  FALLBACK+=(PIPELINE_CUDA_DECODE_ATTENTION=direct)
-  BENCH_KERNELS_FILTER=-pipelined:1
-fi
-for kernel in direct pipelined; do
-  run_runner_tests_with PIPELINE_CUDA_SKINNY_GEMM $kernel "SkinnyGemm $kernel" '*'
-  exit_status[$kernel]=$?
-done
-if ((exit_status[direct] == 0 && exit_status[pipelined] != 0)); then
-  FALLBACK+=(PIPELINE_CUDA_SKINNY_GEMM=direct)
-fi
+test_each_kernel PIPELINE_CUDA_DECODE_ATTENTION "" '-*Projections*:*CublasLt*' \
+  || BENCH_KERNELS_FILTER=-pipelined:1
+test_each_kernel PIPELINE_CUDA_SKINNY_GEMM "SkinnyGemm " '*'
 if ((${#FALLBACK[@]})); then
   note "benchmarks and serving" "with ${FALLBACK[*]} (pipelined failed where direct passed)"
 fi
@@ -262,7 +261,8 @@ if [[ -n $model_pid ]]; then
 fi
 
 t=$(date +%s)
-env "${FALLBACK[@]}" PIPELINE_BENCH_MODEL="$MODEL_DIR" timeout "$(left 300)" "$BIN/bench_cuda_decode" \
+env "${FALLBACK[@]}" PIPELINE_BENCH_MODEL="$MODEL_DIR" \
+  timeout "$(left 300)" "$BIN/bench_cuda_decode" \
   --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$LOGS/bench.log" 2>&1
 note bench_cuda_decode "exit $?, $(seconds_since "$t") s (model load and 64 x 1024-token prefill included)"
 cat "$LOGS/bench.log"
@@ -326,7 +326,8 @@ elif (($(left 9999) < 60)); then
   note ncu "skipped: $(left 9999) s left"
 else
   t=$(date +%s)
-  env "${FALLBACK[@]}" PIPELINE_BENCH_MODEL="$MODEL_DIR" timeout "$(left 150)" "$ncu" --profile-from-start off \
+  env "${FALLBACK[@]}" PIPELINE_BENCH_MODEL="$MODEL_DIR" timeout "$(left 150)" "$ncu" \
+    --profile-from-start off \
     --clock-control none --cache-control none --metrics gpu__time_duration.sum \
     --print-units base --csv --log-file "$OUT/ncu.csv" \
     "$BIN/bench_cuda_decode" --benchmark_filter='BM_CudaDecode/' --benchmark_min_time=0.01 \

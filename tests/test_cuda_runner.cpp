@@ -503,13 +503,15 @@ GoldenSequences random_h128_sequences(int count, int steps) {
 TEST(CudaRunner, DecodeInLongPartitionsMatchesSolo) {
   SKIP_WITHOUT_CUDA();
   const auto weights = load_model(shared_path("models/random-h128-bf16"));
-  const int seqs = cuda::multiprocessor_count(), steps = 6;
+  const int multiprocessors = cuda::multiprocessor_count();
+  const int seqs = multiprocessors, steps = 6;
   const GoldenSequences g = random_h128_sequences(seqs, steps);
   const int max_splits =  // as the runner sizes them
       (weights->config.max_position_embeddings + cuda::kDecodePartition - 1) /
       cuda::kDecodePartition;
   for (const int context : {326, 331})  // the longest at the first and the last decode step
-    ASSERT_EQ(cuda::decode_partition(seqs, weights->config.num_kv_heads, context, seqs, max_splits),
+    ASSERT_EQ(cuda::decode_partition(seqs, weights->config.num_kv_heads, context, multiprocessors,
+                                     max_splits),
               cuda::kLongDecodePartition);
   RunnerOptions options = test_options(seqs * 24);
   options.max_num_seqs = seqs;
