@@ -147,8 +147,8 @@ std::string Gemm::tune(Product product, const __nv_bfloat16* x,
                        const std::vector<const __nv_bfloat16*>& weights, void* y,
                        __nv_bfloat16* gate_up, int in, int out, int max_rows) {
   auto matrix = [&](int i) { return weights[size_t(i) % weights.size()]; };
-  // cuBLASLt's proposals assume aligned operands; a call that is not takes its fallback
-  // (project()), so timing them would time that instead.
+  // cuBLASLt's proposals assume aligned operands: a call that is not is turned down (project()),
+  // and a proposal being timed has no fallback to take, so none would be timed.
   const void* library_y = product == Product::silu_mul ? gate_up : y;
   const bool lt_aligned = std::all_of(weights.begin(), weights.end(), [&](const __nv_bfloat16* w) {
     return CublasLtMatmul::aligned(x, w, library_y);
